@@ -1,0 +1,34 @@
+"""A rich progress bar behind the library's Progress protocol (on stderr)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
+
+class RichProgress:
+    def __init__(self, enabled: bool = True) -> None:
+        self._console = Console(stderr=True)
+        self._enabled = enabled
+        self._progress: Progress | None = None
+        self._task = None
+
+    def start(self, label: str, total: int) -> None:
+        if not self._enabled:
+            return
+        self.finish()
+        self._progress = Progress(TextColumn("{task.description:<20}"), BarColumn(),
+                                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                                  console=self._console, transient=False)
+        self._progress.start()
+        self._task = self._progress.add_task(label, total=total)
+
+    def advance(self, amount: int) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, amount)
+
+    def finish(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

@@ -1,0 +1,55 @@
+"""Finite-value checks and F32/F16 -> BF16 rounding on raw little-endian tensor bytes.
+
+Works on numpy views of mapped memory in fixed-size chunks, so that checking a 778 MB
+embedding never allocates more than a few tens of MB of temporaries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CHUNK_ELEMENTS = 8 * 1024 * 1024
+
+# numpy dtype of the raw bits of each source dtype; BF16 has no numpy dtype, so it is
+# handled as uint16 bit patterns.
+RAW_DTYPES = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
+
+_BF16_EXP = np.uint16(0x7F80)
+
+
+def as_array(buf, dtype: str) -> np.ndarray:
+    """A zero-copy 1-D view of raw tensor bytes."""
+    return np.frombuffer(buf, dtype=RAW_DTYPES[dtype])
+
+
+def first_non_finite(arr: np.ndarray, dtype: str) -> int | None:
+    """Index of the first NaN/Inf element, or None when every value is finite."""
+    for start in range(0, arr.size, CHUNK_ELEMENTS):
+        chunk = arr[start:start + CHUNK_ELEMENTS]
+        if dtype == "BF16":
+            # exponent bits all ones <=> Inf or NaN
+            bad = (chunk & _BF16_EXP) == _BF16_EXP
+        else:
+            bad = ~np.isfinite(chunk)
+        if bad.any():
+            return start + int(np.argmax(bad))
+    return None
+
+
+def describe_value(arr: np.ndarray, index: int, dtype: str) -> str:
+    if dtype == "BF16":
+        value = (arr[index:index + 1].astype(np.uint32) << 16).view(np.float32)[0]
+    else:
+        value = arr[index]
+    return str(float(value))
+
+
+def round_to_bf16(arr: np.ndarray) -> np.ndarray:
+    """Round F32 or F16 values to BF16 bit patterns, nearest-even (as torch does)."""
+    out = np.empty(arr.size, dtype=np.dtype("<u2"))
+    for start in range(0, arr.size, CHUNK_ELEMENTS):
+        chunk = arr[start:start + CHUNK_ELEMENTS].astype(np.float32).view(np.uint32)
+        # add 0x7FFF plus the lowest kept bit, then truncate: round half to even.
+        rounded = chunk + (np.uint32(0x7FFF) + ((chunk >> 16) & np.uint32(1)))
+        out[start:start + chunk.size] = (rounded >> 16).astype(np.uint16)
+    return out

@@ -1,0 +1,111 @@
+"""A DSpark checkpoint on disk, checked against its contract before any tensor is read.
+
+``open_source`` runs every check that needs only metadata: directory layout, strict
+safetensors headers, config.json against the contract, the tensor inventory. Values
+(finiteness) and hashes need the bytes and are checked by the converter's first pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .contract import (
+    DSparkConfig,
+    FeatureContract,
+    build_contract,
+    check_inventory,
+    config_dtype,
+    parse_config,
+)
+from .errors import ConfigError, SourceNotFoundError
+from .safetensors_reader import Checkpoint, read_checkpoint
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+def _reject_duplicates(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key '{key}'")
+        seen[key] = value
+    return seen
+
+
+def read_json_strict(path: Path, *, error=ConfigError, label: str | None = None) -> object:
+    """JSON with duplicate keys refused and a size cap; ``error`` names the file."""
+    label = label or path.name
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise error(f"{label}: file is {size} bytes; expected at most {MAX_CONFIG_BYTES}",
+                        path=str(path), expected=MAX_CONFIG_BYTES, found=size)
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{label}: not UTF-8 text (byte {exc.start})", path=str(path)) from None
+    except OSError as exc:
+        raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
+                    path=str(path)) from None
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicates,
+                          parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise error(f"{label}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                    path=str(path)) from None
+    except ValueError as exc:
+        raise error(f"{label}: not valid JSON: {exc}", path=str(path)) from None
+
+
+def _refuse_constant(name: str):
+    # NaN / Infinity are not JSON; Python's parser accepts them unless told not to.
+    raise ValueError(f"non-standard constant {name}")
+
+
+@dataclass(frozen=True)
+class Source:
+    directory: Path
+    raw_config: dict
+    config: DSparkConfig
+    contract: FeatureContract
+    checkpoint: Checkpoint
+    dtype: str                  # the common source dtype: BF16, F16 or F32
+
+    @property
+    def name(self) -> str:
+        return self.directory.name
+
+    @property
+    def weights_label(self) -> str:
+        files = self.checkpoint.files
+        return files.index.name if files.index is not None else files.weights[0].name
+
+
+def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise SourceNotFoundError(f"{config_path}: config.json not found", path=str(config_path),
+                                  expected="config.json", found="missing")
+    raw = read_json_strict(config_path)
+    cfg = parse_config(raw, path="config.json")
+    return raw, cfg, build_contract(cfg, path="config.json")
+
+
+def open_source(path: str | os.PathLike) -> Source:
+    directory = Path(path)
+    if not directory.exists():
+        hint = ""
+        if "@" in str(path) and "/" in str(path):
+            hint = " (Hugging Face Hub sources are not supported by this version; pass a local directory)"
+        raise SourceNotFoundError(f"{path}: no such directory{hint}", path=str(path),
+                                  expected="a checkpoint directory", found="missing")
+    checkpoint = read_checkpoint(directory)
+    raw, cfg, contract = load_config(directory)
+    label = (checkpoint.files.index or checkpoint.files.weights[0]).name
+    tensors = {name: (entry.dtype, list(entry.shape)) for name, entry in checkpoint.tensors.items()}
+    dtype = check_inventory(contract, tensors, path=label,
+                            expected_dtype=config_dtype(cfg, path="config.json"))
+    return Source(directory=directory, raw_config=raw, config=cfg, contract=contract,
+                  checkpoint=checkpoint, dtype=dtype)

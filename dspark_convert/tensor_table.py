@@ -1,0 +1,115 @@
+"""The tensor table: every DSpark source tensor, its GGUF name and its shape, as data.
+
+This one table is used by the contract (which tensors a checkpoint must hold), the writer
+(names and order in drafter.gguf), the validator (what an artifact must hold) and the
+generated docs (docs/ARTIFACT_FORMAT.md), in the manner of gguf-py's ``constants.py``.
+
+Shapes are written in torch order ``[out, in]`` as small expressions over the geometry
+symbols below; GGUF stores the reverse (``ne0 = in``). An expression is a sum of terms,
+each an optional integer factor times symbols joined by ``*`` (``2*r+H``, ``m*H``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+# Symbol -> what it means; the contract supplies the values.
+SYMBOLS: dict[str, str] = {
+    "H": "hidden_size",
+    "I": "intermediate_size",
+    "V": "vocab_size",
+    "nh": "num_attention_heads",
+    "nkv": "num_key_value_heads",
+    "d": "head_dim",
+    "m": "len(target_layer_ids), the number of target feature taps",
+    "r": "markov_rank",
+    "rc": "markov_rank if confidence_head_with_markov else 0",
+}
+
+# Which heads a tensor belongs to. "embedding": optional in the source, hashed, never written.
+Condition = Literal["always", "embedding", "markov", "gated", "rnn", "confidence"]
+Kind = Literal["matrix", "norm", "bias", "embedding"]
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    source: str                 # HF state-dict name; "{i}" is the draft layer index
+    gguf: str | None            # GGUF name; None = never written (hashed and stripped)
+    shape: tuple[str, ...]      # torch order, expressions over SYMBOLS
+    kind: Kind
+    when: Condition = "always"
+
+    @property
+    def per_layer(self) -> bool:
+        return "{i}" in self.source
+
+
+def _layer(source: str, gguf: str, shape: tuple[str, ...], kind: Kind) -> TensorRule:
+    return TensorRule(f"layers.{{i}}.{source}", f"blk.{{i}}.{gguf}", shape, kind)
+
+
+# The order here is the order of tensors in drafter.gguf (per-layer rules repeat per layer).
+TENSOR_RULES: tuple[TensorRule, ...] = (
+    TensorRule("embed_tokens.weight", None, ("V", "H"), "embedding", "embedding"),
+    TensorRule("lm_head.weight", None, ("V", "H"), "embedding", "embedding"),
+    TensorRule("fc.weight", "fc.weight", ("H", "m*H"), "matrix"),
+    TensorRule("hidden_norm.weight", "enc.output_norm.weight", ("H",), "norm"),
+    TensorRule("norm.weight", "output_norm.weight", ("H",), "norm"),
+    _layer("input_layernorm.weight", "attn_norm.weight", ("H",), "norm"),
+    _layer("post_attention_layernorm.weight", "ffn_norm.weight", ("H",), "norm"),
+    _layer("self_attn.q_proj.weight", "attn_q.weight", ("nh*d", "H"), "matrix"),
+    _layer("self_attn.k_proj.weight", "attn_k.weight", ("nkv*d", "H"), "matrix"),
+    _layer("self_attn.v_proj.weight", "attn_v.weight", ("nkv*d", "H"), "matrix"),
+    _layer("self_attn.o_proj.weight", "attn_output.weight", ("H", "nh*d"), "matrix"),
+    _layer("self_attn.q_norm.weight", "attn_q_norm.weight", ("d",), "norm"),
+    _layer("self_attn.k_norm.weight", "attn_k_norm.weight", ("d",), "norm"),
+    _layer("mlp.gate_proj.weight", "ffn_gate.weight", ("I", "H"), "matrix"),
+    _layer("mlp.up_proj.weight", "ffn_up.weight", ("I", "H"), "matrix"),
+    _layer("mlp.down_proj.weight", "ffn_down.weight", ("H", "I"), "matrix"),
+    TensorRule("markov_head.markov_w1.weight", "markov_w1.weight", ("V", "r"), "matrix", "markov"),
+    TensorRule("markov_head.markov_w2.weight", "markov_w2.weight", ("V", "r"), "matrix", "markov"),
+    TensorRule("markov_head.gate_proj.weight", "markov_gate.weight", ("r", "H+r"), "matrix", "gated"),
+    TensorRule("markov_head.gate_proj.bias", "markov_gate.bias", ("r",), "bias", "gated"),
+    TensorRule("markov_head.joint_proj.weight", "markov_joint.weight", ("3*r", "2*r+H"), "matrix", "rnn"),
+    TensorRule("markov_head.joint_proj.bias", "markov_joint.bias", ("3*r",), "bias", "rnn"),
+    TensorRule("confidence_head.proj.weight", "conf_proj.weight", ("1", "H+rc"), "matrix", "confidence"),
+    TensorRule("confidence_head.proj.bias", "conf_proj.bias", ("1",), "bias", "confidence"),
+)
+
+# GGUF names Strata refuses outright: the embedding and head are bound from the target.
+FORBIDDEN_GGUF_NAMES: tuple[str, ...] = ("token_embd.weight", "output.weight")
+
+_TERM = re.compile(r"^(?:(\d+)\*)?([A-Za-z]+(?:\*[A-Za-z]+)*)$|^(\d+)$")
+
+
+def eval_dim(expr: str, values: dict[str, int]) -> int:
+    """Evaluate one shape expression such as ``2*r+H`` against symbol values."""
+    total = 0
+    for term in expr.split("+"):
+        match = _TERM.match(term)
+        if match is None:
+            raise ValueError(f"bad shape expression {expr!r}")
+        coeff, symbols, constant = match.groups()
+        if constant is not None:
+            total += int(constant)
+            continue
+        product = int(coeff) if coeff else 1
+        for sym in symbols.split("*"):
+            product *= values[sym]
+        total += product
+    return total
+
+
+def pretty_dim(expr: str) -> str:
+    """The expression as the docs write it: ``m·H``, ``2r+H``."""
+    return re.sub(r"(\d)\*", r"\1", expr).replace("*", "·")
+
+
+def expand_rule(rule: TensorRule, num_layers: int) -> list[tuple[str, str | None, int | None]]:
+    """(source name, gguf name, layer index or None) for every tensor a rule stands for."""
+    if not rule.per_layer:
+        return [(rule.source, rule.gguf, None)]
+    return [(rule.source.format(i=i), rule.gguf.format(i=i) if rule.gguf else None, i)
+            for i in range(num_layers)]

@@ -1,0 +1,438 @@
+"""Re-check an artifact from scratch: the pre-release gate.
+
+``validate_artifact`` never trusts what the converter did. It parses drafter.gguf with our
+bounded reader, holds every metadata key to the format, rebuilds the contract from the
+metadata (and re-applies the contract rules to it), checks the tensor inventory against
+that contract, recomputes every SHA-256 and compares it with the manifest, checks every
+value is finite and applies Strata's loader rules.
+
+It returns a frozen ``ValidationReport``: one ``Check`` per step, each failure carrying the
+error class (and so the exit code) of its kind. It raises nothing for a bad artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from . import CONVERTER_NAME
+from .artifact_format import (
+    ALIGNMENT,
+    GGUF_FILE,
+    KEYS_BY_NAME,
+    LOCAL_REVISION,
+    MANIFEST_FILE,
+    Provenance,
+    as_float32,
+    contract_from_metadata,
+    expected_metadata,
+    provenance_from_metadata,
+)
+from .contract import FeatureContract, build_contract, parse_config
+from .errors import (
+    DSparkError,
+    GGUFFormatError,
+    IntegrityError,
+    InvalidArtifactError,
+    ManifestError,
+    ManifestMismatchError,
+    MetadataError,
+    MissingTensorError,
+    NonFiniteTensorError,
+    StrataRuleError,
+    TensorDtypeError,
+    TensorShapeError,
+    UnexpectedTensorError,
+)
+from .gguf_reader import GGUFFile, read_gguf, tensor_data
+from .hashing import is_sha256_hex, sha256_file, weights_digest
+from .manifest import Manifest
+from .numerics import as_array, describe_value, first_non_finite
+from .source import read_json_strict
+from .strata_rules import strata_findings
+
+Status = Literal["passed", "failed", "warning", "skipped"]
+
+
+class Check(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    status: Status
+    detail: str
+    error: str | None = None        # the error class of a failure
+    exit_code: int | None = None
+
+
+class ValidationReport(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    artifact: str
+    ok: bool
+    failed: int
+    warnings: int
+    checks: list[Check]
+
+    @property
+    def first_failure(self) -> Check | None:
+        return next((c for c in self.checks if c.status == "failed"), None)
+
+    def exit_code(self, *, strict: bool = False) -> int:
+        failure = self.first_failure
+        if failure is not None:
+            return failure.exit_code or 1
+        if strict and self.warnings:
+            return StrataRuleError.exit_code
+        return 0
+
+
+class _Checks:
+    def __init__(self) -> None:
+        self.items: list[Check] = []
+
+    def passed(self, name: str, detail: str) -> None:
+        self.items.append(Check(name=name, status="passed", detail=detail))
+
+    def warning(self, name: str, detail: str) -> None:
+        self.items.append(Check(name=name, status="warning", detail=detail))
+
+    def skipped(self, name: str, detail: str) -> None:
+        self.items.append(Check(name=name, status="skipped", detail=detail))
+
+    def failed(self, name: str, error: DSparkError) -> None:
+        self.items.append(Check(name=name, status="failed", detail=error.message,
+                                error=type(error).__name__, exit_code=error.exit_code))
+
+
+def _kv_values(gguf: GGUFFile) -> dict[str, object]:
+    return {k: v.value for k, v in gguf.kv.items()}
+
+
+def _check_metadata_types(gguf: GGUFFile, label: str) -> None:
+    for key, value in gguf.kv.items():
+        spec = KEYS_BY_NAME.get(key)
+        if spec is None:
+            raise MetadataError(f"{label}: metadata key '{key}' is not part of the format",
+                                path=label, field=key, expected="absent", found=value.type.name)
+        if value.type != spec.type or value.sub_type != spec.sub_type:
+            want = spec.type.name + (f"[{spec.sub_type.name}]" if spec.sub_type else "")
+            got = value.type.name + (f"[{value.sub_type.name}]" if value.sub_type else "")
+            raise MetadataError(f"{label}: metadata key '{key}': expected type {want}, found {got}",
+                                path=label, field=key, expected=want, found=got)
+
+
+def _same_value(key: str, want: object, got: object) -> bool:
+    if key == "dflash.attention.layer_norm_rms_epsilon" and isinstance(want, float):
+        return isinstance(got, float) and as_float32(want) == got
+    return type(want) is type(got) and want == got
+
+
+def _compare_metadata(kv: dict, expected: dict, label: str, error=MetadataError,
+                      against: str = "the format") -> None:
+    for key in expected:
+        if key not in kv:
+            raise error(f"{label}: metadata key '{key}' is missing (required by {against})",
+                        path=label, field=key, expected=expected[key], found="missing")
+    for key, got in kv.items():
+        if key not in expected:
+            raise error(f"{label}: metadata key '{key}' should not be present here ({against})",
+                        path=label, field=key, expected="absent", found=got)
+        if not _same_value(key, expected[key], got):
+            raise error(f"{label}: metadata key '{key}': expected {expected[key]!r} ({against}), "
+                        f"found {got!r}", path=label, field=key, expected=expected[key], found=got)
+
+
+def _config_view(contract: FeatureContract) -> dict:
+    """The contract as a config.json, so the contract rules can be re-applied to metadata."""
+    g = contract.geometry
+    cfg = {
+        "architectures": [contract.architecture], "hidden_size": g.hidden_size,
+        "intermediate_size": g.intermediate_size, "num_hidden_layers": g.num_draft_layers,
+        "num_attention_heads": g.num_attention_heads, "num_key_value_heads": g.num_key_value_heads,
+        "head_dim": g.head_dim, "vocab_size": g.vocab_size, "rms_norm_eps": g.rms_norm_eps,
+        "attention_bias": False, "hidden_act": "silu",
+        "num_target_layers": contract.taps.num_target_layers,
+        "target_layer_ids": list(contract.taps.target_layer_ids),
+        "block_size": contract.block.block_size, "mask_token_id": contract.block.mask_token_id,
+        "markov_rank": contract.markov_head.rank,
+        "enable_confidence_head": contract.confidence_head.enabled,
+        "rope_parameters": {"rope_theta": g.rope_theta, "rope_type": "default"},
+    }
+    if contract.markov_head.rank > 0:
+        cfg["markov_head_type"] = contract.markov_head.type
+    if contract.confidence_head.enabled:
+        cfg["confidence_head_with_markov"] = contract.confidence_head.with_markov
+    return cfg
+
+
+def _check_provenance_values(prov: Provenance, label: str) -> None:
+    for key, value in (("dflash.source.sha256", prov.source_sha256),
+                       ("dflash.target.embed_sha256", prov.embed_sha256),
+                       ("dflash.target.lm_head_sha256", prov.lm_head_sha256)):
+        if value is not None and not is_sha256_hex(value):
+            raise MetadataError(f"{label}: metadata key '{key}': expected 64 lowercase hex digits, "
+                                f"found {value!r}", path=label, field=key, expected="sha256 hex",
+                                found=value)
+    if prov.revision != LOCAL_REVISION and not re.fullmatch(r"[0-9a-f]{40}", prov.revision):
+        raise MetadataError(f"{label}: metadata key 'dflash.source.revision': expected a 40-hex "
+                            f"commit or 'local', found {prov.revision!r}", path=label,
+                            field="dflash.source.revision", expected="40-hex|local",
+                            found=prov.revision)
+    if not re.fullmatch(re.escape(CONVERTER_NAME) + r" \S+", prov.converter):
+        raise MetadataError(f"{label}: metadata key 'dspark.converter': expected "
+                            f"'{CONVERTER_NAME} <version>', found {prov.converter!r}", path=label,
+                            field="dspark.converter", expected=f"{CONVERTER_NAME} <version>",
+                            found=prov.converter)
+
+
+def _check_layout(gguf: GGUFFile, label: str) -> None:
+    """The canonical layout gguf-py writes: tensors in table order, each at the next
+    aligned offset, nothing in between."""
+    if gguf.alignment != ALIGNMENT:
+        raise GGUFFormatError(f"{label}: alignment is {gguf.alignment}; expected {ALIGNMENT}",
+                              path=label, expected=ALIGNMENT, found=gguf.alignment)
+    offset = 0
+    for info in gguf.tensors:
+        if info.offset != offset:
+            raise GGUFFormatError(f"{label}: tensor '{info.name}' is at data offset {info.offset}; "
+                                  f"expected {offset} (tensors packed in order, {ALIGNMENT}-aligned)",
+                                  path=label, tensor=info.name, expected=offset, found=info.offset)
+        offset += -(-info.nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def _check_inventory(gguf: GGUFFile, contract: FeatureContract, label: str) -> None:
+    specs = contract.written_tensors
+    found = {t.name: t for t in gguf.tensors}
+    for spec in specs:
+        if spec.gguf_name not in found:
+            raise MissingTensorError(f"{label}: tensor '{spec.gguf_name}' is missing; expected GGUF "
+                                     f"shape {spec.gguf_shape}", path=label, tensor=spec.gguf_name,
+                                     expected=spec.gguf_shape, found="missing")
+    wanted = {s.gguf_name for s in specs}
+    for info in gguf.tensors:
+        if info.name not in wanted:
+            raise UnexpectedTensorError(f"{label}: tensor '{info.name}' is not part of the contract "
+                                        "the metadata describes", path=label, tensor=info.name,
+                                        expected="absent", found="present")
+    order = [t.name for t in gguf.tensors]
+    if order != [s.gguf_name for s in specs]:
+        first = next(i for i, (a, b) in enumerate(zip(order, [s.gguf_name for s in specs])) if a != b)
+        raise UnexpectedTensorError(f"{label}: tensor {first} is '{order[first]}'; expected "
+                                    f"'{specs[first].gguf_name}' (the format's fixed order)",
+                                    path=label, tensor=order[first],
+                                    expected=specs[first].gguf_name, found=order[first])
+    for spec in specs:
+        info = found[spec.gguf_name]
+        if info.ggml_type.name != "BF16":
+            raise TensorDtypeError(f"{label}: tensor '{info.name}': expected type BF16, found "
+                                   f"{info.ggml_type.name}", path=label, tensor=info.name,
+                                   expected="BF16", found=info.ggml_type.name)
+        if list(info.shape) != spec.gguf_shape:
+            raise TensorShapeError(f"{label}: tensor '{info.name}': expected GGUF shape "
+                                   f"{spec.gguf_shape} (= [{', '.join(reversed(spec.shape_expr))}]), "
+                                   f"found {list(info.shape)}", path=label, tensor=info.name,
+                                   expected=spec.gguf_shape, found=list(info.shape))
+
+
+def _scan_tensors(gguf: GGUFFile, label: str) -> dict[str, str]:
+    """SHA-256 of every tensor's bytes; NonFiniteTensorError on the first NaN/Inf."""
+    digests = {}
+    with open(gguf.path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size != gguf.file_size:
+            raise GGUFFormatError(f"{label}: file changed while validating", path=label)
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else _Empty() as mm:
+            for info in gguf.tensors:
+                data = tensor_data(gguf, info, mm)
+                digests[info.name] = hashlib.sha256(data).hexdigest()
+                if info.ggml_type.name == "BF16":
+                    arr = as_array(data, "BF16")
+                    bad = first_non_finite(arr, "BF16")
+                    if bad is not None:
+                        raise NonFiniteTensorError(
+                            f"{label}: tensor '{info.name}' holds a non-finite value "
+                            f"{describe_value(arr, bad, 'BF16')} at element {bad}; expected only "
+                            "finite values", path=label, tensor=info.name, expected="finite",
+                            found=describe_value(arr, bad, "BF16"))
+                    del arr
+                del data
+    return digests
+
+
+class _Empty:
+    def __enter__(self):
+        return b""
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _manifest_provenance(manifest: Manifest) -> Provenance:
+    stripped = {s.name: s.sha256 for s in manifest.source.stripped}
+    return Provenance(name=manifest.source.name, repository=manifest.source.repo,
+                      revision=manifest.source.revision,
+                      source_sha256=manifest.source.weights_sha256,
+                      embed_sha256=stripped.get("embed_tokens.weight"),
+                      lm_head_sha256=stripped.get("lm_head.weight"),
+                      converter=f"{manifest.converter.name} {manifest.converter.version}")
+
+
+def _load_manifest(path: Path) -> Manifest:
+    raw = read_json_strict(path, error=ManifestError, label=MANIFEST_FILE)
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "<root>"
+        raise ManifestError(f"{MANIFEST_FILE}: field '{where}': {err['msg']}", path=str(path),
+                            field=where) from None
+
+
+def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: dict[str, str],
+                                 file_sha: str, kv: dict, label: str) -> None:
+    art = manifest.artifact
+    if art.size != gguf.file_size:
+        raise IntegrityError(f"{label}: size is {gguf.file_size} bytes; manifest.json records "
+                             f"{art.size}", path=label, expected=art.size, found=gguf.file_size)
+    if art.sha256 != file_sha:
+        raise IntegrityError(f"{label}: SHA-256 is {file_sha}; manifest.json records {art.sha256}",
+                             path=label, expected=art.sha256, found=file_sha)
+    listed = [(t.name, t.type, t.shape) for t in art.tensors]
+    actual = [(t.name, t.ggml_type.name, list(t.shape)) for t in gguf.tensors]
+    if listed != actual:
+        diff = next((i for i, (a, b) in enumerate(zip(listed, actual)) if a != b), min(len(listed), len(actual)))
+        want = listed[diff] if diff < len(listed) else "nothing"
+        got = actual[diff] if diff < len(actual) else "nothing"
+        raise ManifestMismatchError(f"{MANIFEST_FILE}: artifact.tensors[{diff}] is {want}; "
+                                    f"{label} holds {got}", path=MANIFEST_FILE,
+                                    field=f"artifact.tensors[{diff}]", expected=str(got), found=str(want))
+    for record in art.tensors:
+        if digests[record.name] != record.sha256:
+            raise IntegrityError(f"{label}: tensor '{record.name}' SHA-256 is {digests[record.name]}; "
+                                 f"manifest.json records {record.sha256}", path=label,
+                                 tensor=record.name, expected=record.sha256, found=digests[record.name])
+    rebuilt = build_contract(parse_config(manifest.source.config, path="manifest.json source.config"),
+                             path="manifest.json source.config")
+    if rebuilt != manifest.contract:
+        raise ManifestMismatchError(f"{MANIFEST_FILE}: field 'contract' differs from the contract "
+                                    "rebuilt from source.config", path=MANIFEST_FILE, field="contract")
+    weights = [(f.path, f.sha256) for f in manifest.source.files if f.path.endswith(".safetensors")]
+    if not weights or weights_digest(weights) != manifest.source.weights_sha256:
+        raise ManifestMismatchError(f"{MANIFEST_FILE}: field 'source.weights_sha256' does not match "
+                                    "the weights files listed in source.files", path=MANIFEST_FILE,
+                                    field="source.weights_sha256")
+    _compare_metadata(kv, expected_metadata(manifest.contract, _manifest_provenance(manifest)),
+                      label, error=ManifestMismatchError, against="manifest.json")
+
+
+def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationReport:
+    root = Path(path)
+    checks = _Checks()
+    report = lambda: ValidationReport(  # noqa: E731
+        artifact=str(root), ok=not any(c.status == "failed" for c in checks.items),
+        failed=sum(c.status == "failed" for c in checks.items),
+        warnings=sum(c.status == "warning" for c in checks.items), checks=checks.items)
+
+    # 1. the files
+    gguf_path, manifest_path = root / GGUF_FILE, root / MANIFEST_FILE
+    if not root.is_dir():
+        checks.failed("artifact.files", InvalidArtifactError(
+            f"{root}: not an artifact directory (missing or not a directory)", path=str(root)))
+        return report()
+    missing = [p.name for p in (gguf_path, manifest_path) if not p.is_file() or p.is_symlink()]
+    if missing:
+        checks.failed("artifact.files", InvalidArtifactError(
+            f"{root}: {missing[0]} is missing (or not a regular file); expected {GGUF_FILE} "
+            f"and {MANIFEST_FILE}", path=str(root / missing[0])))
+        return report()
+    extra = sorted(p.name for p in root.iterdir() if p.name not in (GGUF_FILE, MANIFEST_FILE))
+    if extra:
+        checks.warning("artifact.files", f"unexpected file(s) in the artifact: {', '.join(extra)}")
+    else:
+        checks.passed("artifact.files", f"{GGUF_FILE} and {MANIFEST_FILE}")
+
+    # 2. the manifest against its schema
+    manifest = None
+    try:
+        manifest = _load_manifest(manifest_path)
+        checks.passed("manifest.schema", "manifest.json follows schemas/manifest.schema.json")
+    except DSparkError as exc:
+        checks.failed("manifest.schema", exc)
+
+    # 3. the GGUF structure, within bounds
+    label = GGUF_FILE
+    try:
+        gguf = read_gguf(gguf_path)
+        _check_layout(gguf, label)
+        checks.passed("gguf.structure", f"GGUF v{gguf.version}, {len(gguf.kv)} keys, "
+                      f"{len(gguf.tensors)} tensors, offsets aligned, in range, non-overlapping")
+    except DSparkError as exc:
+        checks.failed("gguf.structure", exc)
+        return report()
+
+    # 4. metadata: types, the rebuilt contract, the contract rules, values
+    kv = _kv_values(gguf)
+    contract = None
+    try:
+        _check_metadata_types(gguf, label)
+        contract = contract_from_metadata(kv, path=label)
+        build_contract(parse_config(_config_view(contract), path=f"{label} metadata"),
+                       path=f"{label} metadata")
+        prov = provenance_from_metadata(kv, path=label)
+        _check_provenance_values(prov, label)
+        _compare_metadata(kv, expected_metadata(contract, prov), label)
+        checks.passed("gguf.metadata", f"{len(kv)} keys of the right types; the contract rebuilt "
+                      "from them follows the format's rules")
+    except DSparkError as exc:
+        checks.failed("gguf.metadata", exc)
+
+    # 5. the tensor inventory against the rebuilt contract
+    if contract is not None:
+        try:
+            _check_inventory(gguf, contract, label)
+            checks.passed("gguf.inventory", f"{len(gguf.tensors)} tensors match the contract: "
+                          "names, order, BF16, shapes")
+        except DSparkError as exc:
+            checks.failed("gguf.inventory", exc)
+    else:
+        checks.skipped("gguf.inventory", "no valid contract in the metadata")
+
+    # 6. values and hashes
+    digests = None
+    try:
+        digests = _scan_tensors(gguf, label)
+        checks.passed("gguf.values", f"every value of {len(gguf.tensors)} tensors is finite")
+    except DSparkError as exc:
+        checks.failed("gguf.values", exc)
+    except OSError as exc:
+        checks.failed("gguf.values", GGUFFormatError(f"{label}: cannot read: {exc}", path=label))
+
+    # 7. integrity and agreement with the manifest
+    if manifest is not None and digests is not None:
+        try:
+            file_sha = sha256_file(gguf_path, progress)
+            _check_manifest_against_gguf(manifest, gguf, digests, file_sha, kv, label)
+            checks.passed("integrity", f"file and {len(digests)} tensor SHA-256 match manifest.json; "
+                          "manifest contract, config and metadata agree")
+        except DSparkError as exc:
+            checks.failed("integrity", exc)
+    else:
+        checks.skipped("integrity", "needs a valid manifest and readable tensors")
+
+    # 8. Strata's loader
+    findings = strata_findings(kv, [(t.name, t.ggml_type.name, list(t.shape)) for t in gguf.tensors])
+    for finding in findings:
+        name = f"strata.{finding.rule}"
+        if finding.level == "failed":
+            checks.failed(name, StrataRuleError(f"{label}: {finding.message}", path=label))
+        elif finding.level == "warning":
+            checks.warning(name, finding.message)
+        else:
+            checks.passed(name, finding.message)
+    return report()
