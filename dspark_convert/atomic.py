@@ -55,6 +55,32 @@ def write_error(exc: OSError, path: Path) -> OutputWriteError:
                             expected="a writable location", found=reason)
 
 
+def _make_parents(parent: Path) -> list[Path]:
+    missing = []
+    probe = parent
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise OutputWriteError(f"{probe}: is not a directory; cannot create the output under it",
+                               path=str(probe), expected="a directory", found="a file")
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except OSError as exc:
+            _remove_created(missing[missing.index(directory) + 1:])
+            raise write_error(exc, directory) from None
+    return missing
+
+
+def _remove_created(created: list[Path]) -> None:
+    for directory in created:  # deepest first
+        try:
+            directory.rmdir()
+        except OSError:
+            pass
+
+
 @contextmanager
 def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``out`` when the block succeeds."""
@@ -67,20 +93,21 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
         if not out.is_dir() or out.is_symlink():
             raise OutputExistsError(f"{out}: exists and is not a directory; refusing to replace it",
                                     path=str(out), expected="a directory", found="a file")
-    if not out.parent.is_dir():
-        raise OutputWriteError(f"{out.parent}: the output's parent directory does not exist",
-                               path=str(out.parent), expected="an existing directory",
-                               found="missing")
+    # Missing parents are created, and removed again if the run fails, so that a failed
+    # run leaves the file system as it found it.
+    created = _make_parents(out.parent)
     _remove_stale_siblings(out)
     tmp = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     try:
         tmp.mkdir()
     except OSError as exc:
+        _remove_created(created)
         raise write_error(exc, out.parent) from None
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_created(created)
         raise
     try:
         for entry in tmp.iterdir():
@@ -98,7 +125,9 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
         _fsync_path(out.parent)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_created(created)
         raise write_error(exc, out) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_created(created)
         raise

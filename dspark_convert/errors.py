@@ -113,10 +113,12 @@ class InventoryError(DSparkError):
 
 
 class MissingTensorError(InventoryError):
+    """A tensor the contract requires is not in the checkpoint or artifact."""
     exit_code = 20
 
 
 class UnexpectedTensorError(InventoryError):
+    """A tensor the contract does not name (or one out of the format's fixed order)."""
     exit_code = 21
 
 
@@ -126,10 +128,12 @@ class TensorShapeError(InventoryError):
 
 
 class TensorDtypeError(InventoryError):
+    """A tensor's dtype is not the one the config declares (or not BF16 in an artifact)."""
     exit_code = 23
 
 
 class NonFiniteTensorError(InventoryError):
+    """A tensor holds NaN or Inf (or an F32 value that overflows BF16)."""
     exit_code = 24
 
 
@@ -140,6 +144,7 @@ class OutputError(DSparkError):
 
 
 class OutputExistsError(OutputError):
+    """The output already exists (pass --force to replace it atomically)."""
     exit_code = 30
 
 
@@ -190,7 +195,7 @@ class ManifestMismatchError(ArtifactError):
 
 
 class InternalError(DSparkError):
-    """A bug: an exception that is not one of ours. Reported with --debug's traceback."""
+    """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1
 
 
