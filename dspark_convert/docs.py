@@ -1,0 +1,100 @@
+"""Generated sections of docs/ARTIFACT_FORMAT.md and README.md, from the same tables the
+writer and the validator use.
+
+    python -m dspark_convert.docs            # rewrite the generated sections
+    python -m dspark_convert.docs --check    # exit 1 if a generated section is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from .artifact_format import METADATA_KEYS
+from .errors import concrete_errors
+from .tensor_table import SYMBOLS, TENSOR_RULES, pretty_dim
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEN_TEXT = {"always": "always", "hub": "Hub source only", "markov": "markov_rank > 0",
+             "confidence": "with a confidence head", "embed": "source has embed_tokens",
+             "lm_head": "source has lm_head", "embedding": "optional; hashed, never written",
+             "gated": "gated Markov head", "rnn": "rnn Markov head"}
+
+
+def metadata_table() -> str:
+    rows = ["| key | GGUF type | present | value |", "|---|---|---|---|"]
+    for key in METADATA_KEYS:
+        gtype = key.type.name + (f"[{key.sub_type.name}]" if key.sub_type else "")
+        rows.append(f"| `{key.key}` | {gtype} | {WHEN_TEXT[key.when]} | {key.doc} |")
+    return "\n".join(rows)
+
+
+def tensor_table() -> str:
+    rows = ["| GGUF name | source name | torch shape | GGUF shape | kind | present |",
+            "|---|---|---|---|---|---|"]
+    for rule in TENSOR_RULES:
+        torch_shape = ", ".join(pretty_dim(e) for e in rule.shape)
+        gguf_shape = ", ".join(pretty_dim(e) for e in reversed(rule.shape))
+        gguf = f"`{rule.gguf.replace('{i}', 'N')}`" if rule.gguf else "(not written)"
+        source = f"`{rule.source.replace('{i}', 'N')}`"
+        rows.append(f"| {gguf} | {source} | [{torch_shape}] | [{gguf_shape}] | {rule.kind} | {WHEN_TEXT[rule.when]} |")
+    rows.append("")
+    rows.append("Symbols: " + "; ".join(f"`{k}` = {v}" for k, v in SYMBOLS.items()) + ".")
+    return "\n".join(rows)
+
+
+def exit_code_table() -> str:
+    entries = [(0, "-", "success"), (2, "usage", "bad command-line options (typer/click)")]
+    entries += [(c.exit_code, f"`{c.__name__}`", " ".join((c.__doc__ or "").split()))
+                for c in concrete_errors()]
+    rows = ["| code | error | meaning |", "|---|---|---|"]
+    rows += [f"| {code} | {name} | {doc} |" for code, name, doc in sorted(entries)]
+    rows.append("| 130 / 143 | - | interrupted by SIGINT / SIGTERM; nothing was written |")
+    return "\n".join(rows)
+
+
+SECTIONS = {
+    "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table},
+    "README.md": {"exit-codes": exit_code_table},
+}
+
+
+def _render(text: str, sections: dict) -> str:
+    for name, fn in sections.items():
+        pattern = re.compile(rf"(<!-- BEGIN GENERATED {name} -->\n).*?(<!-- END GENERATED {name} -->)",
+                             re.DOTALL)
+        if not pattern.search(text):
+            raise SystemExit(f"missing generated section '{name}'")
+        text = pattern.sub(lambda m: m.group(1) + fn() + "\n" + m.group(2), text)
+    return text
+
+
+def stale() -> list[str]:
+    out = []
+    for rel, sections in SECTIONS.items():
+        path = ROOT / rel
+        text = path.read_text()
+        if _render(text, sections) != text:
+            out.append(rel)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Write or check the generated doc sections")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    if args.check:
+        problems = stale()
+        for rel in problems:
+            print(f"{rel} is stale: run python -m dspark_convert.docs")
+        return 1 if problems else 0
+    for rel, sections in SECTIONS.items():
+        path = ROOT / rel
+        path.write_text(_render(path.read_text(), sections))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
