@@ -1,0 +1,44 @@
+"""Checked-in generated files are current, and the error table is closed and consistent."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT
+from dspark_convert import docs, errors, schemas
+
+
+def test_schemas_are_current():
+    assert schemas.stale() == [], "run: python -m dspark_convert.schemas (make schemas)"
+
+
+def test_generated_doc_sections_are_current():
+    assert docs.stale() == [], "run: python -m dspark_convert.docs (make docs)"
+
+
+def test_exit_codes_are_unique_and_documented():
+    classes = errors.concrete_errors()
+    codes = [c.exit_code for c in classes]
+    assert len(codes) == len(set(codes))
+    assert 0 not in codes and 2 not in codes
+    readme = (ROOT / "README.md").read_text()
+    for cls in classes:
+        assert re.search(rf"\| {cls.exit_code} \| `{cls.__name__}` \|", readme), cls.__name__
+
+
+def test_every_error_class_has_a_docstring():
+    for cls in errors.concrete_errors():
+        assert cls.__doc__ and cls.__doc__.strip(), cls.__name__
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make demo" in readme
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == "make test"
+
+
+def test_error_messages_are_one_line():
+    err = errors.ConfigError("a\nb   c")
+    assert err.message == "a b c"
+    assert err.to_dict()["exit_code"] == 13

@@ -1,0 +1,72 @@
+"""`dspark inspect`: the contract and tensor table of a checkpoint or an artifact."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from conftest import REFERENCE_DRAFTER, dspark_cmd
+from dspark_convert.errors import MissingTensorError, TensorShapeError
+from dspark_convert.inspect import inspect_path
+from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
+
+
+def test_inspect_checkpoint():
+    result = inspect_path(REFERENCE_DRAFTER)
+    assert result.kind == "checkpoint"
+    assert result.problem is None
+    statuses = {r.name: r.status for r in result.rows}
+    assert statuses["embed_tokens.weight"] == "stripped"
+    assert statuses["fc.weight"] == "ok"
+    assert len(result.rows) == 31
+    fc = next(r for r in result.rows if r.name == "fc.weight")
+    assert fc.maps_to == "fc.weight" and fc.shape == [64, 192]
+
+
+def test_inspect_artifact_dir_and_file(converted):
+    for path in (converted["reference"], converted["reference"] / "drafter.gguf"):
+        result = inspect_path(path)
+        assert result.kind == "artifact"
+        assert result.problem is None
+        assert len(result.rows) == 29
+        assert all(r.status == "ok" for r in result.rows)
+    from_checkpoint = inspect_path(REFERENCE_DRAFTER).contract
+    from_artifact = inspect_path(converted["reference"]).contract
+    # eps comes back as the FLOAT32 the file holds; everything else is identical
+    assert from_artifact.model_dump(exclude={"geometry"}) == from_checkpoint.model_dump(exclude={"geometry"})
+
+
+def test_inspect_shows_every_problem_row(tmp_path):
+    cfg = synthetic_config()
+    tensors = synthetic_tensors(cfg)
+    del tensors["layers.0.mlp.up_proj.weight"]
+    tensors["fc.weight"] = tensors["fc.weight"].T.copy()
+    tensors["extra.weight"] = tensors["norm.weight"]
+    write_checkpoint(tmp_path / "bad", cfg, tensors)
+    result = inspect_path(tmp_path / "bad")
+    statuses = {r.name: r.status for r in result.rows}
+    assert statuses["layers.0.mlp.up_proj.weight"] == "missing"
+    assert statuses["fc.weight"] == "shape"
+    assert statuses["extra.weight"] == "unexpected"
+    assert result.problem["error"] == "MissingTensorError"
+    assert result.problem_exit_code == MissingTensorError.exit_code
+
+
+def test_cli_inspect_writes_nothing_and_exits_with_the_problem(tmp_path):
+    cfg = synthetic_config()
+    tensors = synthetic_tensors(cfg)
+    tensors["fc.weight"] = tensors["fc.weight"][:, :10].copy()
+    write_checkpoint(tmp_path / "bad", cfg, tensors)
+    before = sorted(p.name for p in (tmp_path / "bad").iterdir())
+    run = subprocess.run(dspark_cmd("inspect", str(tmp_path / "bad")), capture_output=True, text=True)
+    assert run.returncode == TensorShapeError.exit_code
+    assert "fc.weight" in run.stdout
+    assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: ")
+    assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == before
+
+    run = subprocess.run(dspark_cmd("inspect", str(REFERENCE_DRAFTER), "--json"),
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["contract"]["taps"]["target_layer_ids"] == [0, 2, 4]
+    assert data["kind"] == "checkpoint"
