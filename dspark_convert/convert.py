@@ -38,7 +38,7 @@ from .artifact_format import (
     expected_metadata,
 )
 from .atomic import atomic_directory, write_error
-from .errors import NonFiniteTensorError, SourceNotFoundError
+from .errors import NonFiniteTensorError, SafetensorsFormatError, SourceNotFoundError
 from .hashing import sha256_file, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
@@ -157,6 +157,10 @@ def verify_source(source: Source, progress: Progress) -> _Verified:
                     done += n
                     progress.advance(n)
                 tensor_digests[entry.name] = tensor_hash.hexdigest()
+            if fh.read(1):
+                raise SafetensorsFormatError(f"{path}: the file grew after its header was "
+                                             "checked; expected it unchanged during conversion",
+                                             path=str(path))
             digests[path.name] = file_hash.hexdigest()
             sizes[path.name] = path.stat().st_size
     progress.finish()
@@ -219,7 +223,6 @@ def write_gguf(source: Source, verified: _Verified, prov: Provenance, path: Path
             records.append(TensorRecord(name=spec.gguf_name, type="BF16", shape=spec.gguf_shape,
                                         sha256=digest, source=spec.source_name))
             progress.advance(entry.nbytes)
-        writer.close()
     except OSError as exc:
         raise write_error(exc, path) from None
     finally:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SafetensorsFormatError, SourceLayoutError, SourceNotFoundError
+from .strict_json import DuplicateKeyError, json_error_text, loads_strict
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -193,43 +194,6 @@ def _has_surrogates(text: str) -> bool:
     return False
 
 
-class _DuplicateKey(Exception):
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
-
-
-def _no_duplicates_hook(pairs: list[tuple[str, object]]) -> dict:
-    """object_pairs_hook: json.loads would keep the last duplicate key silently."""
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-def _refuse_constant(name: str) -> object:
-    # Python's json accepts NaN, Infinity and -Infinity; they are not JSON.
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def _load_strict_json(text: str) -> object:
-    """json.loads with duplicate keys and NaN/Infinity refused.
-
-    Raises _DuplicateKey, ValueError (bad JSON, or an integer too long to convert) or
-    RecursionError (absurd nesting); callers turn these into one-line errors.
-    """
-    return json.loads(text, object_pairs_hook=_no_duplicates_hook,
-                      parse_constant=_refuse_constant)
-
-
-def _json_error_text(exc: BaseException) -> str:
-    if isinstance(exc, RecursionError):
-        return "nesting too deep"
-    return " ".join(str(exc).split())
-
-
 def _stat_regular_file(path: Path) -> os.stat_result:
     """stat() a file we are about to open, refusing anything that is not a regular file
     (opening a FIFO would block forever, a directory cannot be parsed)."""
@@ -339,17 +303,17 @@ def _parse_header_bytes(buf: bytes, file_size: int, path: Path) -> SafetensorsHe
             path=str(path), field="header", expected="UTF-8 JSON",
             found=f"invalid byte at offset {8 + exc.start}") from None
     try:
-        doc = _load_strict_json(text)
-    except _DuplicateKey as dup:
+        doc = loads_strict(text)
+    except DuplicateKeyError as dup:
         raise SafetensorsFormatError(
             f"{path}: header JSON has duplicate key {_quote(dup.key)}",
             path=str(path), field="header", expected="unique keys",
             found=f"duplicate key {_quote(dup.key)}") from None
     except (ValueError, RecursionError) as exc:
         raise SafetensorsFormatError(
-            f"{path}: header is not valid JSON ({_json_error_text(exc)})",
+            f"{path}: header is not valid JSON ({json_error_text(exc)})",
             path=str(path), field="header", expected="JSON",
-            found=_json_error_text(exc)) from None
+            found=json_error_text(exc)) from None
     if not isinstance(doc, dict):
         raise SafetensorsFormatError(
             f"{path}: header JSON is {_json_kind(doc)}, expected an object",
@@ -676,20 +640,20 @@ def _read_index(index: Path) -> dict[str, str]:
         raise SourceNotFoundError(f"{index}: cannot read: {exc.strerror}", path=str(index),
                                   expected="a readable file", found=str(exc.strerror)) from None
     try:
-        doc = _load_strict_json(raw.decode("utf-8"))
+        doc = loads_strict(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise SafetensorsFormatError(
             f"{index}: index is not UTF-8 (invalid byte at offset {exc.start})",
             path=str(index), expected="UTF-8 JSON", found=f"invalid byte at {exc.start}"
         ) from None
-    except _DuplicateKey as dup:
+    except DuplicateKeyError as dup:
         raise SafetensorsFormatError(
             f"{index}: index JSON has duplicate key {_quote(dup.key)}", path=str(index),
             expected="unique keys", found=f"duplicate key {_quote(dup.key)}") from None
     except (ValueError, RecursionError) as exc:
         raise SafetensorsFormatError(
-            f"{index}: index is not valid JSON ({_json_error_text(exc)})", path=str(index),
-            expected="JSON", found=_json_error_text(exc)) from None
+            f"{index}: index is not valid JSON ({json_error_text(exc)})", path=str(index),
+            expected="JSON", found=json_error_text(exc)) from None
     if not isinstance(doc, dict):
         raise SafetensorsFormatError(
             f"{index}: index JSON is {_json_kind(doc)}, expected an object",

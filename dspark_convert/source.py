@@ -7,7 +7,6 @@ safetensors headers, config.json against the contract, the tensor inventory. Val
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,17 +21,9 @@ from .contract import (
 )
 from .errors import ConfigError, SourceNotFoundError
 from .safetensors_reader import Checkpoint, read_checkpoint
+from .strict_json import json_error_text, loads_strict
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
-
-
-def _reject_duplicates(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"duplicate key '{key}'")
-        seen[key] = value
-    return seen
 
 
 def read_json_strict(path: Path, *, error=ConfigError, label: str | None = None) -> object:
@@ -50,18 +41,9 @@ def read_json_strict(path: Path, *, error=ConfigError, label: str | None = None)
         raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
                     path=str(path)) from None
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates,
-                          parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise error(f"{label}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                    path=str(path)) from None
-    except ValueError as exc:
-        raise error(f"{label}: not valid JSON: {exc}", path=str(path)) from None
-
-
-def _refuse_constant(name: str):
-    # NaN / Infinity are not JSON; Python's parser accepts them unless told not to.
-    raise ValueError(f"non-standard constant {name}")
+        return loads_strict(text)
+    except (ValueError, RecursionError) as exc:
+        raise error(f"{label}: not valid JSON: {json_error_text(exc)}", path=str(path)) from None
 
 
 @dataclass(frozen=True)
