@@ -509,6 +509,8 @@ def check_inventory(contract: FeatureContract, tensors: dict[str, tuple[str, lis
                                    f"{_shape_text(spec)}, found {list(shape)}", path=path,
                                    tensor=spec.source_name, expected=spec.shape, found=list(shape))
     dtype = expected_dtype
+    # Say where the expectation comes from: config.json's dtype, or the first tensor.
+    origin = " (config.json 'dtype')" if expected_dtype is not None else ""
     for spec in contract.tensors:
         if spec.source_name not in tensors:
             continue
@@ -519,10 +521,10 @@ def check_inventory(contract: FeatureContract, tensors: dict[str, tuple[str, lis
                                        f"{', '.join(SOURCE_DTYPES)}, found {found}", path=path,
                                        tensor=spec.source_name, expected=list(SOURCE_DTYPES),
                                        found=found)
-            dtype = found
+            dtype, origin = found, f" (as '{spec.source_name}')"
         elif found != dtype:
-            raise TensorDtypeError(f"{path}: tensor '{spec.source_name}': expected dtype {dtype}, "
-                                   f"found {found}", path=path, tensor=spec.source_name,
+            raise TensorDtypeError(f"{path}: tensor '{spec.source_name}': expected dtype {dtype}"
+                                   f"{origin}, found {found}", path=path, tensor=spec.source_name,
                                    expected=dtype, found=found)
     assert dtype is not None  # at least fc.weight is required and present
     return dtype

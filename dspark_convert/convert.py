@@ -38,7 +38,8 @@ from .artifact_format import (
     expected_metadata,
 )
 from .atomic import atomic_directory, write_error
-from .errors import NonFiniteTensorError, SafetensorsFormatError, SourceNotFoundError
+from .errors import (NonFiniteTensorError, OutputExistsError, SafetensorsFormatError,
+                     SourceNotFoundError)
 from .hashing import sha256_file, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
@@ -113,58 +114,63 @@ def _check_finite(entry: TensorEntry, block: memoryview, done: int, path: str) -
 def verify_source(source: Source, progress: Progress) -> _Verified:
     """Pass 1: one sequential read of every source file (hashes + finite values)."""
     sizes, digests, tensor_digests = {}, {}, {}
-    total = sum(p.stat().st_size for p in _source_files(source))
-    progress.start("verify source", total)
-    buffer = bytearray(READ_BLOCK)
-    view = memoryview(buffer)
     by_file: dict[Path, list[TensorEntry]] = {}
     for entry in source.checkpoint.tensors.values():
         by_file.setdefault(entry.file, []).append(entry)
-    for path in _source_files(source):
-        try:
-            fh = open(path, "rb")
-        except OSError as exc:
-            raise SourceNotFoundError(f"{path}: cannot read: {os.strerror(exc.errno or 0)}",
-                                      path=str(path)) from None
-        with fh:
-            file_hash = hashlib.sha256()
+    view = memoryview(bytearray(READ_BLOCK))
+    progress.start("verify source", sum(p.stat().st_size for p in _source_files(source)))
+    try:
+        for path in _source_files(source):
             entries = sorted(by_file.get(path, []), key=lambda e: e.begin)
-            # Bytes before the first tensor (8-byte length + JSON header), or a whole
-            # non-weights file; then each tensor. The header checks proved the tensors are
-            # contiguous and end at the end of the file, so this is the whole file.
-            head = entries[0].begin if entries else path.stat().st_size
-            while head:
-                n = fh.readinto(view[:min(head, READ_BLOCK)])
-                if not n:
-                    break
-                file_hash.update(view[:n])
-                head -= n
-                progress.advance(n)
-            for entry in entries:
-                tensor_hash = hashlib.sha256()
-                remaining, done = entry.end - entry.begin, 0
-                while remaining:
-                    n = fh.readinto(view[:min(remaining, READ_BLOCK)])
-                    if not n:
-                        raise SourceNotFoundError(f"{path}: file shrank while reading tensor "
-                                                  f"'{entry.name}'", path=str(path),
-                                                  tensor=entry.name)
-                    block = view[:n]
-                    file_hash.update(block)
-                    tensor_hash.update(block)
-                    _check_finite(entry, block, done, path.name)
-                    remaining -= n
-                    done += n
-                    progress.advance(n)
-                tensor_digests[entry.name] = tensor_hash.hexdigest()
-            if fh.read(1):
-                raise SafetensorsFormatError(f"{path}: the file grew after its header was "
-                                             "checked; expected it unchanged during conversion",
-                                             path=str(path))
-            digests[path.name] = file_hash.hexdigest()
-            sizes[path.name] = path.stat().st_size
-    progress.finish()
+            digests[path.name], sizes[path.name] = _verify_file(path, entries, view, progress,
+                                                                tensor_digests)
+    finally:
+        progress.finish()
     return _Verified(digests, sizes, tensor_digests)
+
+
+def _verify_file(path: Path, entries: list[TensorEntry], view: memoryview, progress: Progress,
+                 tensor_digests: dict[str, str]) -> tuple[str, int]:
+    """Hash one file in order; its tensors (sorted by offset) are hashed and scanned too."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise SourceNotFoundError(f"{path}: cannot read: {os.strerror(exc.errno or 0)}",
+                                  path=str(path)) from None
+    with fh:
+        file_hash = hashlib.sha256()
+        # Bytes before the first tensor (8-byte length + JSON header), or a whole
+        # non-weights file; then each tensor. The header checks proved the tensors are
+        # contiguous and end at the end of the file, so this is the whole file.
+        head = entries[0].begin if entries else os.fstat(fh.fileno()).st_size
+        while head:
+            n = fh.readinto(view[:min(head, READ_BLOCK)])
+            if not n:
+                break
+            file_hash.update(view[:n])
+            head -= n
+            progress.advance(n)
+        for entry in entries:
+            tensor_hash = hashlib.sha256()
+            remaining, done = entry.nbytes, 0
+            while remaining:
+                n = fh.readinto(view[:min(remaining, READ_BLOCK)])
+                if not n:
+                    raise SafetensorsFormatError(f"{path}: the file shrank while reading tensor "
+                                                 f"'{entry.name}'; expected it unchanged during "
+                                                 "conversion", path=str(path), tensor=entry.name)
+                block = view[:n]
+                file_hash.update(block)
+                tensor_hash.update(block)
+                _check_finite(entry, block, done, path.name)
+                remaining -= n
+                done += n
+                progress.advance(n)
+            tensor_digests[entry.name] = tensor_hash.hexdigest()
+        if fh.read(1):
+            raise SafetensorsFormatError(f"{path}: the file grew after its header was checked; "
+                                         "expected it unchanged during conversion", path=str(path))
+        return file_hash.hexdigest(), fh.tell()
 
 
 def _tensor_array(entry: TensorEntry) -> np.ndarray:
@@ -242,11 +248,24 @@ def _summary(source: Source) -> str:
             f"{markov}, {conf}")
 
 
+def _refuse_output_over_source(source: Path, output: Path) -> None:
+    """--force replaces the output; it must never replace (and so delete) the source."""
+    if not source.exists():
+        return
+    src, out = source.resolve(), output.absolute()
+    out = out.resolve() if out.exists() else out
+    if src == out or out in src.parents:
+        raise OutputExistsError(f"{output}: is the source checkpoint or holds it; expected an "
+                                "output outside the source", path=str(output),
+                                expected="a path outside the source", found=str(src))
+
+
 def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force: bool = False,
             progress: Progress | None = None) -> ConvertResult:
     """Convert a local checkpoint directory into ``output`` (refused if it exists, unless
     ``force``). Raises a DSparkError subclass for every refusal; writes nothing then."""
     progress = progress or _NoProgress()
+    _refuse_output_over_source(Path(source_path), Path(output))
     source = open_source(source_path)
     verified = verify_source(source, progress)
     files = source.checkpoint.files

@@ -68,7 +68,7 @@ class Source:
 def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
     config_path = directory / "config.json"
     if not config_path.is_file():
-        raise SourceNotFoundError(f"{config_path}: config.json not found", path=str(config_path),
+        raise SourceNotFoundError(f"{directory}: config.json not found", path=str(config_path),
                                   expected="config.json", found="missing")
     raw = read_json_strict(config_path)
     cfg = parse_config(raw, path="config.json")

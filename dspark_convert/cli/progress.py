@@ -10,7 +10,9 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 class RichProgress:
     def __init__(self, enabled: bool = True) -> None:
         self._console = Console(stderr=True)
-        self._enabled = enabled
+        # Bars only on a terminal, and transient: a log or a CI job gets no bar debris,
+        # and an error stays the one line after them.
+        self._enabled = enabled and self._console.is_terminal
         self._progress: Progress | None = None
         self._task = None
 
@@ -20,7 +22,7 @@ class RichProgress:
         self.finish()
         self._progress = Progress(TextColumn("{task.description:<20}"), BarColumn(),
                                   DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                                  console=self._console, transient=False)
+                                  console=self._console, transient=True)
         self._progress.start()
         self._task = self._progress.add_task(label, total=total)
 
