@@ -7,6 +7,7 @@ a file against the same function; the docs are generated from the table.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from typing import Literal
@@ -14,19 +15,8 @@ from typing import Literal
 from gguf.constants import GGUFValueType
 
 from . import CONVERTER_NAME, __version__
-from .contract import (
-    ARCHITECTURE,
-    FAMILY,
-    Attention,
-    BlockLayout,
-    ConfidenceHead,
-    FeatureContract,
-    FeatureTaps,
-    Geometry,
-    MarkovHead,
-    contract_with_tensors,
-)
-from .errors import MetadataError
+from .contract import ARCHITECTURE, FeatureContract, build_contract, parse_config
+from .errors import ConfigError, ContractViolation, DSparkError, MetadataError
 
 FORMAT_VERSION = 1
 ARCHITECTURE_NAME = "dflash"
@@ -174,51 +164,102 @@ def _flag_value(kv: dict, key: str, path: str) -> bool:
     return value == "true"
 
 
-def contract_from_metadata(kv: dict[str, object], *, path: str) -> FeatureContract:
-    """Rebuild the feature contract from metadata values (types already checked).
+# config.json field -> the metadata key that carries it, to name keys in messages.
+CONFIG_FIELD_KEYS = {
+    "hidden_size": "dflash.embedding_length", "intermediate_size": "dflash.feed_forward_length",
+    "num_hidden_layers": "dflash.block_count", "num_attention_heads": "dflash.attention.head_count",
+    "num_key_value_heads": "dflash.attention.head_count_kv", "head_dim": "dflash.attention.key_length",
+    "vocab_size": "dflash.vocab_size", "rms_norm_eps": "dflash.attention.layer_norm_rms_epsilon",
+    "num_target_layers": "dflash.target.num_layers", "target_layer_ids": "dflash.target_layers",
+    "block_size": "dflash.block_size", "mask_token_id": "dflash.mask_token_id",
+    "markov_rank": "dflash.markov_rank", "markov_head_type": "dflash.markov_head_type",
+    "enable_confidence_head": "dflash.has_confidence_head",
+    "confidence_head_with_markov": "dflash.confidence_head_with_markov",
+    "rope_parameters.rope_theta": "dflash.rope.frequency_base",
+}
 
-    rms_norm_eps comes back as the FLOAT32 value the file holds.
-    """
-    def num(key: str) -> int:
-        return _get(kv, key, path)
 
-    markov_rank = num("dflash.markov_rank")
-    markov_type = _get(kv, "dflash.markov_head_type", path) if markov_rank > 0 else "none"
-    if markov_type not in ("none", "vanilla", "gated", "rnn"):
-        raise MetadataError(f"{path}: metadata key 'dflash.markov_head_type': expected vanilla, "
-                            f"gated or rnn, found {markov_type!r}", path=path,
+def metadata_config_view(kv: dict[str, object], *, path: str) -> dict:
+    """The metadata as the config.json it stands for, so that the very rules applied at
+    conversion can be applied to an artifact (types already checked)."""
+    if not _flag_value(kv, "dflash.sample_from_anchor", path):
+        raise MetadataError(f"{path}: metadata key 'dflash.sample_from_anchor': expected 'true' "
+                            "(the format is anchor-first; Strata refuses false), found 'false'",
+                            path=path, field="dflash.sample_from_anchor", expected="true",
+                            found="false")
+    if _flag_value(kv, "dflash.attention.causal", path):
+        raise MetadataError(f"{path}: metadata key 'dflash.attention.causal': expected 'false' "
+                            "(block attention is non-causal; Strata refuses true), found 'true'",
+                            path=path, field="dflash.attention.causal", expected="false",
+                            found="true")
+    _check_conditional_keys(kv, path)
+    view = {field: _get(kv, key, path) for field, key in CONFIG_FIELD_KEYS.items()
+            if key not in ("dflash.markov_head_type", "dflash.has_confidence_head",
+                           "dflash.confidence_head_with_markov", "dflash.rope.frequency_base")}
+    view.update(architectures=[ARCHITECTURE], attention_bias=False, hidden_act="silu",
+                rope_parameters={"rope_theta": _get(kv, "dflash.rope.frequency_base", path),
+                                 "rope_type": "default"},
+                enable_confidence_head=_flag_value(kv, "dflash.has_confidence_head", path))
+    view["target_layer_ids"] = list(view["target_layer_ids"])
+    if "dflash.markov_head_type" in kv:
+        view["markov_head_type"] = kv["dflash.markov_head_type"]
+    if "dflash.confidence_head_with_markov" in kv:
+        view["confidence_head_with_markov"] = _flag_value(kv, "dflash.confidence_head_with_markov", path)
+    return view
+
+
+def _check_conditional_keys(kv: dict[str, object], path: str) -> None:
+    """Keys present only with a Markov or confidence head: a metadata matter, so refused
+    as MetadataError before the contract rules see the values."""
+    rank = _get(kv, "dflash.markov_rank", path)
+    head_type = kv.get("dflash.markov_head_type")
+    conditional = [("dflash.markov_head_type", isinstance(rank, int) and rank > 0,
+                    f"markov_rank is {rank}"),
+                   ("dflash.confidence_head_with_markov",
+                    _flag_value(kv, "dflash.has_confidence_head", path),
+                    f"dflash.has_confidence_head is {kv.get('dflash.has_confidence_head')!r}")]
+    for key, wanted, because in conditional:
+        if wanted and key not in kv:
+            raise MetadataError(f"{path}: metadata key '{key}' is missing ({because})", path=path,
+                                field=key, expected="present", found="missing")
+        if not wanted and key in kv:
+            raise MetadataError(f"{path}: metadata key '{key}' should not be present ({because})",
+                                path=path, field=key, expected="absent", found=kv[key])
+    if head_type is not None and head_type not in ("vanilla", "gated", "rnn"):
+        raise MetadataError(f"{path}: metadata key 'dflash.markov_head_type': expected 'vanilla', "
+                            f"'gated' or 'rnn', found {head_type!r}", path=path,
                             field="dflash.markov_head_type", expected="vanilla|gated|rnn",
-                            found=markov_type)
-    has_conf = _flag_value(kv, "dflash.has_confidence_head", path)
-    with_markov = _flag_value(kv, "dflash.confidence_head_with_markov", path) if has_conf else False
-    taps = list(num("dflash.target_layers"))
-    hidden = num("dflash.embedding_length")
+                            found=head_type)
+
+
+def _name_metadata_keys(exc: DSparkError, path: str) -> DSparkError:
+    """Re-word a contract error raised on the config view so that it names metadata keys."""
+    def key_for(match: re.Match) -> str:
+        field, index = match.group(1), match.group(2) or ""
+        key = CONFIG_FIELD_KEYS.get(field)
+        return f"metadata key '{key}{index}'" if key else match.group(0)
+
+    message = re.sub(r"field '([A-Za-z_.]+)(\[\d+\])?'", key_for, exc.message)
+    message = message.replace(f"{path} (as config.json)", path)
+    field = CONFIG_FIELD_KEYS.get((exc.field or "").split("[")[0], exc.field)
+    # A value of the wrong JSON type is a metadata problem; a broken rule keeps its class.
+    cls = MetadataError if isinstance(exc, ConfigError) else type(exc)
+    return cls(message, path=path, field=field, expected=exc.expected, found=exc.found)
+
+
+def contract_from_metadata(kv: dict[str, object], *, path: str) -> FeatureContract:
+    """Rebuild the feature contract from metadata values, applying the conversion rules.
+
+    The rules run before the tensor inventory is expanded, so a hostile block count is
+    refused before it costs memory. rms_norm_eps comes back as the FLOAT32 the file holds.
+    A broken rule keeps its own error class; its message names the metadata key.
+    """
+    view = metadata_config_view(kv, path=path)
+    label = f"{path} (as config.json)"
     try:
-        return contract_with_tensors(dict(
-            family=FAMILY, architecture=ARCHITECTURE,
-            geometry=Geometry(
-                hidden_size=hidden, intermediate_size=num("dflash.feed_forward_length"),
-                num_draft_layers=num("dflash.block_count"),
-                num_attention_heads=num("dflash.attention.head_count"),
-                num_key_value_heads=num("dflash.attention.head_count_kv"),
-                head_dim=num("dflash.attention.key_length"), vocab_size=num("dflash.vocab_size"),
-                rms_norm_eps=num("dflash.attention.layer_norm_rms_epsilon"),
-                rope_theta=num("dflash.rope.frequency_base")),
-            taps=FeatureTaps(num_target_layers=num("dflash.target.num_layers"), target_layer_ids=taps,
-                             hidden_state_indices=[t + 1 for t in taps],
-                             feature_width=len(taps) * hidden),
-            block=BlockLayout(block_size=num("dflash.block_size"),
-                              mask_token_id=num("dflash.mask_token_id"),
-                              anchor_first=_flag_value(kv, "dflash.sample_from_anchor", path)),
-            attention=Attention(causal=_flag_value(kv, "dflash.attention.causal", path), bias=False),
-            markov_head=MarkovHead(rank=markov_rank, type=markov_type),
-            confidence_head=ConfidenceHead(enabled=has_conf, with_markov=with_markov),
-        ))
-    except ValueError as exc:  # pydantic: sample_from_anchor false, causal true
-        first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": (), "msg": str(exc)}
-        where = ".".join(str(p) for p in first["loc"])
-        raise MetadataError(f"{path}: metadata does not describe a valid contract at '{where}': "
-                            f"{first['msg']}", path=path, field=where) from None
+        return build_contract(parse_config(view, path=label), path=label)
+    except ContractViolation as exc:
+        raise _name_metadata_keys(exc, path) from None
 
 
 def provenance_from_metadata(kv: dict[str, object], *, path: str) -> Provenance:

@@ -36,6 +36,7 @@ from .artifact_format import (
 )
 from .contract import FeatureContract, build_contract, parse_config
 from .errors import (
+    ContractViolation,
     DSparkError,
     GGUFFormatError,
     IntegrityError,
@@ -148,29 +149,6 @@ def _compare_metadata(kv: dict, expected: dict, label: str, error=MetadataError,
                         f"found {got!r}", path=label, field=key, expected=expected[key], found=got)
 
 
-def _config_view(contract: FeatureContract) -> dict:
-    """The contract as a config.json, so the contract rules can be re-applied to metadata."""
-    g = contract.geometry
-    cfg = {
-        "architectures": [contract.architecture], "hidden_size": g.hidden_size,
-        "intermediate_size": g.intermediate_size, "num_hidden_layers": g.num_draft_layers,
-        "num_attention_heads": g.num_attention_heads, "num_key_value_heads": g.num_key_value_heads,
-        "head_dim": g.head_dim, "vocab_size": g.vocab_size, "rms_norm_eps": g.rms_norm_eps,
-        "attention_bias": False, "hidden_act": "silu",
-        "num_target_layers": contract.taps.num_target_layers,
-        "target_layer_ids": list(contract.taps.target_layer_ids),
-        "block_size": contract.block.block_size, "mask_token_id": contract.block.mask_token_id,
-        "markov_rank": contract.markov_head.rank,
-        "enable_confidence_head": contract.confidence_head.enabled,
-        "rope_parameters": {"rope_theta": g.rope_theta, "rope_type": "default"},
-    }
-    if contract.markov_head.rank > 0:
-        cfg["markov_head_type"] = contract.markov_head.type
-    if contract.confidence_head.enabled:
-        cfg["confidence_head_with_markov"] = contract.confidence_head.with_markov
-    return cfg
-
-
 def _check_provenance_values(prov: Provenance, label: str) -> None:
     for key, value in (("dflash.source.sha256", prov.source_sha256),
                        ("dflash.target.embed_sha256", prov.embed_sha256),
@@ -242,35 +220,42 @@ def _check_inventory(gguf: GGUFFile, contract: FeatureContract, label: str) -> N
 
 def _scan_tensors(gguf: GGUFFile, label: str) -> dict[str, str]:
     """SHA-256 of every tensor's bytes; NonFiniteTensorError on the first NaN/Inf."""
-    digests = {}
+    digests: dict[str, str] = {}
+    problem = None
     with open(gguf.path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size != gguf.file_size:
             raise GGUFFormatError(f"{label}: file changed while validating", path=label)
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else _Empty() as mm:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        try:
             for info in gguf.tensors:
-                data = tensor_data(gguf, info, mm)
-                digests[info.name] = hashlib.sha256(data).hexdigest()
-                if info.ggml_type.name == "BF16":
-                    arr = as_array(data, "BF16")
-                    bad = first_non_finite(arr, "BF16")
-                    if bad is not None:
-                        raise NonFiniteTensorError(
-                            f"{label}: tensor '{info.name}' holds a non-finite value "
-                            f"{describe_value(arr, bad, 'BF16')} at element {bad}; expected only "
-                            "finite values", path=label, tensor=info.name, expected="finite",
-                            found=describe_value(arr, bad, "BF16"))
-                    del arr
-                del data
+                problem = _scan_tensor(gguf, info, mm if mm is not None else b"", digests, label)
+                if problem is not None:
+                    break
+        finally:
+            if mm is not None:
+                mm.close()
+    # Raised only here, once the map is closed: an exception raised inside the loop would
+    # keep views of the map alive through its traceback, and closing the map would fail.
+    if problem is not None:
+        raise problem
     return digests
 
 
-class _Empty:
-    def __enter__(self):
-        return b""
-
-    def __exit__(self, *exc):
-        return False
+def _scan_tensor(gguf: GGUFFile, info, mm, digests: dict[str, str],
+                 label: str) -> NonFiniteTensorError | None:
+    data = tensor_data(gguf, info, mm)
+    digests[info.name] = hashlib.sha256(data).hexdigest()
+    if info.ggml_type.name != "BF16":
+        return None
+    arr = as_array(data, "BF16")
+    bad = first_non_finite(arr, "BF16")
+    if bad is None:
+        return None
+    value = describe_value(arr, bad, "BF16")
+    return NonFiniteTensorError(f"{label}: tensor '{info.name}' holds a non-finite value {value} "
+                                f"at element {bad}; expected only finite values", path=label,
+                                tensor=info.name, expected="finite", found=value)
 
 
 def _manifest_provenance(manifest: Manifest) -> Provenance:
@@ -281,6 +266,26 @@ def _manifest_provenance(manifest: Manifest) -> Provenance:
                       embed_sha256=stripped.get("embed_tokens.weight"),
                       lm_head_sha256=stripped.get("lm_head.weight"),
                       converter=f"{manifest.converter.name} {manifest.converter.version}")
+
+
+def _first_difference(want: object, got: object, where: str = "") -> tuple[str, object, object] | None:
+    """The first path at which two JSON-like values differ, with both values there."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        for key in list(want) + [k for k in got if k not in want]:
+            inner = f"{where}.{key}" if where else str(key)
+            if key not in want or key not in got:
+                return inner, want.get(key), got.get(key)
+            found = _first_difference(want[key], got[key], inner)
+            if found:
+                return found
+        return None
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        for i, (a, b) in enumerate(zip(want, got)):
+            found = _first_difference(a, b, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if want == got and type(want) is type(got) else (where, want, got)
 
 
 def _load_manifest(path: Path) -> Manifest:
@@ -297,12 +302,6 @@ def _load_manifest(path: Path) -> Manifest:
 def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: dict[str, str],
                                  file_sha: str, kv: dict, label: str) -> None:
     art = manifest.artifact
-    if art.size != gguf.file_size:
-        raise IntegrityError(f"{label}: size is {gguf.file_size} bytes; manifest.json records "
-                             f"{art.size}", path=label, expected=art.size, found=gguf.file_size)
-    if art.sha256 != file_sha:
-        raise IntegrityError(f"{label}: SHA-256 is {file_sha}; manifest.json records {art.sha256}",
-                             path=label, expected=art.sha256, found=file_sha)
     listed = [(t.name, t.type, t.shape) for t in art.tensors]
     actual = [(t.name, t.ggml_type.name, list(t.shape)) for t in gguf.tensors]
     if listed != actual:
@@ -312,16 +311,32 @@ def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: di
         raise ManifestMismatchError(f"{MANIFEST_FILE}: artifact.tensors[{diff}] is {want}; "
                                     f"{label} holds {got}", path=MANIFEST_FILE,
                                     field=f"artifact.tensors[{diff}]", expected=str(got), found=str(want))
+    # Per-tensor digests first, so that changed bytes are reported with the tensor's name.
     for record in art.tensors:
         if digests[record.name] != record.sha256:
             raise IntegrityError(f"{label}: tensor '{record.name}' SHA-256 is {digests[record.name]}; "
                                  f"manifest.json records {record.sha256}", path=label,
                                  tensor=record.name, expected=record.sha256, found=digests[record.name])
-    rebuilt = build_contract(parse_config(manifest.source.config, path="manifest.json source.config"),
-                             path="manifest.json source.config")
-    if rebuilt != manifest.contract:
-        raise ManifestMismatchError(f"{MANIFEST_FILE}: field 'contract' differs from the contract "
-                                    "rebuilt from source.config", path=MANIFEST_FILE, field="contract")
+    if art.size != gguf.file_size:
+        raise IntegrityError(f"{label}: size is {gguf.file_size} bytes; manifest.json records "
+                             f"{art.size}", path=label, expected=art.size, found=gguf.file_size)
+    if art.sha256 != file_sha:
+        raise IntegrityError(f"{label}: SHA-256 is {file_sha}; manifest.json records {art.sha256}",
+                             path=label, expected=art.sha256, found=file_sha)
+    label_cfg = f"{MANIFEST_FILE} source.config"
+    try:
+        rebuilt = build_contract(parse_config(manifest.source.config, path=label_cfg), path=label_cfg)
+    except ContractViolation as exc:
+        raise ManifestMismatchError(f"{exc.message} (the manifest's source.config no longer passes "
+                                    "the conversion rules)", path=MANIFEST_FILE,
+                                    field="source.config") from None
+    where = _first_difference(rebuilt.model_dump(), manifest.contract.model_dump())
+    if where is not None:
+        field, want, got = where
+        raise ManifestMismatchError(f"{MANIFEST_FILE}: field 'contract.{field}' is {got!r}; the "
+                                    f"contract rebuilt from source.config has {want!r}",
+                                    path=MANIFEST_FILE, field=f"contract.{field}", expected=want,
+                                    found=got)
     weights = [(f.path, f.sha256) for f in manifest.source.files if f.path.endswith(".safetensors")]
     if not weights or weights_digest(weights) != manifest.source.weights_sha256:
         raise ManifestMismatchError(f"{MANIFEST_FILE}: field 'source.weights_sha256' does not match "
@@ -382,8 +397,6 @@ def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationRe
     try:
         _check_metadata_types(gguf, label)
         contract = contract_from_metadata(kv, path=label)
-        build_contract(parse_config(_config_view(contract), path=f"{label} metadata"),
-                       path=f"{label} metadata")
         prov = provenance_from_metadata(kv, path=label)
         _check_provenance_values(prov, label)
         _compare_metadata(kv, expected_metadata(contract, prov), label)

@@ -193,10 +193,10 @@ def test_inventory_names_each_problem():
         check_inventory(contract, shape, path="m")
 
     dtype = dict(good, **{"norm.weight": ("F16", [32])})
-    with pytest.raises(errors.TensorDtypeError, match="expected dtype BF16, found F16"):
+    with pytest.raises(errors.TensorDtypeError, match=r"expected dtype BF16 \(as 'embed_tokens.weight'\), found F16"):
         check_inventory(contract, dtype, path="m")
 
-    with pytest.raises(errors.TensorDtypeError, match="expected dtype F32, found BF16"):
+    with pytest.raises(errors.TensorDtypeError, match=r"expected dtype F32 \(config.json 'dtype'\), found BF16"):
         check_inventory(contract, good, path="m", expected_dtype="F32")
 
     ints = {k: ("I64", v[1]) for k, v in good.items()}
