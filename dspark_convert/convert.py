@@ -52,7 +52,7 @@ from .manifest import (
     StrippedTensor,
     TensorRecord,
 )
-from .numerics import as_array, describe_value, first_non_finite, round_to_bf16
+from .numerics import RAW_DTYPES, as_array, describe_value, first_non_finite, round_to_bf16
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
 from .strata_rules import strata_findings
@@ -175,8 +175,8 @@ def _verify_file(path: Path, entries: list[TensorEntry], view: memoryview, progr
 
 def _tensor_array(entry: TensorEntry) -> np.ndarray:
     """A read-only memory map of one source tensor's raw bits (zero copy)."""
-    dtype = {"BF16": "<u2", "F16": "<f2", "F32": "<f4"}[entry.dtype]
-    count = (entry.end - entry.begin) // np.dtype(dtype).itemsize
+    dtype = RAW_DTYPES[entry.dtype]
+    count = entry.nbytes // dtype.itemsize
     if count == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(entry.file, dtype=dtype, mode="r", offset=entry.begin, shape=(count,))

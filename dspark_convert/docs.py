@@ -7,13 +7,13 @@ writer and the validator use.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
 from .artifact_format import METADATA_KEYS
 from .errors import concrete_errors
+from .generated import generator_main
 from .tensor_table import SYMBOLS, TENSOR_RULES, pretty_dim
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,19 +81,15 @@ def stale() -> list[str]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description="Write or check the generated doc sections")
-    parser.add_argument("--check", action="store_true")
-    args = parser.parse_args()
-    if args.check:
-        problems = stale()
-        for rel in problems:
-            print(f"{rel} is stale: run python -m dspark_convert.docs")
-        return 1 if problems else 0
+def write() -> None:
     for rel, sections in SECTIONS.items():
         path = ROOT / rel
         path.write_text(_render(path.read_text(), sections))
-    return 0
+
+
+def main() -> int:
+    return generator_main("the generated doc sections", stale, write,
+                          "python -m dspark_convert.docs (make docs)")
 
 
 if __name__ == "__main__":

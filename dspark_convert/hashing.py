@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 BLOCK = 8 * 1024 * 1024
 
@@ -22,10 +21,6 @@ def sha256_file(path: str | os.PathLike, progress=None) -> str:
     return digest.hexdigest()
 
 
-def sha256_bytes(data) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def weights_digest(files: list[tuple[str, str]]) -> str:
     """dflash.source.sha256: the file's own SHA-256 for one weights file; for shards, the
     SHA-256 of the sorted "<file> <sha256>\\n" lines (ARTIFACT_SPEC.md)."""
@@ -37,7 +32,3 @@ def weights_digest(files: list[tuple[str, str]]) -> str:
 
 def is_sha256_hex(text: object) -> bool:
     return isinstance(text, str) and len(text) == 64 and all(c in "0123456789abcdef" for c in text)
-
-
-def file_size(path: Path) -> int:
-    return path.stat().st_size

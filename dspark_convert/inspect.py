@@ -79,7 +79,7 @@ def _inspect_checkpoint(directory: Path) -> InspectResult:
 
 
 def _inspect_artifact(gguf_path: Path) -> InspectResult:
-    from .validate import _check_inventory  # the validator's own inventory rule
+    from .validate import check_gguf_inventory  # the validator's own inventory rule
 
     gguf = read_gguf(gguf_path)
     contract = contract_from_metadata({k: v.value for k, v in gguf.kv.items()}, path=gguf_path.name)
@@ -105,7 +105,7 @@ def _inspect_artifact(gguf_path: Path) -> InspectResult:
                                   expected_shape=spec.gguf_shape, status="missing"))
     problem = None
     try:
-        _check_inventory(gguf, contract, gguf_path.name)
+        check_gguf_inventory(gguf, contract, gguf_path.name)
     except DSparkError as exc:
         problem = exc
     return InspectResult(kind="artifact", path=str(gguf_path.parent), contract=contract, rows=rows,

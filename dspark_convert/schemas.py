@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from .contract import DSparkConfig, FeatureContract
+from .generated import generator_main
 from .manifest import Manifest
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
@@ -50,20 +50,15 @@ def stale(directory: Path = SCHEMA_DIR) -> list[str]:
     return problems
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description="Write or check schemas/")
-    parser.add_argument("--check", action="store_true")
-    args = parser.parse_args()
-    if args.check:
-        problems = stale()
-        for name in problems:
-            print(f"schemas/{name} is stale: run python -m dspark_convert.schemas")
-        return 1 if problems else 0
-    SCHEMA_DIR.mkdir(exist_ok=True)
+def write(directory: Path = SCHEMA_DIR) -> None:
+    directory.mkdir(exist_ok=True)
     for name, text in render().items():
-        (SCHEMA_DIR / name).write_text(text)
-    print(f"wrote {len(render())} schemas to {SCHEMA_DIR}")
-    return 0
+        (directory / name).write_text(text)
+
+
+def main() -> int:
+    return generator_main("schemas/", lambda: [f"schemas/{n}" for n in stale()], write,
+                          "python -m dspark_convert.schemas (make schemas)")
 
 
 if __name__ == "__main__":

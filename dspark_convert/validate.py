@@ -110,6 +110,12 @@ class _Checks:
         self.items.append(Check(name=name, status="failed", detail=error.message,
                                 error=type(error).__name__, exit_code=error.exit_code))
 
+    def report(self, root: Path) -> ValidationReport:
+        failed = sum(c.status == "failed" for c in self.items)
+        return ValidationReport(artifact=str(root), ok=not failed, failed=failed,
+                                warnings=sum(c.status == "warning" for c in self.items),
+                                checks=self.items)
+
 
 def _kv_values(gguf: GGUFFile) -> dict[str, object]:
     return {k: v.value for k, v in gguf.kv.items()}
@@ -184,7 +190,7 @@ def _check_layout(gguf: GGUFFile, label: str) -> None:
         offset += -(-info.nbytes // ALIGNMENT) * ALIGNMENT
 
 
-def _check_inventory(gguf: GGUFFile, contract: FeatureContract, label: str) -> None:
+def check_gguf_inventory(gguf: GGUFFile, contract: FeatureContract, label: str) -> None:
     specs = contract.written_tensors
     found = {t.name: t for t in gguf.tensors}
     for spec in specs:
@@ -349,23 +355,19 @@ def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: di
 def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationReport:
     root = Path(path)
     checks = _Checks()
-    report = lambda: ValidationReport(  # noqa: E731
-        artifact=str(root), ok=not any(c.status == "failed" for c in checks.items),
-        failed=sum(c.status == "failed" for c in checks.items),
-        warnings=sum(c.status == "warning" for c in checks.items), checks=checks.items)
 
     # 1. the files
     gguf_path, manifest_path = root / GGUF_FILE, root / MANIFEST_FILE
     if not root.is_dir():
         checks.failed("artifact.files", InvalidArtifactError(
             f"{root}: not an artifact directory (missing or not a directory)", path=str(root)))
-        return report()
+        return checks.report(root)
     missing = [p.name for p in (gguf_path, manifest_path) if not p.is_file() or p.is_symlink()]
     if missing:
         checks.failed("artifact.files", InvalidArtifactError(
             f"{root}: {missing[0]} is missing (or not a regular file); expected {GGUF_FILE} "
             f"and {MANIFEST_FILE}", path=str(root / missing[0])))
-        return report()
+        return checks.report(root)
     extra = sorted(p.name for p in root.iterdir() if p.name not in (GGUF_FILE, MANIFEST_FILE))
     if extra:
         checks.warning("artifact.files", f"unexpected file(s) in the artifact: {', '.join(extra)}")
@@ -389,7 +391,7 @@ def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationRe
                       f"{len(gguf.tensors)} tensors, offsets aligned, in range, non-overlapping")
     except DSparkError as exc:
         checks.failed("gguf.structure", exc)
-        return report()
+        return checks.report(root)
 
     # 4. metadata: types, the rebuilt contract, the contract rules, values
     kv = _kv_values(gguf)
@@ -408,7 +410,7 @@ def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationRe
     # 5. the tensor inventory against the rebuilt contract
     if contract is not None:
         try:
-            _check_inventory(gguf, contract, label)
+            check_gguf_inventory(gguf, contract, label)
             checks.passed("gguf.inventory", f"{len(gguf.tensors)} tensors match the contract: "
                           "names, order, BF16, shapes")
         except DSparkError as exc:
@@ -448,4 +450,4 @@ def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationRe
             checks.warning(name, finding.message)
         else:
             checks.passed(name, finding.message)
-    return report()
+    return checks.report(root)

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
@@ -82,13 +83,14 @@ def convert(
                 "checks": [c.model_dump() for c in m.checks]}, indent=2))
             return 0
         out = _out()
-        out.print(f"converted {source} -> {result.output}")
+        # Paths, names and details come from files and users: escaped, never rich markup.
+        out.print(escape(f"converted {source} -> {result.output}"))
         out.print(f"  drafter.gguf  {result.gguf_size:,} bytes  sha256 {result.gguf_sha256}")
         stripped = ", ".join(s.name for s in m.source.stripped) or "none"
-        out.print(f"  {len(m.artifact.tensors)} tensors written; hashed and stripped: {stripped}")
+        out.print(escape(f"  {len(m.artifact.tensors)} tensors written; hashed and stripped: {stripped}"))
         out.print(f"  checks: {sum(c.status == 'passed' for c in m.checks)} passed, {len(warnings)} warning(s)")
         for check in warnings:
-            out.print(f"  [yellow]warning[/] {check.name}: {check.detail}")
+            out.print(f"  [yellow]warning[/] {escape(check.name)}: {escape(check.detail)}")
         return 0
 
     run(body, debug=debug, as_json=as_json)
@@ -111,13 +113,13 @@ def validate(
         if as_json:
             print(json.dumps({**report.model_dump(), "strict": strict, "exit_code": code}, indent=2))
         else:
-            table = Table(title=f"dspark validate {artifact}", show_lines=False)
+            table = Table(title=escape(f"dspark validate {artifact}"), show_lines=False)
             table.add_column("check")
             table.add_column("status")
             table.add_column("detail", overflow="fold")
             for check in report.checks:
                 style = STATUS_STYLE[check.status]
-                table.add_row(check.name, f"[{style}]{check.status}[/]", check.detail)
+                table.add_row(escape(check.name), f"[{style}]{check.status}[/]", escape(check.detail))
             out = _out()
             out.print(table)
             verdict = "PASSED" if code == 0 else "FAILED"
@@ -161,7 +163,7 @@ def _print_inspect(result) -> None:
     c = result.contract
     g = c.geometry
     out = _out()
-    out.print(f"{result.kind}: {result.path}")
+    out.print(escape(f"{result.kind}: {result.path}"))
     out.print(f"  family        {c.family} ({c.architecture})")
     out.print(f"  geometry      H={g.hidden_size} I={g.intermediate_size} layers={g.num_draft_layers} "
               f"heads={g.num_attention_heads}/{g.num_key_value_heads}x{g.head_dim} V={g.vocab_size} "
@@ -181,9 +183,9 @@ def _print_inspect(result) -> None:
         table.add_column(col)
     for row in result.rows:
         style = STATUS_STYLE[row.status]
-        table.add_row(row.name, row.maps_to or "-", row.dtype or "-",
-                      str(row.shape) if row.shape is not None else "-",
-                      str(row.expected_shape) if row.expected_shape is not None else "-",
+        table.add_row(escape(row.name), escape(row.maps_to or "-"), escape(row.dtype or "-"),
+                      escape(str(row.shape)) if row.shape is not None else "-",
+                      escape(str(row.expected_shape)) if row.expected_shape is not None else "-",
                       f"[{style}]{row.status}[/]")
     out.print(table)
 
