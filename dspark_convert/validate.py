@@ -13,9 +13,9 @@ error class (and so the exit code) of its kind. It raises nothing for a bad arti
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -51,8 +51,8 @@ from .errors import (
     TensorShapeError,
     UnexpectedTensorError,
 )
-from .gguf_reader import GGUFFile, read_gguf, tensor_data
-from .hashing import is_sha256_hex, sha256_file, weights_digest
+from .gguf_reader import GGUFFile, read_gguf
+from .hashing import is_sha256_hex, weights_digest
 from .manifest import Manifest
 from .numerics import as_array, describe_value, first_non_finite
 from .source import read_json_strict
@@ -224,44 +224,67 @@ def check_gguf_inventory(gguf: GGUFFile, contract: FeatureContract, label: str) 
                                    expected=spec.gguf_shape, found=list(info.shape))
 
 
-def _scan_tensors(gguf: GGUFFile, label: str) -> dict[str, str]:
-    """SHA-256 of every tensor's bytes; NonFiniteTensorError on the first NaN/Inf."""
+SCAN_BLOCK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _Scan:
+    file_sha256: str
+    tensor_sha256: dict[str, str]
+    non_finite: NonFiniteTensorError | None     # the first NaN/Inf found, if any
+
+
+def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
+    """One sequential read of the file in fixed blocks: the file's SHA-256, each tensor's
+    SHA-256, and the first non-finite BF16 value. Memory stays at one block whatever the
+    file's size (a memory map would count every page read in the process's RSS)."""
+    view = memoryview(bytearray(SCAN_BLOCK))
+    file_hash = hashlib.sha256()
     digests: dict[str, str] = {}
-    problem = None
+    non_finite = None
     with open(gguf.path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size != gguf.file_size:
+        if os.fstat(fh.fileno()).st_size != gguf.file_size:
             raise GGUFFormatError(f"{label}: file changed while validating", path=label)
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        try:
-            for info in gguf.tensors:
-                problem = _scan_tensor(gguf, info, mm if mm is not None else b"", digests, label)
-                if problem is not None:
-                    break
-        finally:
-            if mm is not None:
-                mm.close()
-    # Raised only here, once the map is closed: an exception raised inside the loop would
-    # keep views of the map alive through its traceback, and closing the map would fail.
-    if problem is not None:
-        raise problem
-    return digests
+
+        def read(count: int, tensor_hash=None):
+            """Read ``count`` bytes in blocks into the hashes; yield each block."""
+            while count:
+                n = fh.readinto(view[:min(count, SCAN_BLOCK)])
+                if not n:
+                    raise GGUFFormatError(f"{label}: file shrank while validating", path=label)
+                block = view[:n]
+                file_hash.update(block)
+                if tensor_hash is not None:
+                    tensor_hash.update(block)
+                if progress is not None:
+                    progress(n)
+                count -= n
+                yield block
+
+        # The reader proved spans are in range and non-overlapping; walk them in file order.
+        for info in sorted(gguf.tensors, key=lambda t: t.data_offset):
+            for _ in read(info.data_offset - fh.tell()):
+                pass
+            tensor_hash, done = hashlib.sha256(), 0
+            for block in read(info.nbytes, tensor_hash):
+                if non_finite is None and info.ggml_type.name == "BF16":
+                    non_finite = _non_finite_in(block, done, info.name, label)
+                done += len(block)
+            digests[info.name] = tensor_hash.hexdigest()
+        for _ in read(gguf.file_size - fh.tell()):
+            pass
+    return _Scan(file_hash.hexdigest(), digests, non_finite)
 
 
-def _scan_tensor(gguf: GGUFFile, info, mm, digests: dict[str, str],
-                 label: str) -> NonFiniteTensorError | None:
-    data = tensor_data(gguf, info, mm)
-    digests[info.name] = hashlib.sha256(data).hexdigest()
-    if info.ggml_type.name != "BF16":
-        return None
-    arr = as_array(data, "BF16")
+def _non_finite_in(block: memoryview, done: int, name: str, label: str) -> NonFiniteTensorError | None:
+    arr = as_array(block, "BF16")
     bad = first_non_finite(arr, "BF16")
     if bad is None:
         return None
     value = describe_value(arr, bad, "BF16")
-    return NonFiniteTensorError(f"{label}: tensor '{info.name}' holds a non-finite value {value} "
-                                f"at element {bad}; expected only finite values", path=label,
-                                tensor=info.name, expected="finite", found=value)
+    return NonFiniteTensorError(f"{label}: tensor '{name}' holds a non-finite value {value} at "
+                                f"element {done // 2 + bad}; expected only finite values",
+                                path=label, tensor=name, expected="finite", found=value)
 
 
 def _manifest_provenance(manifest: Manifest) -> Provenance:
@@ -353,6 +376,7 @@ def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: di
 
 
 def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationReport:
+    """Every check, in order; ``progress`` (convert.Progress) is told of the one long read."""
     root = Path(path)
     checks = _Checks()
 
@@ -418,23 +442,32 @@ def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationRe
     else:
         checks.skipped("gguf.inventory", "no valid contract in the metadata")
 
-    # 6. values and hashes
-    digests = None
+    # 6. values and hashes, in one read of the file
+    scan = None
     try:
-        digests = _scan_tensors(gguf, label)
-        checks.passed("gguf.values", f"every value of {len(gguf.tensors)} tensors is finite")
+        if progress is not None:
+            progress.start(f"validate {GGUF_FILE}", gguf.file_size)
+        try:
+            scan = scan_gguf(gguf, label, progress.advance if progress is not None else None)
+        finally:
+            if progress is not None:
+                progress.finish()
+        if scan.non_finite is not None:
+            checks.failed("gguf.values", scan.non_finite)
+        else:
+            checks.passed("gguf.values", f"every value of {len(gguf.tensors)} tensors is finite")
     except DSparkError as exc:
         checks.failed("gguf.values", exc)
     except OSError as exc:
         checks.failed("gguf.values", GGUFFormatError(f"{label}: cannot read: {exc}", path=label))
 
     # 7. integrity and agreement with the manifest
-    if manifest is not None and digests is not None:
+    if manifest is not None and scan is not None:
         try:
-            file_sha = sha256_file(gguf_path, progress)
-            _check_manifest_against_gguf(manifest, gguf, digests, file_sha, kv, label)
-            checks.passed("integrity", f"file and {len(digests)} tensor SHA-256 match manifest.json; "
-                          "manifest contract, config and metadata agree")
+            _check_manifest_against_gguf(manifest, gguf, scan.tensor_sha256, scan.file_sha256,
+                                         kv, label)
+            checks.passed("integrity", f"file and {len(scan.tensor_sha256)} tensor SHA-256 match "
+                          "manifest.json; manifest contract, config and metadata agree")
         except DSparkError as exc:
             checks.failed("integrity", exc)
     else:

@@ -107,8 +107,9 @@ def validate(
 
     def body() -> int:
         from ..validate import validate_artifact
+        from .progress import RichProgress
 
-        report = validate_artifact(artifact)
+        report = validate_artifact(artifact, progress=RichProgress(enabled=not as_json))
         code = report.exit_code(strict=strict)
         if as_json:
             print(json.dumps({**report.model_dump(), "strict": strict, "exit_code": code}, indent=2))
