@@ -20,7 +20,6 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 from gguf import GGUFWriter
@@ -28,7 +27,6 @@ from gguf.constants import GGMLQuantizationType
 
 from . import CONVERTER_NAME, __version__
 from .artifact_format import (
-    ALIGNMENT,
     ARCHITECTURE_NAME,
     GGUF_FILE,
     KEYS_BY_NAME,
@@ -52,31 +50,13 @@ from .manifest import (
     StrippedTensor,
     TensorRecord,
 )
+from .progress import NoProgress, Progress
 from .numerics import RAW_DTYPES, as_array, describe_value, first_non_finite, round_to_bf16
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
 from .strata_rules import strata_findings
 
 READ_BLOCK = 8 * 1024 * 1024
-
-
-class Progress(Protocol):
-    """What the library reports on long steps; the CLI draws it as a rich progress bar."""
-
-    def start(self, label: str, total: int) -> None: ...
-    def advance(self, amount: int) -> None: ...
-    def finish(self) -> None: ...
-
-
-class _NoProgress:
-    def start(self, label: str, total: int) -> None:
-        pass
-
-    def advance(self, amount: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -264,7 +244,7 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
             progress: Progress | None = None) -> ConvertResult:
     """Convert a local checkpoint directory into ``output`` (refused if it exists, unless
     ``force``). Raises a DSparkError subclass for every refusal; writes nothing then."""
-    progress = progress or _NoProgress()
+    progress = progress or NoProgress()
     _refuse_output_over_source(Path(source_path), Path(output))
     source = open_source(source_path)
     verified = verify_source(source, progress)

@@ -67,7 +67,8 @@ def _render(text: str, sections: dict) -> str:
                              re.DOTALL)
         if not pattern.search(text):
             raise SystemExit(f"missing generated section '{name}'")
-        text = pattern.sub(lambda m: m.group(1) + fn() + "\n" + m.group(2), text)
+        body = fn()
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 

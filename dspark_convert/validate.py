@@ -54,6 +54,7 @@ from .errors import (
 from .gguf_reader import GGUFFile, read_gguf
 from .hashing import is_sha256_hex, weights_digest
 from .manifest import Manifest
+from .progress import NoProgress, Progress
 from .numerics import as_array, describe_value, first_non_finite
 from .source import read_json_strict
 from .strata_rules import strata_findings
@@ -375,8 +376,9 @@ def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: di
                       label, error=ManifestMismatchError, against="manifest.json")
 
 
-def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationReport:
-    """Every check, in order; ``progress`` (convert.Progress) is told of the one long read."""
+def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = None) -> ValidationReport:
+    """Every check, in order; ``progress`` is told of the one long read."""
+    progress = progress or NoProgress()
     root = Path(path)
     checks = _Checks()
 
@@ -445,13 +447,11 @@ def validate_artifact(path: str | os.PathLike, *, progress=None) -> ValidationRe
     # 6. values and hashes, in one read of the file
     scan = None
     try:
-        if progress is not None:
-            progress.start(f"validate {GGUF_FILE}", gguf.file_size)
+        progress.start(f"validate {GGUF_FILE}", gguf.file_size)
         try:
-            scan = scan_gguf(gguf, label, progress.advance if progress is not None else None)
+            scan = scan_gguf(gguf, label, progress.advance)
         finally:
-            if progress is not None:
-                progress.finish()
+            progress.finish()
         if scan.non_finite is not None:
             checks.failed("gguf.values", scan.non_finite)
         else:
