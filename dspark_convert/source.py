@@ -57,7 +57,8 @@ class Source:
 
     @property
     def name(self) -> str:
-        return self.directory.name
+        # general.name: the directory's own name, also when given as "." or "dir/".
+        return Path(os.path.abspath(self.directory)).name
 
     @property
     def weights_label(self) -> str:

@@ -52,3 +52,13 @@ def test_usage_error_exit_code():
     run = subprocess.run(dspark_cmd("convert"), capture_output=True, text=True)
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
+
+
+def test_source_given_as_dot_is_named_after_its_directory(tmp_path):
+    src = tmp_path / "my_drafter"
+    shutil.copytree(REFERENCE_DRAFTER, src)
+    run = subprocess.run(dspark_cmd("convert", ".", "-o", str(tmp_path / "out"), "-q"),
+                         capture_output=True, text=True, cwd=src)
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["source"]["name"] == "my_drafter"
