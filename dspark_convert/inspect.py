@@ -67,10 +67,10 @@ def _inspect_checkpoint(directory: Path) -> InspectResult:
             rows.append(TensorRow(name=name, maps_to=None, dtype=entry.dtype, shape=list(entry.shape),
                                   expected_shape=None, status="unexpected"))
     problem = None
-    label = (checkpoint.files.index or checkpoint.files.weights[0]).name
+    label = str(checkpoint.files.index or checkpoint.files.weights[0])
     try:
         check_inventory(contract, {n: (e.dtype, list(e.shape)) for n, e in found.items()},
-                        path=label, expected_dtype=config_dtype(cfg, path="config.json"))
+                        path=label, expected_dtype=config_dtype(cfg, path=str(checkpoint.files.config)))
     except (InventoryError, HeadConfigMismatchError) as exc:
         problem = exc
     return InspectResult(kind="checkpoint", path=str(directory), contract=contract, rows=rows,

@@ -71,9 +71,10 @@ def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
     if not config_path.is_file():
         raise SourceNotFoundError(f"{directory}: config.json not found", path=str(config_path),
                                   expected="config.json", found="missing")
-    raw = read_json_strict(config_path)
-    cfg = parse_config(raw, path="config.json")
-    return raw, cfg, build_contract(cfg, path="config.json")
+    # Messages name the file as the user gave it, so that one among many is found.
+    raw = read_json_strict(config_path, label=str(config_path))
+    cfg = parse_config(raw, path=str(config_path))
+    return raw, cfg, build_contract(cfg, path=str(config_path))
 
 
 def open_source(path: str | os.PathLike) -> Source:
@@ -86,9 +87,9 @@ def open_source(path: str | os.PathLike) -> Source:
                                   expected="a checkpoint directory", found="missing")
     checkpoint = read_checkpoint(directory)
     raw, cfg, contract = load_config(directory)
-    label = (checkpoint.files.index or checkpoint.files.weights[0]).name
+    label = str(checkpoint.files.index or checkpoint.files.weights[0])
     tensors = {name: (entry.dtype, list(entry.shape)) for name, entry in checkpoint.tensors.items()}
     dtype = check_inventory(contract, tensors, path=label,
-                            expected_dtype=config_dtype(cfg, path="config.json"))
+                            expected_dtype=config_dtype(cfg, path=str(checkpoint.files.config)))
     return Source(directory=directory, raw_config=raw, config=cfg, contract=contract,
                   checkpoint=checkpoint, dtype=dtype)
