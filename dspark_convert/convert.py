@@ -38,7 +38,7 @@ from .artifact_format import (
 from .atomic import atomic_directory, write_error
 from .errors import (NonFiniteTensorError, OutputExistsError, SafetensorsFormatError,
                      SourceNotFoundError)
-from .hashing import sha256_file, weights_digest
+from .hashing import read_blocks, sha256_file, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
     ArtifactRecord,
@@ -51,7 +51,7 @@ from .manifest import (
     TensorRecord,
 )
 from .progress import NoProgress, Progress
-from .numerics import RAW_DTYPES, as_array, describe_value, first_non_finite, round_to_bf16
+from .numerics import RAW_DTYPES, describe_value, first_non_finite, non_finite_error, round_to_bf16
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
 from .strata_rules import strata_findings
@@ -80,17 +80,6 @@ def _source_files(source: Source) -> list[Path]:
     return [files.config, *extra, *files.weights]
 
 
-def _check_finite(entry: TensorEntry, block: memoryview, done: int, path: str) -> None:
-    arr = as_array(block, entry.dtype)
-    bad = first_non_finite(arr, entry.dtype)
-    if bad is not None:
-        index = done // arr.itemsize + bad
-        raise NonFiniteTensorError(
-            f"{path}: tensor '{entry.name}' holds a non-finite value {describe_value(arr, bad, entry.dtype)} "
-            f"at element {index}; expected only finite values", path=path, tensor=entry.name,
-            expected="finite", found=describe_value(arr, bad, entry.dtype))
-
-
 def verify_source(source: Source, progress: Progress) -> _Verified:
     """Pass 1: one sequential read of every source file (hashes + finite values)."""
     sizes, digests, tensor_digests = {}, {}, {}
@@ -117,35 +106,26 @@ def _verify_file(path: Path, entries: list[TensorEntry], view: memoryview, progr
     except OSError as exc:
         raise SourceNotFoundError(f"{path}: cannot read: {os.strerror(exc.errno or 0)}",
                                   path=str(path)) from None
+    def shrank():
+        return SafetensorsFormatError(f"{path}: the file shrank while it was read; expected it "
+                                      "unchanged during conversion", path=str(path))
+
     with fh:
         file_hash = hashlib.sha256()
         # Bytes before the first tensor (8-byte length + JSON header), or a whole
         # non-weights file; then each tensor. The header checks proved the tensors are
         # contiguous and end at the end of the file, so this is the whole file.
         head = entries[0].begin if entries else os.fstat(fh.fileno()).st_size
-        while head:
-            n = fh.readinto(view[:min(head, READ_BLOCK)])
-            if not n:
-                break
-            file_hash.update(view[:n])
-            head -= n
-            progress.advance(n)
+        for _ in read_blocks(fh, head, view, [file_hash], progress.advance, shrank):
+            pass
         for entry in entries:
-            tensor_hash = hashlib.sha256()
-            remaining, done = entry.nbytes, 0
-            while remaining:
-                n = fh.readinto(view[:min(remaining, READ_BLOCK)])
-                if not n:
-                    raise SafetensorsFormatError(f"{path}: the file shrank while reading tensor "
-                                                 f"'{entry.name}'; expected it unchanged during "
-                                                 "conversion", path=str(path), tensor=entry.name)
-                block = view[:n]
-                file_hash.update(block)
-                tensor_hash.update(block)
-                _check_finite(entry, block, done, path.name)
-                remaining -= n
-                done += n
-                progress.advance(n)
+            tensor_hash, done = hashlib.sha256(), 0
+            for block in read_blocks(fh, entry.nbytes, view, [file_hash, tensor_hash],
+                                     progress.advance, shrank):
+                problem = non_finite_error(block, entry.dtype, done, entry.name, path.name)
+                if problem is not None:
+                    raise problem
+                done += len(block)
             tensor_digests[entry.name] = tensor_hash.hexdigest()
         if fh.read(1):
             raise SafetensorsFormatError(f"{path}: the file grew after its header was checked; "

@@ -32,3 +32,19 @@ def weights_digest(files: list[tuple[str, str]]) -> str:
 
 def is_sha256_hex(text: object) -> bool:
     return isinstance(text, str) and len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def read_blocks(fh, count: int, view: memoryview, hashes, advance, shrank):
+    """Read ``count`` bytes of ``fh`` into ``view`` block by block, feed each block to every
+    hash in ``hashes`` and to ``advance``, and yield it. A short read raises ``shrank()``:
+    the file changed under us after its layout was checked."""
+    while count:
+        n = fh.readinto(view[:min(count, len(view))])
+        if not n:
+            raise shrank()
+        block = view[:n]
+        for digest in hashes:
+            digest.update(block)
+        advance(n)
+        count -= n
+        yield block

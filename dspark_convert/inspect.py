@@ -13,11 +13,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from .artifact_format import GGUF_FILE, contract_from_metadata
-from .contract import FeatureContract, check_inventory, config_dtype
+from .contract import FeatureContract
 from .errors import DSparkError, HeadConfigMismatchError, InventoryError
 from .gguf_reader import read_gguf
 from .safetensors_reader import read_checkpoint
-from .source import load_config
+from .source import check_checkpoint_inventory, load_config
 
 RowStatus = Literal["ok", "stripped", "absent", "missing", "unexpected", "shape", "dtype"]
 
@@ -67,10 +67,8 @@ def _inspect_checkpoint(directory: Path) -> InspectResult:
             rows.append(TensorRow(name=name, maps_to=None, dtype=entry.dtype, shape=list(entry.shape),
                                   expected_shape=None, status="unexpected"))
     problem = None
-    label = str(checkpoint.files.index or checkpoint.files.weights[0])
     try:
-        check_inventory(contract, {n: (e.dtype, list(e.shape)) for n, e in found.items()},
-                        path=label, expected_dtype=config_dtype(cfg, path=str(checkpoint.files.config)))
+        check_checkpoint_inventory(checkpoint, cfg, contract)
     except (InventoryError, HeadConfigMismatchError) as exc:
         problem = exc
     return InspectResult(kind="checkpoint", path=str(directory), contract=contract, rows=rows,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import NonFiniteTensorError
+
 CHUNK_ELEMENTS = 8 * 1024 * 1024
 
 # numpy dtype of the raw bits of each source dtype; BF16 has no numpy dtype, so it is
@@ -53,3 +55,17 @@ def round_to_bf16(arr: np.ndarray) -> np.ndarray:
         rounded = chunk + (np.uint32(0x7FFF) + ((chunk >> 16) & np.uint32(1)))
         out[start:start + chunk.size] = (rounded >> 16).astype(np.uint16)
     return out
+
+
+def non_finite_error(block, dtype: str, done: int, tensor: str,
+                     label: str) -> NonFiniteTensorError | None:
+    """The error for the first NaN/Inf in ``block``, a slice of a tensor's raw bytes that
+    starts ``done`` bytes into it; None when every value is finite."""
+    arr = as_array(block, dtype)
+    bad = first_non_finite(arr, dtype)
+    if bad is None:
+        return None
+    value = describe_value(arr, bad, dtype)
+    return NonFiniteTensorError(f"{label}: tensor '{tensor}' holds a non-finite value {value} at "
+                                f"element {done // arr.itemsize + bad}; expected only finite values",
+                                path=label, tensor=tensor, expected="finite", found=value)

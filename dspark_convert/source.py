@@ -60,11 +60,6 @@ class Source:
         # general.name: the directory's own name, also when given as "." or "dir/".
         return Path(os.path.abspath(self.directory)).name
 
-    @property
-    def weights_label(self) -> str:
-        files = self.checkpoint.files
-        return files.index.name if files.index is not None else files.weights[0].name
-
 
 def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
     config_path = directory / "config.json"
@@ -77,6 +72,16 @@ def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
     return raw, cfg, build_contract(cfg, path=str(config_path))
 
 
+def check_checkpoint_inventory(checkpoint: Checkpoint, cfg: DSparkConfig,
+                               contract: FeatureContract) -> str:
+    """The checkpoint's tensors against the contract (contract.check_inventory), named after
+    the index or weights file; returns the common source dtype."""
+    label = str(checkpoint.files.index or checkpoint.files.weights[0])
+    tensors = {name: (entry.dtype, list(entry.shape)) for name, entry in checkpoint.tensors.items()}
+    return check_inventory(contract, tensors, path=label,
+                           expected_dtype=config_dtype(cfg, path=str(checkpoint.files.config)))
+
+
 def open_source(path: str | os.PathLike) -> Source:
     directory = Path(path)
     if not directory.exists():
@@ -87,9 +92,6 @@ def open_source(path: str | os.PathLike) -> Source:
                                   expected="a checkpoint directory", found="missing")
     checkpoint = read_checkpoint(directory)
     raw, cfg, contract = load_config(directory)
-    label = str(checkpoint.files.index or checkpoint.files.weights[0])
-    tensors = {name: (entry.dtype, list(entry.shape)) for name, entry in checkpoint.tensors.items()}
-    dtype = check_inventory(contract, tensors, path=label,
-                            expected_dtype=config_dtype(cfg, path=str(checkpoint.files.config)))
+    dtype = check_checkpoint_inventory(checkpoint, cfg, contract)
     return Source(directory=directory, raw_config=raw, config=cfg, contract=contract,
                   checkpoint=checkpoint, dtype=dtype)

@@ -52,10 +52,10 @@ from .errors import (
     UnexpectedTensorError,
 )
 from .gguf_reader import GGUFFile, read_gguf
-from .hashing import is_sha256_hex, weights_digest
+from .hashing import is_sha256_hex, read_blocks, weights_digest
 from .manifest import Manifest
 from .progress import NoProgress, Progress
-from .numerics import as_array, describe_value, first_non_finite
+from .numerics import non_finite_error
 from .source import read_json_strict
 from .strata_rules import strata_findings
 
@@ -243,24 +243,17 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
     file_hash = hashlib.sha256()
     digests: dict[str, str] = {}
     non_finite = None
+    advance = progress or (lambda n: None)
+
+    def shrank():
+        return GGUFFormatError(f"{label}: file shrank while validating", path=label)
+
     with open(gguf.path, "rb") as fh:
         if os.fstat(fh.fileno()).st_size != gguf.file_size:
             raise GGUFFormatError(f"{label}: file changed while validating", path=label)
 
-        def read(count: int, tensor_hash=None):
-            """Read ``count`` bytes in blocks into the hashes; yield each block."""
-            while count:
-                n = fh.readinto(view[:min(count, SCAN_BLOCK)])
-                if not n:
-                    raise GGUFFormatError(f"{label}: file shrank while validating", path=label)
-                block = view[:n]
-                file_hash.update(block)
-                if tensor_hash is not None:
-                    tensor_hash.update(block)
-                if progress is not None:
-                    progress(n)
-                count -= n
-                yield block
+        def read(count: int, *hashes):
+            return read_blocks(fh, count, view, [file_hash, *hashes], advance, shrank)
 
         # The reader proved spans are in range and non-overlapping; walk them in file order.
         for info in sorted(gguf.tensors, key=lambda t: t.data_offset):
@@ -269,23 +262,12 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
             tensor_hash, done = hashlib.sha256(), 0
             for block in read(info.nbytes, tensor_hash):
                 if non_finite is None and info.ggml_type.name == "BF16":
-                    non_finite = _non_finite_in(block, done, info.name, label)
+                    non_finite = non_finite_error(block, "BF16", done, info.name, label)
                 done += len(block)
             digests[info.name] = tensor_hash.hexdigest()
         for _ in read(gguf.file_size - fh.tell()):
             pass
     return _Scan(file_hash.hexdigest(), digests, non_finite)
-
-
-def _non_finite_in(block: memoryview, done: int, name: str, label: str) -> NonFiniteTensorError | None:
-    arr = as_array(block, "BF16")
-    bad = first_non_finite(arr, "BF16")
-    if bad is None:
-        return None
-    value = describe_value(arr, bad, "BF16")
-    return NonFiniteTensorError(f"{label}: tensor '{name}' holds a non-finite value {value} at "
-                                f"element {done // 2 + bad}; expected only finite values",
-                                path=label, tensor=name, expected="finite", found=value)
 
 
 def _manifest_provenance(manifest: Manifest) -> Provenance:
