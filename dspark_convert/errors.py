@@ -194,6 +194,21 @@ class ManifestMismatchError(ArtifactError):
     exit_code = 46
 
 
+# --- the Hugging Face Hub and pins (exit codes 50-59; dspark_convert/hub.py) ---------------
+
+# (hub errors go here)
+
+
+# --- the target: geometry, embedding identity, tokenizer (exit codes 60-69) ----------------
+
+# (target errors go here)
+
+
+# --- the reference runtime and `dspark smoke` (exit codes 70-79) ----------------------------
+
+# (runtime errors go here)
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1
