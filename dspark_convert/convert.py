@@ -1,16 +1,19 @@
 """Convert a checked DSpark checkpoint into a Strata artifact (ARTIFACT_SPEC.md).
 
-Three passes, each streaming, never more than one tensor (and in pass 1 one 8 MiB block)
-in memory:
+One read pass over the source, never more than one 8 MiB block of it in memory:
 
-1. verify the source: read every weights file once, in file order, hashing the file, each
-   tensor, and checking every value is finite. Nothing is written before this passes.
-2. write drafter.gguf with gguf-py's streaming API (``add_tensor_info`` then
-   ``write_tensor_data`` one tensor at a time), BF16 bytes copied unchanged from a
-   memory map of the source; F32/F16 sources are rounded to BF16 (nearest-even).
-3. hash the written file and write manifest.json.
+1. lay out drafter.gguf: the header (metadata + tensor infos, built by gguf-py) has a
+   fixed size, because every value not yet known (the SHA-256 hex strings) has a fixed
+   length; so every tensor's data offset is known before any byte is read.
+2. read every source file once, in file order, in 8 MiB blocks; each block is hashed
+   (file and tensor), checked for NaN/Inf, and written straight to its place in
+   drafter.gguf (BF16 bytes unchanged; F32/F16 rounded to BF16, nearest-even).
+3. write the real header over the placeholder one, hash drafter.gguf back from the page
+   cache (the tensors are written in source order, the hash needs file order), and write
+   manifest.json.
 
-All of it happens in a temporary sibling directory renamed into place at the end.
+All of it happens in a temporary sibling directory renamed into place at the end, so any
+refusal during the pass (a NaN, a hash that differs from a pin) leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +32,7 @@ from gguf.constants import GGMLQuantizationType
 
 from . import CONVERTER_NAME, __version__
 from .artifact_format import (
+    ALIGNMENT,
     ARCHITECTURE_NAME,
     GGUF_FILE,
     KEYS_BY_NAME,
@@ -36,9 +42,10 @@ from .artifact_format import (
     expected_metadata,
 )
 from .atomic import atomic_directory, write_error
-from .errors import (NonFiniteTensorError, OutputExistsError, SafetensorsFormatError,
-                     SourceNotFoundError)
-from .hashing import read_blocks, sha256_file, weights_digest
+from .contract import FeatureContract, TensorSpec
+from .errors import (InternalError, NonFiniteTensorError, OutputExistsError,
+                     SafetensorsFormatError, SourceNotFoundError)
+from .hashing import sha256_file, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
     ArtifactRecord,
@@ -50,13 +57,29 @@ from .manifest import (
     StrippedTensor,
     TensorRecord,
 )
+from .numerics import as_array, describe_value, first_non_finite, non_finite_error, round_to_bf16
 from .progress import NoProgress, Progress
-from .numerics import RAW_DTYPES, describe_value, first_non_finite, non_finite_error, round_to_bf16
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
 from .strata_rules import strata_findings
 
 READ_BLOCK = 8 * 1024 * 1024
+# Stands in for a SHA-256 not known until the pass has read the source: same length, so
+# the header keeps its size when the real value is written over it.
+PLACEHOLDER_SHA256 = "0" * 64
+
+# Called once per source file read by the pass, with its path relative to the source
+# directory, its size and the SHA-256 computed by the pass; raises to refuse the source
+# (the Hub pins use it). Runs before anything is renamed into place.
+FileCheck = Callable[[str, int, str], None]
+
+
+@dataclass(frozen=True)
+class SourceIdentity:
+    """Where the source came from, for general.name and the provenance keys."""
+    name: str
+    repository: str | None = None
+    revision: str = LOCAL_REVISION
 
 
 @dataclass(frozen=True)
@@ -68,10 +91,19 @@ class ConvertResult:
 
 
 @dataclass(frozen=True)
-class _Verified:
-    file_sha256: dict[str, str]          # file name -> sha256, every source file hashed
+class _Slot:
+    """Where one written tensor's BF16 data goes in drafter.gguf."""
+    spec: TensorSpec
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class _PassResult:
+    file_sha256: dict[str, str]       # file name -> sha256, every source file read
     file_size: dict[str, int]
-    tensor_sha256: dict[str, str]        # source tensor name -> sha256 of its source bytes
+    tensor_sha256: dict[str, str]     # source tensor name -> sha256 of its source bytes
+    written_sha256: dict[str, str]    # source tensor name -> sha256 of its BF16 bytes in the GGUF
 
 
 def _source_files(source: Source) -> list[Path]:
@@ -80,66 +112,8 @@ def _source_files(source: Source) -> list[Path]:
     return [files.config, *extra, *files.weights]
 
 
-def verify_source(source: Source, progress: Progress) -> _Verified:
-    """Pass 1: one sequential read of every source file (hashes + finite values)."""
-    sizes, digests, tensor_digests = {}, {}, {}
-    by_file: dict[Path, list[TensorEntry]] = {}
-    for entry in source.checkpoint.tensors.values():
-        by_file.setdefault(entry.file, []).append(entry)
-    view = memoryview(bytearray(READ_BLOCK))
-    progress.start("verify source", sum(p.stat().st_size for p in _source_files(source)))
-    try:
-        for path in _source_files(source):
-            entries = sorted(by_file.get(path, []), key=lambda e: e.begin)
-            digests[path.name], sizes[path.name] = _verify_file(path, entries, view, progress,
-                                                                tensor_digests)
-    finally:
-        progress.finish()
-    return _Verified(digests, sizes, tensor_digests)
-
-
-def _verify_file(path: Path, entries: list[TensorEntry], view: memoryview, progress: Progress,
-                 tensor_digests: dict[str, str]) -> tuple[str, int]:
-    """Hash one file in order; its tensors (sorted by offset) are hashed and scanned too."""
-    try:
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise SourceNotFoundError(f"{path}: cannot read: {os.strerror(exc.errno or 0)}",
-                                  path=str(path)) from None
-    def shrank():
-        return SafetensorsFormatError(f"{path}: the file shrank while it was read; expected it "
-                                      "unchanged during conversion", path=str(path))
-
-    with fh:
-        file_hash = hashlib.sha256()
-        # Bytes before the first tensor (8-byte length + JSON header), or a whole
-        # non-weights file; then each tensor. The header checks proved the tensors are
-        # contiguous and end at the end of the file, so this is the whole file.
-        head = entries[0].begin if entries else os.fstat(fh.fileno()).st_size
-        for _ in read_blocks(fh, head, view, [file_hash], progress.advance, shrank):
-            pass
-        for entry in entries:
-            tensor_hash, done = hashlib.sha256(), 0
-            for block in read_blocks(fh, entry.nbytes, view, [file_hash, tensor_hash],
-                                     progress.advance, shrank):
-                problem = non_finite_error(block, entry.dtype, done, entry.name, path.name)
-                if problem is not None:
-                    raise problem
-                done += len(block)
-            tensor_digests[entry.name] = tensor_hash.hexdigest()
-        if fh.read(1):
-            raise SafetensorsFormatError(f"{path}: the file grew after its header was checked; "
-                                         "expected it unchanged during conversion", path=str(path))
-        return file_hash.hexdigest(), fh.tell()
-
-
-def _tensor_array(entry: TensorEntry) -> np.ndarray:
-    """A read-only memory map of one source tensor's raw bits (zero copy)."""
-    dtype = RAW_DTYPES[entry.dtype]
-    count = entry.nbytes // dtype.itemsize
-    if count == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(entry.file, dtype=dtype, mode="r", offset=entry.begin, shape=(count,))
+def _pad(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
 def _add_metadata(writer: GGUFWriter, values: dict[str, object]) -> None:
@@ -151,50 +125,223 @@ def _add_metadata(writer: GGUFWriter, values: dict[str, object]) -> None:
         writer.add_key_value(key, value, spec.type, sub_type=spec.sub_type)
 
 
-def write_gguf(source: Source, verified: _Verified, prov: Provenance, path: Path,
-               progress: Progress) -> list[TensorRecord]:
-    """Pass 2: drafter.gguf, streamed one tensor at a time."""
-    contract = source.contract
-    entries = source.checkpoint.tensors
-    writer = GGUFWriter(path, ARCHITECTURE_NAME)
+def header_bytes(contract: FeatureContract, prov: Provenance, scratch: Path) -> bytes:
+    """GGUF header, metadata and tensor infos as gguf-py writes them, padded to the data
+    alignment. gguf-py only writes to files, so ``scratch`` holds them briefly."""
+    writer = GGUFWriter(scratch, ARCHITECTURE_NAME)
     _add_metadata(writer, expected_metadata(contract, prov))
-    specs = contract.written_tensors
-    for spec in specs:
-        nbytes = 2 * math.prod(spec.shape)  # BF16, whatever the source dtype
-        writer.add_tensor_info(spec.gguf_name, spec.shape, np.dtype(np.uint16), nbytes,
-                               raw_dtype=GGMLQuantizationType.BF16)
-    records = []
-    progress.start("write drafter.gguf", sum(entries[s.source_name].nbytes for s in specs))
+    for spec in contract.written_tensors:
+        writer.add_tensor_info(spec.gguf_name, spec.shape, np.dtype(np.uint16),
+                               2 * math.prod(spec.shape), raw_dtype=GGMLQuantizationType.BF16)
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for spec in specs:
-            entry = entries[spec.source_name]
-            raw = _tensor_array(entry)
-            if entry.dtype == "BF16":
-                data, digest = raw, verified.tensor_sha256[entry.name]
-            else:
-                data = round_to_bf16(raw)
-                bad = first_non_finite(data, "BF16")
-                if bad is not None:
-                    raise NonFiniteTensorError(
-                        f"{entry.file.name}: tensor '{entry.name}' overflows BF16 at element {bad} "
-                        f"({describe_value(raw, bad, entry.dtype)} rounds to infinity); "
-                        "expected values within the BF16 range", path=entry.file.name,
-                        tensor=entry.name, expected="finite in BF16", found="inf")
-                digest = hashlib.sha256(data).hexdigest()
-            writer.write_tensor_data(data)
-            del raw, data
-            records.append(TensorRecord(name=spec.gguf_name, type="BF16", shape=spec.gguf_shape,
-                                        sha256=digest, source=spec.source_name))
-            progress.advance(entry.nbytes)
-    except OSError as exc:
-        raise write_error(exc, path) from None
     finally:
         writer.close()
+    data = scratch.read_bytes()
+    scratch.unlink()
+    return data + bytes(_pad(len(data)) - len(data))
+
+
+def _layout(contract: FeatureContract, data_start: int) -> tuple[dict[str, _Slot], int]:
+    """Each written tensor's data offset, in the contract's fixed order, as gguf-py lays
+    them out (each tensor padded to the alignment); and the file's total size."""
+    slots, offset = {}, data_start
+    for spec in contract.written_tensors:
+        nbytes = 2 * math.prod(spec.shape)  # BF16, whatever the source dtype
+        slots[spec.source_name] = _Slot(spec, offset, nbytes)
+        offset += _pad(nbytes)
+    return slots, offset
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _overflow_error(entry: TensorEntry, raw: np.ndarray, bits: np.ndarray, done: int):
+    bad = first_non_finite(bits, "BF16")
+    if bad is None:
+        return None
+    index = done // raw.itemsize + bad
+    return NonFiniteTensorError(
+        f"{entry.file.name}: tensor '{entry.name}' overflows BF16 at element {index} "
+        f"({describe_value(raw, bad, entry.dtype)} rounds to infinity); "
+        "expected values within the BF16 range", path=entry.file.name,
+        tensor=entry.name, expected="finite in BF16", found="inf")
+
+
+class _FileHasher:
+    """The whole-file SHA-256, fed on a worker thread so that it runs beside the tensor
+    hash, the finite check and the write (hashlib releases the GIL on large updates): the
+    pass hashes every byte twice, and on one core that would be most of its time. Two
+    read buffers alternate; one is reused only once the worker has hashed it."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.digest = hashlib.sha256()
+        self.buffers = [memoryview(bytearray(READ_BLOCK)) for _ in range(2)]
+        self.pending: list[Future | None] = [None, None]
+        self.turn = 0
+
+    def blocks(self, fh, count: int, progress: Progress, shrank):
+        """Read ``count`` bytes of ``fh`` block by block, hashing each into the file hash
+        (in order: one worker runs the updates first come, first served)."""
+        while count:
+            i, self.turn = self.turn, self.turn ^ 1
+            self.wait(i)
+            n = fh.readinto(self.buffers[i][:min(count, READ_BLOCK)])
+            if not n:
+                raise shrank()
+            block = self.buffers[i][:n]
+            self.pending[i] = self.pool.submit(self.digest.update, block)
+            progress.advance(n)
+            count -= n
+            yield block
+
+    def wait(self, i: int) -> None:
+        if self.pending[i] is not None:
+            self.pending[i].result()
+            self.pending[i] = None
+
+    def hexdigest(self) -> str:
+        self.wait(0)
+        self.wait(1)
+        return self.digest.hexdigest()
+
+
+def _copy_file(path: Path, entries: list[TensorEntry], slots: dict[str, _Slot], out_fd: int,
+               pool: ThreadPoolExecutor, progress: Progress, result: _PassResult) -> None:
+    """Read one source file once, in order: hash it and each of its tensors (sorted by
+    offset), check every value is finite, and write each tensor's data to its slot."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise SourceNotFoundError(f"{path}: cannot read: {os.strerror(exc.errno or 0)}",
+                                  path=str(path)) from None
+
+    def shrank():
+        return SafetensorsFormatError(f"{path}: the file shrank while it was read; expected it "
+                                      "unchanged during conversion", path=str(path))
+
+    with fh:
+        file_hash = _FileHasher(pool)
+        # Bytes before the first tensor (8-byte length + JSON header), or a whole
+        # non-weights file; then each tensor. The header checks proved the tensors are
+        # contiguous and end at the end of the file, so this is the whole file.
+        head = entries[0].begin if entries else os.fstat(fh.fileno()).st_size
+        for _ in file_hash.blocks(fh, head, progress, shrank):
+            pass
+        for entry in entries:
+            slot = slots.get(entry.name)
+            tensor_hash = hashlib.sha256()
+            # A rounded tensor's GGUF bytes differ from its source bytes: hash those too.
+            out_hash = hashlib.sha256() if slot and entry.dtype != "BF16" else None
+            done = 0
+            for block in file_hash.blocks(fh, entry.nbytes, progress, shrank):
+                tensor_hash.update(block)
+                problem = non_finite_error(block, entry.dtype, done, entry.name, path.name)
+                if problem is not None:
+                    raise problem
+                if slot is not None:
+                    _write_block(entry, slot, block, done, out_fd, out_hash)
+                done += len(block)
+            result.tensor_sha256[entry.name] = tensor_hash.hexdigest()
+            if slot is not None:
+                result.written_sha256[entry.name] = (out_hash or tensor_hash).hexdigest()
+        if fh.read(1):
+            raise SafetensorsFormatError(f"{path}: the file grew after its header was checked; "
+                                         "expected it unchanged during conversion", path=str(path))
+        result.file_sha256[path.name] = file_hash.hexdigest()
+        result.file_size[path.name] = fh.tell()
+
+
+def _write_block(entry: TensorEntry, slot: _Slot, block: memoryview, done: int, out_fd: int,
+                 out_hash) -> None:
+    try:
+        if entry.dtype == "BF16":
+            _pwrite_all(out_fd, block, slot.offset + done)
+            return
+        raw = as_array(block, entry.dtype)
+        bits = round_to_bf16(raw)
+        problem = _overflow_error(entry, raw, bits, done)
+        if problem is not None:
+            raise problem
+        out_hash.update(bits)
+        _pwrite_all(out_fd, bits, slot.offset + done // raw.itemsize * 2)
+    except OSError as exc:
+        raise write_error(exc, Path(GGUF_FILE)) from None
+
+
+def convert_pass(source: Source, slots: dict[str, _Slot], out_fd: int,
+                 progress: Progress) -> _PassResult:
+    """The one read pass over every source file (see the module docstring)."""
+    result = _PassResult({}, {}, {}, {})
+    by_file: dict[Path, list[TensorEntry]] = {}
+    for entry in source.checkpoint.tensors.values():
+        by_file.setdefault(entry.file, []).append(entry)
+    files = _source_files(source)
+    progress.start("convert", sum(p.stat().st_size for p in files))
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="file-sha256") as pool:
+            for path in files:
+                entries = sorted(by_file.get(path, []), key=lambda e: e.begin)
+                _copy_file(path, entries, slots, out_fd, pool, progress, result)
+    finally:
         progress.finish()
-    return records
+    return result
+
+
+def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
+               file_check: FileCheck | None = None) -> tuple[_PassResult, Provenance, list[TensorRecord]]:
+    """drafter.gguf in one read pass over the source. Returns the pass's hashes, the final
+    provenance (with the source and embedding hashes filled in) and the tensor records."""
+    contract = source.contract
+    placeholder = replace(prov, source_sha256=PLACEHOLDER_SHA256)
+    scratch = path.with_name(path.name + ".header")
+    try:
+        header = header_bytes(contract, placeholder, scratch)
+        slots, total = _layout(contract, len(header))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as exc:
+        raise write_error(exc, path) from None
+    try:
+        try:
+            # Padding between tensors is written as zeros by the truncate (no holes left
+            # once every tensor is written: the slots cover the data area).
+            os.ftruncate(fd, total)
+        except OSError as exc:
+            raise write_error(exc, path) from None
+        result = convert_pass(source, slots, fd, progress)
+        if file_check is not None:
+            root = source.directory
+            for file in _source_files(source):
+                rel = os.path.relpath(os.path.abspath(file), os.path.abspath(root))
+                file_check(rel, result.file_size[file.name], result.file_sha256[file.name])
+        weights = [(p.name, result.file_sha256[p.name]) for p in source.checkpoint.files.weights]
+        def known(value: str | None, tensor: str) -> str | None:
+            return result.tensor_sha256[tensor] if value == PLACEHOLDER_SHA256 else value
+
+        final = replace(prov, source_sha256=weights_digest(weights),
+                        embed_sha256=known(prov.embed_sha256, "embed_tokens.weight"),
+                        lm_head_sha256=known(prov.lm_head_sha256, "lm_head.weight"))
+        try:
+            real = header_bytes(contract, final, scratch)
+            if len(real) != len(header):  # fixed-length placeholders: cannot happen
+                raise InternalError(f"{path}: header size changed from {len(header)} to "
+                                    f"{len(real)} bytes once the hashes were known")
+            _pwrite_all(fd, real, 0)
+        except OSError as exc:
+            raise write_error(exc, path) from None
+    finally:
+        os.close(fd)
+    records = [TensorRecord(name=s.spec.gguf_name, type="BF16", shape=s.spec.gguf_shape,
+                            sha256=result.written_sha256[name], source=name)
+               for name, s in slots.items()]
+    return result, final, records
 
 
 def _summary(source: Source) -> str:
@@ -221,76 +368,89 @@ def _refuse_output_over_source(source: Path, output: Path) -> None:
 
 
 def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force: bool = False,
-            progress: Progress | None = None) -> ConvertResult:
+            progress: Progress | None = None, identity: SourceIdentity | None = None,
+            file_check: FileCheck | None = None) -> ConvertResult:
     """Convert a local checkpoint directory into ``output`` (refused if it exists, unless
-    ``force``). Raises a DSparkError subclass for every refusal; writes nothing then."""
+    ``force``). Raises a DSparkError subclass for every refusal; writes nothing then.
+
+    ``identity`` names a source fetched from elsewhere (the Hub: repo id and commit);
+    ``file_check`` sees the SHA-256 of every file the pass read and may refuse it."""
     progress = progress or NoProgress()
     _refuse_output_over_source(Path(source_path), Path(output))
     source = open_source(source_path)
-    verified = verify_source(source, progress)
-    files = source.checkpoint.files
-    weights = [(p.name, verified.file_sha256[p.name]) for p in files.weights]
-    stripped = [StrippedTensor(name=n, dtype=e.dtype, shape=list(e.shape),
-                               sha256=verified.tensor_sha256[n])
-                for n, e in source.checkpoint.tensors.items()
-                if source.contract.tensor(n) and source.contract.tensor(n).gguf_name is None]
-    stripped_sha = {s.name: s.sha256 for s in stripped}
-    prov = Provenance(name=source.name, repository=None, revision=LOCAL_REVISION,
-                      source_sha256=weights_digest(weights),
-                      embed_sha256=stripped_sha.get("embed_tokens.weight"),
-                      lm_head_sha256=stripped_sha.get("lm_head.weight"))
+    identity = identity or SourceIdentity(name=source.name)
+    tensors = source.checkpoint.tensors
+    # The embedding and head hashes are known once the pass has read them.
+    prov = Provenance(name=identity.name, repository=identity.repository,
+                      revision=identity.revision, source_sha256=PLACEHOLDER_SHA256,
+                      embed_sha256=PLACEHOLDER_SHA256 if "embed_tokens.weight" in tensors else None,
+                      lm_head_sha256=PLACEHOLDER_SHA256 if "lm_head.weight" in tensors else None)
 
     with atomic_directory(output, force=force) as tmp:
         gguf_path = tmp / GGUF_FILE
-        records = write_gguf(source, verified, prov, gguf_path, progress)
+        passed, prov, records = write_gguf(source, prov, gguf_path, progress, file_check)
+        stripped = [StrippedTensor(name=n, dtype=e.dtype, shape=list(e.shape),
+                                   sha256=passed.tensor_sha256[n])
+                    for n, e in tensors.items()
+                    if source.contract.tensor(n) and source.contract.tensor(n).gguf_name is None]
         size = gguf_path.stat().st_size
         progress.start("hash drafter.gguf", size)
         gguf_sha = sha256_file(gguf_path, progress.advance)
         progress.finish()
-
-        n_written = len(records)
-        checks = [
-            CheckRecord(name="source.layout", status="passed",
-                        detail=f"config.json + {len(files.weights)} safetensors file(s)"
-                               + (f", {len(files.ignored)} file(s) not opened: {', '.join(files.ignored)}"
-                                  if files.ignored else "")),
-            CheckRecord(name="source.headers", status="passed",
-                        detail=f"{len(source.checkpoint.tensors)} tensors; strict header checks passed"),
-            CheckRecord(name="contract.config", status="passed", detail=_summary(source)),
-            CheckRecord(name="contract.inventory", status="passed",
-                        detail=f"{len(source.checkpoint.tensors)} tensors match the contract "
-                               f"({n_written} written, {len(stripped)} hashed and stripped)"),
-            CheckRecord(name="values.finite", status="passed",
-                        detail=f"every value of {len(source.checkpoint.tensors)} tensors is finite"),
-            CheckRecord(name="dtype", status="passed",
-                        detail="BF16 bytes copied unchanged" if source.dtype == "BF16"
-                        else f"{source.dtype} source rounded to BF16 (nearest-even)"),
-        ]
-        kv = expected_metadata(source.contract, prov)
-        for finding in strata_findings(kv, [(r.name, "BF16", r.shape) for r in records]):
-            checks.append(CheckRecord(name=f"strata.{finding.rule}",
-                                      status="passed" if finding.level == "ok" else finding.level,
-                                      detail=finding.message))
-        manifest = Manifest(
-            format=MANIFEST_FORMAT, format_version=1,
-            converter=ConverterRecord(name=CONVERTER_NAME, version=__version__),
-            source=SourceRecord(
-                repo=None, revision=LOCAL_REVISION, name=source.name,
-                files=[FileRecord(path=p.name, size=verified.file_size[p.name],
-                                  sha256=verified.file_sha256[p.name]) for p in _source_files(source)],
-                weights_sha256=prov.source_sha256, dtype=source.dtype,
-                rounded_to_bf16=source.dtype != "BF16", stripped=stripped,
-                config=source.raw_config),
-            target=None,
-            contract=source.contract,
-            artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=gguf_sha, tensors=records),
-            checks=checks,
-        )
+        manifest = _manifest(source, identity, passed, prov, stripped, records, size, gguf_sha)
         try:
             (tmp / MANIFEST_FILE).write_text(manifest_json(manifest))
         except OSError as exc:
             raise write_error(exc, tmp / MANIFEST_FILE) from None
     return ConvertResult(output=Path(output), manifest=manifest, gguf_size=size, gguf_sha256=gguf_sha)
+
+
+def _checks(source: Source, records: list[TensorRecord], stripped: list[StrippedTensor],
+            prov: Provenance) -> list[CheckRecord]:
+    files, tensors = source.checkpoint.files, source.checkpoint.tensors
+    checks = [
+        CheckRecord(name="source.layout", status="passed",
+                    detail=f"config.json + {len(files.weights)} safetensors file(s)"
+                           + (f", {len(files.ignored)} file(s) not opened: {', '.join(files.ignored)}"
+                              if files.ignored else "")),
+        CheckRecord(name="source.headers", status="passed",
+                    detail=f"{len(tensors)} tensors; strict header checks passed"),
+        CheckRecord(name="contract.config", status="passed", detail=_summary(source)),
+        CheckRecord(name="contract.inventory", status="passed",
+                    detail=f"{len(tensors)} tensors match the contract "
+                           f"({len(records)} written, {len(stripped)} hashed and stripped)"),
+        CheckRecord(name="values.finite", status="passed",
+                    detail=f"every value of {len(tensors)} tensors is finite"),
+        CheckRecord(name="dtype", status="passed",
+                    detail="BF16 bytes copied unchanged" if source.dtype == "BF16"
+                    else f"{source.dtype} source rounded to BF16 (nearest-even)"),
+    ]
+    kv = expected_metadata(source.contract, prov)
+    for finding in strata_findings(kv, [(r.name, "BF16", r.shape) for r in records]):
+        checks.append(CheckRecord(name=f"strata.{finding.rule}",
+                                  status="passed" if finding.level == "ok" else finding.level,
+                                  detail=finding.message))
+    return checks
+
+
+def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, prov: Provenance,
+              stripped: list[StrippedTensor], records: list[TensorRecord], size: int,
+              gguf_sha: str) -> Manifest:
+    return Manifest(
+        format=MANIFEST_FORMAT, format_version=1,
+        converter=ConverterRecord(name=CONVERTER_NAME, version=__version__),
+        source=SourceRecord(
+            repo=identity.repository, revision=identity.revision, name=identity.name,
+            files=[FileRecord(path=p.name, size=passed.file_size[p.name],
+                              sha256=passed.file_sha256[p.name]) for p in _source_files(source)],
+            weights_sha256=prov.source_sha256, dtype=source.dtype,
+            rounded_to_bf16=source.dtype != "BF16", stripped=stripped,
+            config=source.raw_config),
+        target=None,
+        contract=source.contract,
+        artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=gguf_sha, tensors=records),
+        checks=_checks(source, records, stripped, prov),
+    )
 
 
 def manifest_json(manifest: Manifest) -> str:
