@@ -1,5 +1,5 @@
-# Two commands on a fresh machine: `make demo` (convert, validate and inspect the bundled
-# golden drafter) and `make test`. Both create .venv/ and install the package with the
+# Two commands on a fresh machine: `make demo` (convert, validate, inspect and smoke-run the
+# bundled golden drafter) and `make test`. Both create .venv/ and install the package with the
 # pinned CPU torch from constraints.txt on first use.
 
 PYTHON ?= python3
@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 REFERENCE := golden/reference/vanilla_conf_markov/draft
 
-.PHONY: install demo test schemas docs fixtures check-generated clean
+.PHONY: install demo test schemas docs fixtures check-generated bench gate fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	rm -rf build/demo
 	$(BIN)/dspark inspect $(REFERENCE)
-	$(BIN)/dspark convert $(REFERENCE) -o build/demo/reference
-	$(BIN)/dspark validate build/demo/reference
+	$(BIN)/dspark convert $(REFERENCE) -o build/demo/reference --target golden/reference/target
+	$(BIN)/dspark validate build/demo/reference --target golden/reference/target
 	$(BIN)/dspark convert golden/synthetic/dflash_plain -o build/demo/dflash_plain
 	$(BIN)/dspark validate build/demo/dflash_plain
-	@echo "demo: artifacts in build/demo/ (the smoke run arrives with the runtime)"
+	@echo "demo: artifacts in build/demo/; now the smoke run of the reference drafter on its target"
+	$(BIN)/dspark smoke build/demo/reference --target golden/reference/target \
+	    --reference golden/reference/vanilla_conf_markov/reference.json --max-new-tokens 24 \
+	    --trace build/demo/smoke-trace.json --plot build/demo/acceptance.png
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -36,6 +39,22 @@ docs: $(STAMP)
 	$(BIN)/python -m dspark_convert.docs
 fixtures: $(STAMP)
 	$(BIN)/python golden/make_fixtures.py
+
+# Convert/validate against cp+sync, SHA-256 and an eager gguf-py converter, on synthetic
+# checkpoints in /tmp/dspark-bench (kept for the next run; needs ~10 GB free); ~5 minutes.
+# Writes bench/RESULTS.md (generated part) and bench/results.json.
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+# The pre-release gate, exactly as .github/workflows/gate.yml runs it: build the artifacts
+# release/artifacts.txt names, `dspark validate --strict --json` each; reports in build/gate/.
+gate: $(STAMP)
+	scripts/gate.sh
+
+# The long fuzz run (docs/FUZZING.md): DSPARK_FUZZ_EXAMPLES examples per property
+# (default 5000); log in build/fuzz/last-run.log.
+fuzz: $(STAMP)
+	scripts/fuzz.sh
 
 clean:
 	rm -rf build .pytest_cache .hypothesis

@@ -65,9 +65,11 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("dflash.confidence_head_with_markov", T.STRING, "`true` / `false`", "confidence"),
     MetadataKey("dflash.target.num_layers", T.UINT32, "num_target_layers"),
     MetadataKey("dflash.target.embed_sha256", T.STRING,
-                "SHA-256 of the source `embed_tokens.weight` bytes", "embed"),
+                "SHA-256 of the source `embed_tokens.weight` bytes; a source without it: of "
+                "the target's `model.embed_tokens.weight`, when converted with `--target`", "embed"),
     MetadataKey("dflash.target.lm_head_sha256", T.STRING,
-                "SHA-256 of the source `lm_head.weight` bytes", "lm_head"),
+                "SHA-256 of the source `lm_head.weight` bytes; a source without it: of the "
+                "target's head (its embedding when tied), when converted with `--target`", "lm_head"),
     MetadataKey("dflash.source.revision", T.STRING, "40-hex commit, or `local`"),
     MetadataKey("dflash.source.sha256", T.STRING,
                 "SHA-256 of the weights file (sharded: of the sorted `\"<file> <sha256>\\n\"` lines)"),

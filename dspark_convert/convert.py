@@ -22,7 +22,7 @@ import hashlib
 import math
 import os
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -45,19 +45,24 @@ from .atomic import atomic_directory, write_error
 from .contract import FeatureContract, TensorSpec
 from .errors import (InternalError, NonFiniteTensorError, OutputExistsError,
                      SafetensorsFormatError, SourceNotFoundError)
-from .hashing import sha256_file, weights_digest
+from .hashing import ThreadedFileHash, sha256_file, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
     ArtifactRecord,
     CheckRecord,
     ConverterRecord,
     FileRecord,
+    HubRecord,
     Manifest,
     SourceRecord,
     StrippedTensor,
+    TargetRecord,
     TensorRecord,
 )
 from .numerics import as_array, describe_value, first_non_finite, non_finite_error, round_to_bf16
+from .pairing import pair_source
+from .hub import HubOptions, looks_like_hub_spec, open_hub_source
+from .target import Target
 from .progress import NoProgress, Progress
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
@@ -168,49 +173,10 @@ def _overflow_error(entry: TensorEntry, raw: np.ndarray, bits: np.ndarray, done:
         return None
     index = done // raw.itemsize + bad
     return NonFiniteTensorError(
-        f"{entry.file.name}: tensor '{entry.name}' overflows BF16 at element {index} "
+        f"{entry.file}: tensor '{entry.name}' overflows BF16 at element {index} "
         f"({describe_value(raw, bad, entry.dtype)} rounds to infinity); "
-        "expected values within the BF16 range", path=entry.file.name,
+        "expected values within the BF16 range", path=str(entry.file),
         tensor=entry.name, expected="finite in BF16", found="inf")
-
-
-class _FileHasher:
-    """The whole-file SHA-256, fed on a worker thread so that it runs beside the tensor
-    hash, the finite check and the write (hashlib releases the GIL on large updates): the
-    pass hashes every byte twice, and on one core that would be most of its time. Two
-    read buffers alternate; one is reused only once the worker has hashed it."""
-
-    def __init__(self, pool: ThreadPoolExecutor) -> None:
-        self.pool = pool
-        self.digest = hashlib.sha256()
-        self.buffers = [memoryview(bytearray(READ_BLOCK)) for _ in range(2)]
-        self.pending: list[Future | None] = [None, None]
-        self.turn = 0
-
-    def blocks(self, fh, count: int, progress: Progress, shrank):
-        """Read ``count`` bytes of ``fh`` block by block, hashing each into the file hash
-        (in order: one worker runs the updates first come, first served)."""
-        while count:
-            i, self.turn = self.turn, self.turn ^ 1
-            self.wait(i)
-            n = fh.readinto(self.buffers[i][:min(count, READ_BLOCK)])
-            if not n:
-                raise shrank()
-            block = self.buffers[i][:n]
-            self.pending[i] = self.pool.submit(self.digest.update, block)
-            progress.advance(n)
-            count -= n
-            yield block
-
-    def wait(self, i: int) -> None:
-        if self.pending[i] is not None:
-            self.pending[i].result()
-            self.pending[i] = None
-
-    def hexdigest(self) -> str:
-        self.wait(0)
-        self.wait(1)
-        return self.digest.hexdigest()
 
 
 def _copy_file(path: Path, entries: list[TensorEntry], slots: dict[str, _Slot], out_fd: int,
@@ -228,12 +194,12 @@ def _copy_file(path: Path, entries: list[TensorEntry], slots: dict[str, _Slot], 
                                       "unchanged during conversion", path=str(path))
 
     with fh:
-        file_hash = _FileHasher(pool)
+        file_hash = ThreadedFileHash(pool, READ_BLOCK)
         # Bytes before the first tensor (8-byte length + JSON header), or a whole
         # non-weights file; then each tensor. The header checks proved the tensors are
         # contiguous and end at the end of the file, so this is the whole file.
         head = entries[0].begin if entries else os.fstat(fh.fileno()).st_size
-        for _ in file_hash.blocks(fh, head, progress, shrank):
+        for _ in file_hash.blocks(fh, head, progress.advance, shrank):
             pass
         for entry in entries:
             slot = slots.get(entry.name)
@@ -241,9 +207,9 @@ def _copy_file(path: Path, entries: list[TensorEntry], slots: dict[str, _Slot], 
             # A rounded tensor's GGUF bytes differ from its source bytes: hash those too.
             out_hash = hashlib.sha256() if slot and entry.dtype != "BF16" else None
             done = 0
-            for block in file_hash.blocks(fh, entry.nbytes, progress, shrank):
+            for block in file_hash.blocks(fh, entry.nbytes, progress.advance, shrank):
                 tensor_hash.update(block)
-                problem = non_finite_error(block, entry.dtype, done, entry.name, path.name)
+                problem = non_finite_error(block, entry.dtype, done, entry.name, str(path))
                 if problem is not None:
                     raise problem
                 if slot is not None:
@@ -273,7 +239,16 @@ def _write_block(entry: TensorEntry, slot: _Slot, block: memoryview, done: int, 
         out_hash.update(bits)
         _pwrite_all(out_fd, bits, slot.offset + done // raw.itemsize * 2)
     except OSError as exc:
-        raise write_error(exc, Path(GGUF_FILE)) from None
+        raise _OutputOSError(exc) from None
+
+
+class _OutputOSError(Exception):
+    """A failed write to drafter.gguf inside the pass, told apart from a failed read of
+    the source; write_gguf names the output in the error the user sees."""
+
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(exc)
+        self.exc = exc
 
 
 def convert_pass(source: Source, slots: dict[str, _Slot], out_fd: int,
@@ -296,9 +271,10 @@ def convert_pass(source: Source, slots: dict[str, _Slot], out_fd: int,
 
 
 def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
-               file_check: FileCheck | None = None) -> tuple[_PassResult, Provenance, list[TensorRecord]]:
+               file_check: FileCheck | None = None, label: Path | None = None) -> tuple[_PassResult, Provenance, list[TensorRecord]]:
     """drafter.gguf in one read pass over the source. Returns the pass's hashes, the final
     provenance (with the source and embedding hashes filled in) and the tensor records."""
+    shown = label or path  # errors name the output the user asked for, not the temporary
     contract = source.contract
     placeholder = replace(prov, source_sha256=PLACEHOLDER_SHA256)
     scratch = path.with_name(path.name + ".header")
@@ -307,15 +283,18 @@ def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
         slots, total = _layout(contract, len(header))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     except OSError as exc:
-        raise write_error(exc, path) from None
+        raise write_error(exc, shown) from None
     try:
         try:
             # Padding between tensors is written as zeros by the truncate (no holes left
             # once every tensor is written: the slots cover the data area).
             os.ftruncate(fd, total)
         except OSError as exc:
-            raise write_error(exc, path) from None
-        result = convert_pass(source, slots, fd, progress)
+            raise write_error(exc, shown) from None
+        try:
+            result = convert_pass(source, slots, fd, progress)
+        except _OutputOSError as failed:
+            raise write_error(failed.exc, shown) from None
         if file_check is not None:
             root = source.directory
             for file in _source_files(source):
@@ -335,7 +314,7 @@ def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
                                     f"{len(real)} bytes once the hashes were known")
             _pwrite_all(fd, real, 0)
         except OSError as exc:
-            raise write_error(exc, path) from None
+            raise write_error(exc, shown) from None
     finally:
         os.close(fd)
     records = [TensorRecord(name=s.spec.gguf_name, type="BF16", shape=s.spec.gguf_shape,
@@ -369,26 +348,53 @@ def _refuse_output_over_source(source: Path, output: Path) -> None:
 
 def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force: bool = False,
             progress: Progress | None = None, identity: SourceIdentity | None = None,
-            file_check: FileCheck | None = None) -> ConvertResult:
+            file_check: FileCheck | None = None,
+            target: str | os.PathLike | Target | None = None,
+            hub: HubOptions | None = None) -> ConvertResult:
     """Convert a local checkpoint directory into ``output`` (refused if it exists, unless
     ``force``). Raises a DSparkError subclass for every refusal; writes nothing then.
 
     ``identity`` names a source fetched from elsewhere (the Hub: repo id and commit);
-    ``file_check`` sees the SHA-256 of every file the pass read and may refuse it."""
+    ``file_check`` sees the SHA-256 of every file the pass read and may refuse it.
+    ``hub`` (hub.HubOptions: --resolve, --sha256 pins, --lock) applies to a Hub source
+    ``org/name@<commit>``, which is downloaded or found in the HF cache and verified.
+    ``target`` (a model directory, ``org/name@<commit>``, or an open ``target.Target``) is
+    checked against the drafter (pairing.py): geometry and tokenizer before anything is
+    written, the embedding and head identity before the output is renamed into place."""
     progress = progress or NoProgress()
+    hub_source = None
+    if hub is not None or looks_like_hub_spec(source_path):
+        # org/name@<commit>: download (or find in the cache) and verify, then convert the
+        # snapshot; the pass's hashes of the weights are checked by hub_source.check.
+        if Path(output).exists() and not force:  # refuse before a long download
+            raise OutputExistsError(f"{Path(output).absolute()}: output already exists; expected "
+                                    "a new path (pass --force to replace it atomically)",
+                                    path=str(output), expected="absent", found="exists")
+        hub_source = open_hub_source(os.fspath(source_path), hub, progress)
+        source_path, file_check = hub_source.directory, hub_source.check
+        snap = hub_source.snapshot
+        identity = SourceIdentity(name=snap.repo, repository=snap.repo, revision=snap.commit)
     _refuse_output_over_source(Path(source_path), Path(output))
     source = open_source(source_path)
     identity = identity or SourceIdentity(name=source.name)
     tensors = source.checkpoint.tensors
+    # A wrong target is refused here, before anything is written.
+    pairing = pair_source(source, target, progress) if target is not None else None
     # The embedding and head hashes are known once the pass has read them.
     prov = Provenance(name=identity.name, repository=identity.repository,
                       revision=identity.revision, source_sha256=PLACEHOLDER_SHA256,
-                      embed_sha256=PLACEHOLDER_SHA256 if "embed_tokens.weight" in tensors else None,
-                      lm_head_sha256=PLACEHOLDER_SHA256 if "lm_head.weight" in tensors else None)
+                      embed_sha256=PLACEHOLDER_SHA256 if "embed_tokens.weight" in tensors
+                      else (pairing.target_sha256("embed_tokens.weight") if pairing else None),
+                      lm_head_sha256=PLACEHOLDER_SHA256 if "lm_head.weight" in tensors
+                      else (pairing.target_sha256("lm_head.weight") if pairing else None))
 
     with atomic_directory(output, force=force) as tmp:
         gguf_path = tmp / GGUF_FILE
-        passed, prov, records = write_gguf(source, prov, gguf_path, progress, file_check)
+        passed, prov, records = write_gguf(source, prov, gguf_path, progress, file_check,
+                                            label=Path(output) / GGUF_FILE)
+        # The drafter's embedding and head (hashed by the pass) against the target's: a
+        # mismatch discards the temporary directory.
+        target_rec = pairing.finish(passed.tensor_sha256, progress) if pairing else None
         stripped = [StrippedTensor(name=n, dtype=e.dtype, shape=list(e.shape),
                                    sha256=passed.tensor_sha256[n])
                     for n, e in tensors.items()
@@ -397,11 +403,12 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
         progress.start("hash drafter.gguf", size)
         gguf_sha = sha256_file(gguf_path, progress.advance)
         progress.finish()
-        manifest = _manifest(source, identity, passed, prov, stripped, records, size, gguf_sha)
+        manifest = _manifest(source, identity, passed, prov, stripped, records, size, gguf_sha,
+                             target_rec, hub_source.record(progress) if hub_source else None)
         try:
             (tmp / MANIFEST_FILE).write_text(manifest_json(manifest))
         except OSError as exc:
-            raise write_error(exc, tmp / MANIFEST_FILE) from None
+            raise write_error(exc, Path(output) / MANIFEST_FILE) from None
     return ConvertResult(output=Path(output), manifest=manifest, gguf_size=size, gguf_sha256=gguf_sha)
 
 
@@ -435,7 +442,8 @@ def _checks(source: Source, records: list[TensorRecord], stripped: list[Stripped
 
 def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, prov: Provenance,
               stripped: list[StrippedTensor], records: list[TensorRecord], size: int,
-              gguf_sha: str) -> Manifest:
+              gguf_sha: str, target: TargetRecord | None = None,
+              hub: HubRecord | None = None) -> Manifest:
     return Manifest(
         format=MANIFEST_FORMAT, format_version=1,
         converter=ConverterRecord(name=CONVERTER_NAME, version=__version__),
@@ -445,8 +453,8 @@ def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, pro
                               sha256=passed.file_sha256[p.name]) for p in _source_files(source)],
             weights_sha256=prov.source_sha256, dtype=source.dtype,
             rounded_to_bf16=source.dtype != "BF16", stripped=stripped,
-            config=source.raw_config),
-        target=None,
+            config=source.raw_config, hub=hub),
+        target=target,
         contract=source.contract,
         artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=gguf_sha, tensors=records),
         checks=_checks(source, records, stripped, prov),

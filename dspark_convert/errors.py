@@ -198,15 +198,168 @@ class ManifestMismatchError(ArtifactError):
 
 # (hub errors go here)
 
+class HubError(DSparkError):
+    kind = "hub"
+
+
+class HubRepoNotFoundError(HubError):
+    """The Hub repository does not exist (or is private or gated and no token gives access)."""
+    exit_code = 50
+
+
+class HubRevisionNotFoundError(HubError):
+    """The commit, branch or tag is not in the Hub repository."""
+    exit_code = 51
+
+
+class HubFileNotFoundError(HubError):
+    """A file conversion needs (config.json, weights, a shard) is not in the repository at
+    that commit."""
+    exit_code = 52
+
+
+class HubOfflineError(HubError):
+    """Offline (HF_HUB_OFFLINE=1) and the pinned commit's files are not in the local cache."""
+    exit_code = 53
+
+
+class HubNetworkError(HubError):
+    """The Hub could not be reached or kept failing (connection, timeout, 5xx) after retries."""
+    exit_code = 54
+
+
+class HubTruncatedDownloadError(HubError):
+    """A download ended short of the size the Hub declares."""
+    exit_code = 55
+
+
+class HubIntegrityError(HubError):
+    """A file's SHA-256 (or git blob SHA-1) differs from the Hub's metadata or the cache's
+    content address, or the Hub served another commit than the one pinned."""
+    exit_code = 56
+
+
+class PinMismatchError(HubError):
+    """A file's SHA-256 differs from the one pinned with --sha256, or a pin names a file
+    that is not downloaded."""
+    exit_code = 57
+
+
+class LockMismatchError(HubError):
+    """The source differs from the lock file: another repo or commit, a missing, extra or
+    changed file."""
+    exit_code = 58
+
+
+class HubSpecError(HubError):
+    """A source spec, --sha256 pin or lock file that cannot be used: malformed, or a branch
+    or tag given without --resolve."""
+    exit_code = 59
+
 
 # --- the target: geometry, embedding identity, tokenizer (exit codes 60-69) ----------------
 
 # (target errors go here)
 
+class TargetError(DSparkError):
+    kind = "target"
+
+
+class TargetNotFoundError(TargetError):
+    """The target (directory, its config.json, weights or tokenizer.json) is missing or
+    unreadable."""
+    exit_code = 60
+
+
+class TargetFormatError(TargetError):
+    """The target's config.json, safetensors headers or tokenizer.json is malformed, or it
+    lacks a tensor the pairing needs."""
+    exit_code = 61
+
+
+class TargetGeometryError(TargetError):
+    """Drafter and target disagree on the model family, hidden size, rope theta or RMS eps."""
+    exit_code = 62
+
+
+class TargetVocabError(TargetError):
+    """Drafter and target disagree on the vocabulary size, or the tokenizer has more tokens
+    than the embedding has rows."""
+    exit_code = 63
+
+
+class TargetLayerMismatchError(TargetError):
+    """num_target_layers differs from the target's layer count, or a tap is not a layer of
+    the target or is its last one."""
+    exit_code = 64
+
+
+class EmbeddingIdentityError(TargetError):
+    """The drafter's embed_tokens / lm_head (or the hashes an artifact records) differ
+    from the target's."""
+    exit_code = 65
+
+
+class TokenizerMismatchError(TargetError):
+    """The tokenizer fingerprint an artifact records differs from the target's."""
+    exit_code = 66
+
+
+class MaskTokenCollisionError(TargetError):
+    """The mask token is outside the target's embedding, or a token its tokenizer
+    produces for ordinary text."""
+    exit_code = 67
+
 
 # --- the reference runtime and `dspark smoke` (exit codes 70-79) ----------------------------
 
 # (runtime errors go here)
+
+class RuntimeRefusal(DSparkError):
+    kind = "runtime"
+
+
+class RuntimeTargetError(RuntimeRefusal):
+    """The target directory cannot be run by the reference runtime (missing or unreadable
+    config/weights, not a dense Qwen3, a tensor missing or misshapen)."""
+    exit_code = 70
+
+
+class TargetBindingError(RuntimeRefusal):
+    """The artifact does not fit the target: geometry, layer count, or the embedding/head
+    hashes the GGUF records differ from the target's tensors."""
+    exit_code = 71
+
+
+class DeviceUnavailableError(RuntimeRefusal):
+    """--device cuda was asked for but CUDA is not available."""
+    exit_code = 72
+
+
+class SmokeInputError(RuntimeRefusal):
+    """A smoke input is unusable: empty prompt, a token id outside the vocabulary, --prompt
+    without tokenizer.json, an option out of range."""
+    exit_code = 73
+
+
+class LosslessnessError(RuntimeRefusal):
+    """At temperature 0 the speculative output differs from the target's own greedy output."""
+    exit_code = 74
+
+
+class ReferenceDivergenceError(RuntimeRefusal):
+    """The run differs from the reference trace (first run, cycle and field named)."""
+    exit_code = 75
+
+
+class AcceptanceFloorError(RuntimeRefusal):
+    """The mean acceptance length tau is below the --min-tau floor."""
+    exit_code = 76
+
+
+class ReferenceTraceError(RuntimeRefusal):
+    """The reference trace file is unreadable, malformed, or has no run for these settings."""
+    exit_code = 77
 
 
 class InternalError(DSparkError):

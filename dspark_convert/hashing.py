@@ -34,6 +34,49 @@ def is_sha256_hex(text: object) -> bool:
     return isinstance(text, str) and len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
+class ThreadedFileHash:
+    """A whole-file SHA-256 fed on a worker thread, so that it runs beside the per-tensor
+    work of the reader (a second hash, the finite check, a write): hashlib releases the
+    GIL on large updates, and hashing every byte twice on one core would be most of the
+    time of a convert or validate. Two read buffers alternate; one is reused only once the
+    worker has hashed it. ``pool`` must have exactly one worker, so that the updates run
+    in the order the blocks were read."""
+
+    def __init__(self, pool, block_size: int = BLOCK) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.digest = hashlib.sha256()
+        self.buffers = [memoryview(bytearray(block_size)) for _ in range(2)]
+        self.pending = [None, None]
+        self.turn = 0
+
+    def blocks(self, fh, count: int, advance, shrank):
+        """Read ``count`` bytes of ``fh`` block by block, hash each into the file hash and
+        yield it (valid until the next block is requested). A short read raises
+        ``shrank()``: the file changed under us after its layout was checked."""
+        while count:
+            i, self.turn = self.turn, self.turn ^ 1
+            self._wait(i)
+            n = fh.readinto(self.buffers[i][:min(count, self.block_size)])
+            if not n:
+                raise shrank()
+            block = self.buffers[i][:n]
+            self.pending[i] = self.pool.submit(self.digest.update, block)
+            advance(n)
+            count -= n
+            yield block
+
+    def _wait(self, i: int) -> None:
+        if self.pending[i] is not None:
+            self.pending[i].result()
+            self.pending[i] = None
+
+    def hexdigest(self) -> str:
+        self._wait(0)
+        self._wait(1)
+        return self.digest.hexdigest()
+
+
 def read_blocks(fh, count: int, view: memoryview, hashes, advance, shrank):
     """Read ``count`` bytes of ``fh`` into ``view`` block by block, feed each block to every
     hash in ``hashes`` and to ``advance``, and yield it. A short read raises ``shrank()``:

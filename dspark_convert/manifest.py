@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from .contract import FeatureContract
 
@@ -38,6 +38,32 @@ class StrippedTensor(_Record):
     sha256: str = Sha256
 
 
+class HubFileRecord(_Record):
+    """One file of a Hub snapshot: its size and SHA-256 as computed by the converter, and
+    what that hash was checked against."""
+    path: str = Field(description="path inside the repository")
+    size: int = Field(ge=0)
+    sha256: str = Sha256
+    verified_against: list[Literal["hub-lfs-sha256", "hub-git-blob-sha1", "cache-blob-sha256",
+                                   "cache-blob-sha1", "lock", "pin"]] = Field(
+        description="hub-*: the Hub's metadata (LFS SHA-256 or git blob SHA-1); cache-blob-*: "
+                    "the HF cache's content address (offline); lock: the lock file; pin: --sha256")
+
+
+class HubRecord(_Record):
+    """Where a Hub source came from and what its bytes were verified against."""
+    repo: str
+    requested_revision: str = Field(description="the revision as given: the commit, or the "
+                                    "branch/tag resolved with --resolve")
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    resolved: bool = Field(description="true when a branch or tag was resolved to the commit")
+    offline: bool = Field(description="true when served from the local cache (HF_HUB_OFFLINE)")
+    endpoint: str | None = Field(description="the Hub endpoint asked; null when offline")
+    lock_sha256: str | None = Field(pattern=r"^[0-9a-f]{64}$",
+                                    description="SHA-256 of the lock file checked against")
+    files: list[HubFileRecord]
+
+
 class SourceRecord(_Record):
     repo: str | None = Field(description="Hub repo id; null for a local directory")
     revision: str = Field(description="40-hex commit, or 'local'")
@@ -49,6 +75,16 @@ class SourceRecord(_Record):
     rounded_to_bf16: bool = Field(description="true when the source was F32/F16 and was rounded")
     stripped: list[StrippedTensor]
     config: dict = Field(description="the source config.json, verbatim")
+    hub: HubRecord | None = Field(default=None, description="Hub sources: the commit and what "
+                                  "each file was verified against; absent for a local directory")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_hub(self, handler):
+        # A local source's manifest keeps the bytes it had before Hub sources existed.
+        data = handler(self)
+        if data.get("hub") is None:
+            data.pop("hub", None)
+        return data
 
 
 class TensorRecord(_Record):
@@ -68,8 +104,58 @@ class ArtifactRecord(_Record):
 
 class CheckRecord(_Record):
     name: str
-    status: Literal["passed", "failed", "warning", "skipped"]
+    status: Literal["passed", "info", "failed", "warning", "skipped"]
     detail: str
+
+
+class TargetConfigRecord(_Record):
+    """The target config.json fields the pairing checks read."""
+    architectures: list[str]
+    model_type: str
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+
+class TargetTensorRecord(_Record):
+    """A target tensor read once, by itself, to be hashed (never copied)."""
+    role: Literal["embedding", "head"]
+    name: str = Field(description="the target's tensor; the embedding's for a tied head")
+    dtype: str
+    shape: list[int]
+    sha256: str = Sha256
+
+
+class SpecialTokenRecord(_Record):
+    id: int
+    content: str
+
+
+class TokenizerRecord(_Record):
+    """The fingerprint of the target's tokenizer.json."""
+    file: Literal["tokenizer.json"]
+    size: int = Field(ge=0)
+    sha256: str = Sha256
+    vocab_size: int = Field(description="tokens, added tokens included")
+    max_token_id: int
+    special_tokens: list[SpecialTokenRecord] = Field(description="added tokens marked special")
+    probe_text: str
+    probe_ids: list[int] = Field(description="probe_text encoded without special tokens")
+
+
+class TargetRecord(_Record):
+    """The target a drafter was checked against (ARTIFACT_SPEC.md, manifest.json)."""
+    repo: str | None = Field(description="Hub repo id; null for a local directory")
+    revision: str = Field(description="40-hex commit, or 'local'")
+    path: str | None = Field(description="the local directory as given; null for a Hub target")
+    files: list[FileRecord] = Field(description="the small files read whole and hashed")
+    config: TargetConfigRecord
+    tensors: list[TargetTensorRecord]
+    tokenizer: TokenizerRecord
+    checks: list[CheckRecord]
 
 
 class Manifest(_Record):
@@ -77,7 +163,8 @@ class Manifest(_Record):
     format_version: Literal[1]
     converter: ConverterRecord
     source: SourceRecord
-    target: None = Field(description="the target's identity; null until a target is given")
+    target: TargetRecord | None = Field(description="the target the drafter was checked "
+                                        "against; null when none was given")
     contract: FeatureContract
     artifact: ArtifactRecord
     checks: list[CheckRecord]

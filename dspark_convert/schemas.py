@@ -19,6 +19,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
 def _models() -> dict:
     from .inspect import InspectResult
+    from .lockfile import LockFile
     from .validate import ValidationReport
 
     return {
@@ -27,6 +28,7 @@ def _models() -> dict:
         "manifest.schema.json": Manifest,
         "validation-report.schema.json": ValidationReport,
         "inspect-result.schema.json": InspectResult,
+        "lockfile.schema.json": LockFile,
     }
 
 

@@ -87,7 +87,7 @@ def open_source(path: str | os.PathLike) -> Source:
     if not directory.exists():
         hint = ""
         if "@" in str(path) and "/" in str(path):
-            hint = " (Hugging Face Hub sources are not supported by this version; pass a local directory)"
+            hint = " (a Hub source is written org/name@<40-hex commit>)"
         raise SourceNotFoundError(f"{path}: no such directory{hint}", path=str(path),
                                   expected="a checkpoint directory", found="missing")
     checkpoint = read_checkpoint(directory)

@@ -44,5 +44,5 @@ def json_error_text(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "nesting too deep"
     if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+        return f"{exc.msg} (line {exc.lineno} column {exc.colno})"
     return " ".join(str(exc).split())

@@ -13,6 +13,7 @@ error class (and so the exit code) of its kind. It raises nothing for a bad arti
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 import os
 import re
 from dataclasses import dataclass
@@ -52,14 +53,16 @@ from .errors import (
     UnexpectedTensorError,
 )
 from .gguf_reader import GGUFFile, read_gguf
-from .hashing import is_sha256_hex, read_blocks, weights_digest
+from .hashing import ThreadedFileHash, is_sha256_hex, weights_digest
 from .manifest import Manifest
 from .progress import NoProgress, Progress
 from .numerics import non_finite_error
 from .source import read_json_strict
 from .strata_rules import strata_findings
 
-Status = Literal["passed", "failed", "warning", "skipped"]
+# "info": a fact the reader should know that is not a risk (today's Strata loader refuses
+# DSpark heads); unlike "warning", --strict does not fail it.
+Status = Literal["passed", "info", "failed", "warning", "skipped"]
 
 
 class Check(BaseModel):
@@ -103,6 +106,9 @@ class _Checks:
 
     def warning(self, name: str, detail: str) -> None:
         self.items.append(Check(name=name, status="warning", detail=detail))
+
+    def info(self, name: str, detail: str) -> None:
+        self.items.append(Check(name=name, status="info", detail=detail))
 
     def skipped(self, name: str, detail: str) -> None:
         self.items.append(Check(name=name, status="skipped", detail=detail))
@@ -239,8 +245,6 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
     """One sequential read of the file in fixed blocks: the file's SHA-256, each tensor's
     SHA-256, and the first non-finite BF16 value. Memory stays at one block whatever the
     file's size (a memory map would count every page read in the process's RSS)."""
-    view = memoryview(bytearray(SCAN_BLOCK))
-    file_hash = hashlib.sha256()
     digests: dict[str, str] = {}
     non_finite = None
     advance = progress or (lambda n: None)
@@ -248,19 +252,22 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
     def shrank():
         return GGUFFormatError(f"{label}: file shrank while validating", path=label)
 
-    with open(gguf.path, "rb") as fh:
+    with open(gguf.path, "rb") as fh, ThreadPoolExecutor(1, "file-sha256") as pool:
         if os.fstat(fh.fileno()).st_size != gguf.file_size:
             raise GGUFFormatError(f"{label}: file changed while validating", path=label)
+        # The file hash runs on the worker thread, beside the tensor hashes.
+        file_hash = ThreadedFileHash(pool, SCAN_BLOCK)
 
-        def read(count: int, *hashes):
-            return read_blocks(fh, count, view, [file_hash, *hashes], advance, shrank)
+        def read(count: int):
+            return file_hash.blocks(fh, count, advance, shrank)
 
         # The reader proved spans are in range and non-overlapping; walk them in file order.
         for info in sorted(gguf.tensors, key=lambda t: t.data_offset):
             for _ in read(info.data_offset - fh.tell()):
                 pass
             tensor_hash, done = hashlib.sha256(), 0
-            for block in read(info.nbytes, tensor_hash):
+            for block in read(info.nbytes):
+                tensor_hash.update(block)
                 if non_finite is None and info.ggml_type.name == "BF16":
                     non_finite = non_finite_error(block, "BF16", done, info.name, label)
                 done += len(block)
@@ -272,11 +279,13 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
 
 def _manifest_provenance(manifest: Manifest) -> Provenance:
     stripped = {s.name: s.sha256 for s in manifest.source.stripped}
+    # A drafter without its own copies records the target's hashes, when it had one.
+    target = {t.role: t.sha256 for t in manifest.target.tensors} if manifest.target else {}
     return Provenance(name=manifest.source.name, repository=manifest.source.repo,
                       revision=manifest.source.revision,
                       source_sha256=manifest.source.weights_sha256,
-                      embed_sha256=stripped.get("embed_tokens.weight"),
-                      lm_head_sha256=stripped.get("lm_head.weight"),
+                      embed_sha256=stripped.get("embed_tokens.weight", target.get("embedding")),
+                      lm_head_sha256=stripped.get("lm_head.weight", target.get("head")),
                       converter=f"{manifest.converter.name} {manifest.converter.version}")
 
 
@@ -358,8 +367,11 @@ def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: di
                       label, error=ManifestMismatchError, against="manifest.json")
 
 
-def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = None) -> ValidationReport:
-    """Every check, in order; ``progress`` is told of the one long read."""
+def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = None,
+                      target: str | os.PathLike | None = None) -> ValidationReport:
+    """Every check, in order; ``progress`` is told of the one long read. With ``target``
+    (a model directory, or an open ``target.Target``), the pairing checks are re-run
+    against it (pairing.py: geometry, tokenizer and the recorded fingerprint, identity)."""
     progress = progress or NoProgress()
     root = Path(path)
     checks = _Checks()
@@ -463,6 +475,29 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
             checks.failed(name, StrataRuleError(f"{label}: {finding.message}", path=label))
         elif finding.level == "warning":
             checks.warning(name, finding.message)
+        elif finding.level == "info":
+            checks.info(name, finding.message)
         else:
             checks.passed(name, finding.message)
+
+    # 9. the target, when one is given
+    if target is not None:
+        _check_target(checks, target, contract, kv, manifest, label, progress)
     return checks.report(root)
+
+
+def _check_target(checks: _Checks, target, contract: FeatureContract | None, kv: dict,
+                  manifest: Manifest | None, label: str, progress: Progress) -> None:
+    from .pairing import pair_artifact
+
+    if contract is None:
+        checks.skipped("target", "needs a valid contract in the metadata")
+        return
+    try:
+        records = pair_artifact(contract, kv, manifest, target, label=label, progress=progress)
+    except DSparkError as exc:
+        checks.failed("target", exc)
+        return
+    for record in records:
+        add = checks.warning if record.status == "warning" else checks.passed
+        add(record.name, record.detail)

@@ -31,9 +31,20 @@ app = typer.Typer(
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON report on stdout.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
+TargetOpt = Annotated[Optional[str], typer.Option(
+    "--target", help="The target model: a directory (config.json, tokenizer.json, safetensors) "
+    "or org/name@<40-hex commit> on the Hub; check geometry, embedding identity and tokenizer "
+    "against it.")]
+ResolveOpt = Annotated[bool, typer.Option(
+    "--resolve", help="Allow a branch or tag in org/name@REV: resolve it to its commit now "
+    "(printed and recorded).")]
+Sha256Opt = Annotated[Optional[list[str]], typer.Option(
+    "--sha256", help="Pin a Hub file: FILE=SHA256 (repeatable).", metavar="FILE=HEX")]
+LockOpt = Annotated[Optional[Path], typer.Option(
+    "--lock", help="A lock file from `dspark lock`: refuse any other commit or file.")]
 
-STATUS_STYLE = {"passed": "green", "warning": "yellow", "failed": "bold red", "skipped": "dim",
-                "ok": "green", "stripped": "cyan", "absent": "dim", "missing": "bold red",
+STATUS_STYLE = {"passed": "green", "info": "cyan", "warning": "yellow", "failed": "bold red",
+                "skipped": "dim", "ok": "green", "stripped": "cyan", "absent": "dim", "missing": "bold red",
                 "unexpected": "bold red", "shape": "bold red", "dtype": "bold red"}
 
 
@@ -57,40 +68,105 @@ def main(
 
 @app.command()
 def convert(
-    source: Annotated[str, typer.Argument(help="A DSpark checkpoint directory (config.json + safetensors).")],
+    source: Annotated[str, typer.Argument(help="A DSpark checkpoint directory (config.json + "
+                                                "safetensors), or a Hub source org/name@<40-hex commit>.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The artifact directory to create.")],
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output, atomically.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    target: TargetOpt = None,
+    resolve: ResolveOpt = False,
+    sha256: Sha256Opt = None,
+    lock: LockOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Convert a checkpoint into OUTPUT/drafter.gguf + OUTPUT/manifest.json."""
+    """Convert a checkpoint (a directory, or a Hub source org/name@<commit>) into
+    OUTPUT/drafter.gguf + OUTPUT/manifest.json."""
 
     def body() -> int:
         from ..convert import convert as do_convert
         from .progress import RichProgress
 
-        result = do_convert(source, output, force=force,
+        hub = None
+        if resolve or sha256 or lock is not None:
+            from ..hub import HubOptions, parse_pins
+            hub = HubOptions(resolve=resolve, pins=parse_pins(sha256 or []), lock=lock)
+        result = do_convert(source, output, force=force, target=target, hub=hub,
                             progress=RichProgress(enabled=not quiet and not as_json))
         m = result.manifest
-        warnings = [c for c in m.checks if c.status == "warning"]
+        target_checks = m.target.checks if m.target else []
+        warnings = [c for c in m.checks + target_checks if c.status == "warning"]
         if as_json:
             print(json.dumps({
                 "ok": True, "output": str(result.output), "drafter_gguf": {
                     "size": result.gguf_size, "sha256": result.gguf_sha256,
                     "tensors": len(m.artifact.tensors)},
                 "stripped": [s.name for s in m.source.stripped],
-                "checks": [c.model_dump() for c in m.checks]}, indent=2))
+                "checks": [c.model_dump() for c in m.checks],
+                "target": m.target.model_dump() if m.target else None,
+                "hub": m.source.hub.model_dump() if m.source.hub else None}, indent=2))
             return 0
         out = _out()
         # Paths, names and details come from files and users: escaped, never rich markup.
         out.print(escape(f"converted {source} -> {result.output}"))
+        if m.source.hub:
+            _print_hub(out, m.source.hub)
         out.print(f"  drafter.gguf  {result.gguf_size:,} bytes  sha256 {result.gguf_sha256}")
         stripped = ", ".join(s.name for s in m.source.stripped) or "none"
         out.print(escape(f"  {len(m.artifact.tensors)} tensors written; hashed and stripped: {stripped}"))
-        out.print(f"  checks: {sum(c.status == 'passed' for c in m.checks)} passed, {len(warnings)} warning(s)")
-        for check in warnings:
-            out.print(f"  [yellow]warning[/] {escape(check.name)}: {escape(check.detail)}")
+        if m.target:
+            out.print(escape(f"  target {target}: {len(target_checks)} pairing checks; tokenizer "
+                             f"{m.target.tokenizer.sha256[:16]}… and embedding/head hashes recorded"))
+        passed = sum(c.status == 'passed' for c in m.checks + target_checks)
+        infos = [c for c in m.checks + target_checks if c.status == "info"]
+        out.print(f"  checks: {passed} passed, {len(warnings)} warning(s), {len(infos)} note(s)")
+        for check in warnings + infos:
+            style = STATUS_STYLE[check.status]
+            out.print(f"  [{style}]{check.status}[/] {escape(check.name)}: {escape(check.detail)}")
+        return 0
+
+    run(body, debug=debug, as_json=as_json)
+
+
+def _print_hub(out: Console, hub) -> None:
+    if hub.resolved:
+        out.print(escape(f"  resolved {hub.repo}@{hub.requested_revision} -> {hub.commit} "
+                         "(recorded)"))
+    where = "the local cache (offline)" if hub.offline else hub.endpoint
+    out.print(escape(f"  {hub.repo}@{hub.commit} from {where}: {len(hub.files)} file(s) "
+                     "SHA-256 verified"))
+    for f in hub.files:
+        against = ", ".join(f.verified_against) or "nothing to compare with"
+        out.print(escape(f"    {f.path}  {f.size:,} bytes  sha256 {f.sha256}  ({against})"))
+
+
+@app.command()
+def lock(
+    source: Annotated[str, typer.Argument(help="A Hub source: org/name@<40-hex commit> (or a "
+                                                 "branch/tag with --resolve).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The lock file to write.")],
+    resolve: ResolveOpt = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing lock file, atomically.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Download and verify a Hub source; record its commit and each file's size and SHA-256."""
+
+    def body() -> int:
+        from ..hub import lock_snapshot
+        from .progress import RichProgress
+
+        result = lock_snapshot(source, output, resolve=resolve, force=force,
+                               progress=RichProgress(enabled=not quiet and not as_json))
+        record = result.snapshot.record()
+        if as_json:
+            print(json.dumps({"ok": True, "lock": str(result.path), "hub": record.model_dump()},
+                             indent=2))
+            return 0
+        out = _out()
+        out.print(escape(f"locked {source} -> {result.path}"))
+        _print_hub(out, record)
         return 0
 
     run(body, debug=debug, as_json=as_json)
@@ -100,6 +176,7 @@ def convert(
 def validate(
     artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert`.")],
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures (exit 45).")] = False,
+    target: TargetOpt = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -109,7 +186,8 @@ def validate(
         from ..validate import validate_artifact
         from .progress import RichProgress
 
-        report = validate_artifact(artifact, progress=RichProgress(enabled=not as_json))
+        report = validate_artifact(artifact, progress=RichProgress(enabled=not as_json),
+                                   target=target)
         code = report.exit_code(strict=strict)
         if as_json:
             print(json.dumps({**report.model_dump(), "strict": strict, "exit_code": code}, indent=2))
@@ -158,6 +236,83 @@ def inspect(
         return 0
 
     run(body, debug=debug, as_json=False)
+
+
+def _prompt_ids(values: Optional[list[str]]) -> list[list[int]]:
+    """--prompt-ids 1,17,33 (repeatable) -> [[1, 17, 33], ...]; a usage error (exit 2) else."""
+    prompts = []
+    for text in values or []:
+        try:
+            prompts.append([int(part) for part in text.split(",") if part.strip()])
+        except ValueError:
+            raise typer.BadParameter(f"expected comma-separated token ids, found {text!r}") from None
+    return prompts
+
+
+@app.command()
+def smoke(
+    artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert`.")],
+    target: Annotated[Path, typer.Option("--target", help="The target model directory (Qwen3, HF safetensors).")],
+    prompt_ids: Annotated[Optional[list[str]], typer.Option(
+        "--prompt-ids", metavar="IDS", callback=_prompt_ids,
+        help="A prompt as comma-separated token ids; repeat for more prompts.")] = None,
+    prompt: Annotated[Optional[str], typer.Option(
+        "--prompt", help="A text prompt, tokenized with the target's tokenizer.json.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, max=100.0)] = 0.0,
+    confidence_threshold: Annotated[float, typer.Option(
+        "--confidence-threshold", min=0.0, max=1.0,
+        help="Cut the block at the first position whose confidence is below this (0: off).")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed for temperature > 0.")] = 0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the trace (reference.json format).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of acceptance by draft position.")] = None,
+    reference: Annotated[Optional[Path], typer.Option(
+        "--reference", help="A reference.json: fail at the first cycle that differs.")] = None,
+    min_tau: Annotated[Optional[float], typer.Option("--min-tau", help="Fail when tau is below this.")] = None,
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run the drafter against its target: tau, acceptance by position, speed; fails when the
+    output differs from the target's own (temperature 0) or from --reference."""
+
+    def body() -> int:
+        from ..smoke import run_smoke
+        from .progress import RichProgress
+
+        result = run_smoke(artifact, target=target, prompts=prompt_ids, prompt_text=prompt,
+                           max_new_tokens=max_new_tokens, temperature=temperature,
+                           confidence_threshold=confidence_threshold, seed=seed, device=device,
+                           trace=trace, plot=plot, reference=reference, min_tau=min_tau,
+                           progress=RichProgress(enabled=not as_json))
+        if as_json:
+            print(json.dumps({"ok": True, **result.model_dump()}, indent=2))
+            return 0
+        out = _out()
+        out.print(escape(f"smoke {artifact} on {target} ({result.device}, temperature "
+                         f"{result.temperature:g}, threshold {result.confidence_threshold:g})"))
+        for i, one in enumerate(result.runs):
+            checks = []
+            if one.lossless is not None:
+                checks.append("= target greedy" if one.lossless else "DIFFERS from target greedy")
+            if one.reference_run is not None:
+                checks.append(f"= reference run {one.reference_run}")
+            out.print(escape(f"  prompt {i}: {one.new_tokens} new tokens in {one.verify_steps} "
+                             f"verify steps, tau {one.tau:.2f}; " + ", ".join(checks)))
+        rates = " ".join("-" if r is None else f"{r:.2f}" for r in result.acceptance_by_position)
+        out.print(f"  tau {result.tau:.3f}; acceptance by position: {rates}")
+        speed = (f"  drafted {result.drafted_tokens_per_second:,.0f} tok/s, committed "
+                 f"{result.committed_tokens_per_second:,.0f} tok/s")
+        if result.target_only_tokens_per_second:
+            speed += f" (target alone {result.target_only_tokens_per_second:,.0f} tok/s)"
+        out.print(speed)
+        for path in (result.trace, result.plot):
+            if path:
+                out.print(escape(f"  wrote {path}"))
+        out.print("[green]PASSED[/]")
+        return 0
+
+    run(body, debug=debug, as_json=as_json)
 
 
 def _print_inspect(result) -> None:

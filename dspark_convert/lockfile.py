@@ -1,0 +1,101 @@
+"""dspark.lock: the exact Hub files a conversion may use (``dspark lock`` writes it).
+
+A lock records the repo, the commit and each file's size and SHA-256. ``dspark convert
+--lock`` refuses any difference (hub.py compares). Reading is strict: JSON without
+duplicate keys, every field typed, nothing unknown. schemas/lockfile.schema.json is
+generated from ``LockFile``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .atomic import write_error
+from .errors import HubSpecError, OutputExistsError
+
+LOCK_FORMAT = "dspark-lock"
+COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+MAX_LOCK_BYTES = 4 * 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class LockedFile(_Strict):
+    path: str = Field(min_length=1, description="path inside the repository")
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class LockFile(_Strict):
+    format: Literal["dspark-lock"]
+    format_version: Literal[1]
+    repo: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="Hub repo id")
+    revision: str = Field(min_length=1, description="the revision as requested (commit, branch or tag)")
+    commit: str = Field(pattern=COMMIT_PATTERN, description="the 40-hex commit it resolved to")
+    files: list[LockedFile] = Field(min_length=1, description="sorted by path")
+
+    @field_validator("files")
+    @classmethod
+    def _sorted_unique(cls, files: list[LockedFile]) -> list[LockedFile]:
+        paths = [f.path for f in files]
+        if paths != sorted(set(paths)):
+            raise ValueError("file paths must be unique and sorted")
+        return files
+
+
+def lock_json(lock: LockFile) -> str:
+    # Fixed field order: the same snapshot always gives the same bytes.
+    return lock.model_dump_json(indent=2) + "\n"
+
+
+def read_lock(path: str | os.PathLike) -> LockFile:
+    """Parse a lock file; anything malformed raises HubSpecError naming the file and field."""
+    from .source import read_json_strict
+
+    path = Path(path)
+    if not path.is_file():
+        raise HubSpecError(f"{path}: lock file not found", path=str(path),
+                           expected="a lock file written by `dspark lock`", found="missing")
+    raw = read_json_strict(path, error=HubSpecError, label=f"{path}")
+    try:
+        return LockFile.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise HubSpecError(f"{path}: {where}: {first['msg']}", path=str(path), field=where,
+                           expected="a dspark-lock v1 file", found=str(first.get("input"))[:80]
+                           ) from None
+
+
+def write_lock(lock: LockFile, path: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write atomically: a hidden sibling, fsync, rename. Refused if ``path`` exists,
+    unless ``force``; on any failure nothing is left behind."""
+    path = Path(path).absolute()
+    if (path.exists() or path.is_symlink()) and not force:
+        raise OutputExistsError(f"{path}: output already exists; expected a new path "
+                                "(pass --force to replace it atomically)", path=str(path),
+                                expected="absent", found="exists")
+    if path.is_dir():
+        raise OutputExistsError(f"{path}: is a directory; expected a lock file path",
+                                path=str(path), expected="a file", found="a directory")
+    tmp = path.parent / f".{path.name}.dspark-tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with open(tmp, "x", encoding="utf-8") as fh:
+            fh.write(lock_json(lock))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_error(exc, path) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,429 @@
+"""Prove that a drafter belongs to a target: geometry, embedding identity, tokenizer.
+
+A drafter converted against the wrong target loads and then proposes garbage, or reads
+out of bounds. Three groups of checks, each raising the error class of its kind with a
+message naming both values, and returning one ``CheckRecord`` per check that passed (or
+warned):
+
+* ``check_compatibility``: config geometry (family, hidden size, vocabulary, layer count
+  and taps, mask token inside the embedding, rope theta and RMS eps) and the tokenizer
+  (no token beyond the embedding, the mask token never produced for ordinary text, the
+  fingerprint an artifact recorded). Reads no tensor byte.
+* ``check_identity``: the drafter's ``embed_tokens`` / ``lm_head`` copies against the
+  target's, by SHA-256 of the same-dtype bytes.
+* ``target_record``: all of it, for the manifest.
+
+``pair_source`` / ``SourcePairing.finish`` are what ``convert(..., target=)`` calls (before
+anything is written / before the output is renamed into place); ``pair_artifact`` is what
+``validate_artifact(..., target=)`` calls.
+
+The drafter side is a ``Drafter``: a contract plus how to name its fields in messages
+(config.json fields for a checkpoint, GGUF metadata keys for an artifact).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .artifact_format import CONFIG_FIELD_KEYS, as_float32
+from .contract import FeatureContract
+from .errors import (
+    EmbeddingIdentityError,
+    MaskTokenCollisionError,
+    TargetGeometryError,
+    TargetLayerMismatchError,
+    TargetVocabError,
+    TokenizerMismatchError,
+)
+from .manifest import CheckRecord, TargetRecord, TargetTensorRecord, TokenizerRecord
+from .progress import NoProgress, Progress
+from .safetensors_reader import TensorEntry
+from .target import (
+    TARGET_MODEL_TYPE,
+    Target,
+    hash_target_tensors,
+    open_target,
+    tensor_sha256,
+)
+from .tokenizer_fingerprint import fingerprint_difference
+
+if TYPE_CHECKING:
+    from .manifest import Manifest
+    from .source import Source
+
+# The values every released Qwen3 dense model's config.json holds (Qwen/Qwen3-0.6B ... 32B:
+# rope_theta 1000000, rms_norm_eps 1e-06); Strata's DFlash loader also fixes RMS eps at
+# 1e-6 (REFERENCE.md §3). Another value is unusual, not wrong: a warning.
+FAMILY_ROPE_THETA = 1_000_000.0
+FAMILY_RMS_EPS = 1e-6
+
+# The drafter's own copies, by the role they play in the target.
+DRAFTER_TENSOR_ROLES = {"embed_tokens.weight": "embedding", "lm_head.weight": "head"}
+# Where an artifact keeps what a checkpoint's config.json field or tensor held.
+_METADATA_NAMES = {**CONFIG_FIELD_KEYS, "embed_tokens.weight": "dflash.target.embed_sha256",
+                   "lm_head.weight": "dflash.target.lm_head_sha256"}
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """The drafter side of a pairing."""
+
+    label: str                      # "drafter <dir>/config.json" or "artifact <dir>/drafter.gguf"
+    contract: FeatureContract
+    model_type: str | None = None   # config.json model_type; None for an artifact (implied)
+    from_metadata: bool = False     # name fields by GGUF metadata keys
+
+    def field(self, name: str) -> str:
+        key = _METADATA_NAMES.get(name, name) if self.from_metadata else name
+        return f"{self.label} {key}"
+
+
+def _passed(name: str, detail: str) -> CheckRecord:
+    return CheckRecord(name=name, status="passed", detail=detail)
+
+
+def _warning(name: str, detail: str) -> CheckRecord:
+    return CheckRecord(name=name, status="warning", detail=detail)
+
+
+def _short(sha: str) -> str:
+    return sha[:16] + "…"
+
+
+# --- geometry ----------------------------------------------------------------------------------
+
+def check_geometry(drafter: Drafter, target: Target) -> list[CheckRecord]:
+    tcfg, g = target.config, drafter.contract.geometry
+    where = f"target {target.checkpoint.files.config}"
+    checks = []
+
+    if tcfg.model_type != TARGET_MODEL_TYPE or (drafter.model_type not in (None, tcfg.model_type)):
+        expected = drafter.model_type or TARGET_MODEL_TYPE
+        raise TargetGeometryError(
+            f"{where}: model_type is {tcfg.model_type!r}; the drafter "
+            f"({drafter.contract.architecture}) expects {expected!r} ({drafter.field('model_type')})",
+            path=where, field="model_type", expected=expected, found=tcfg.model_type)
+    checks.append(_passed("target.family", f"{tcfg.model_type} ({', '.join(tcfg.architectures)})"))
+
+    if tcfg.hidden_size != g.hidden_size:
+        raise TargetGeometryError(
+            f"{where}: hidden_size is {tcfg.hidden_size}; the drafter expects {g.hidden_size} "
+            f"({drafter.field('hidden_size')})", path=where, field="hidden_size",
+            expected=g.hidden_size, found=tcfg.hidden_size)
+    checks.append(_passed("target.hidden_size", f"{g.hidden_size} on both sides"))
+
+    if tcfg.vocab_size != g.vocab_size:
+        raise TargetVocabError(
+            f"{where}: vocab_size is {tcfg.vocab_size}; the drafter expects {g.vocab_size} "
+            f"({drafter.field('vocab_size')})", path=where, field="vocab_size",
+            expected=g.vocab_size, found=tcfg.vocab_size)
+    checks.append(_passed("target.vocab_size", f"{g.vocab_size} embedding rows on both sides"))
+
+    checks.append(_check_layers(drafter, target, where))
+
+    mask = drafter.contract.block.mask_token_id
+    if not 0 <= mask < tcfg.vocab_size:
+        raise MaskTokenCollisionError(
+            f"{drafter.field('mask_token_id')} is {mask}; the target's embedding has "
+            f"{tcfg.vocab_size} rows ({where} vocab_size), expected an id in "
+            f"[0, {tcfg.vocab_size - 1}]", path=drafter.label, field="mask_token_id",
+            expected=f"0..{tcfg.vocab_size - 1}", found=mask)
+
+    checks += _check_norms(drafter, target, where)
+    return checks
+
+
+def _check_layers(drafter: Drafter, target: Target, where: str) -> CheckRecord:
+    n = target.config.num_hidden_layers
+    taps = drafter.contract.taps
+    for pos, layer in enumerate(taps.target_layer_ids):
+        field = f"{drafter.field('target_layer_ids')}[{pos}]"
+        if not 0 <= layer < n:
+            raise TargetLayerMismatchError(
+                f"{field} is {layer}; the target has {n} layers ({where} num_hidden_layers), "
+                f"expected a layer id in [0, {n - 2}]", path=drafter.label,
+                field=f"target_layer_ids[{pos}]", expected=f"0..{n - 2}", found=layer)
+        if layer == n - 1:
+            raise TargetLayerMismatchError(
+                f"{field} is {layer}, the target's last layer ({where} num_hidden_layers = {n}), "
+                f"whose HF hidden state is post-norm; expected a layer id in [0, {n - 2}]",
+                path=drafter.label, field=f"target_layer_ids[{pos}]", expected=f"0..{n - 2}",
+                found=layer)
+    if taps.num_target_layers != n:
+        raise TargetLayerMismatchError(
+            f"{where}: num_hidden_layers is {n}; the drafter expects {taps.num_target_layers} "
+            f"({drafter.field('num_target_layers')})", path=where, field="num_hidden_layers",
+            expected=taps.num_target_layers, found=n)
+    return _passed("target.layers", f"{n} target layers; taps {taps.target_layer_ids} are "
+                   f"layers of it, none the last")
+
+
+def _check_norms(drafter: Drafter, target: Target, where: str) -> list[CheckRecord]:
+    g, tcfg = drafter.contract.geometry, target.config
+    checks = []
+    # An artifact holds rms_norm_eps as FLOAT32: compare what the file can hold.
+    eps_target = as_float32(tcfg.rms_norm_eps) if drafter.from_metadata else tcfg.rms_norm_eps
+    for field, want, got, shown in (("rope_theta", g.rope_theta, tcfg.rope_theta, tcfg.rope_theta),
+                                    ("rms_norm_eps", g.rms_norm_eps, eps_target, tcfg.rms_norm_eps)):
+        if want != got:
+            drafter_field = "rope_parameters.rope_theta" if field == "rope_theta" else field
+            raise TargetGeometryError(
+                f"{where}: {field} is {shown}; the drafter expects {want} "
+                f"({drafter.field(drafter_field)})", path=where, field=field, expected=want,
+                found=shown)
+    checks.append(_passed("target.norms", f"rope theta {tcfg.rope_theta:g} and RMS eps "
+                          f"{tcfg.rms_norm_eps:g} on both sides"))
+    unusual = [f"{name} {value:g} (Qwen3 uses {norm:g})"
+               for name, value, norm in (("rope theta", tcfg.rope_theta, FAMILY_ROPE_THETA),
+                                         ("RMS eps", tcfg.rms_norm_eps, FAMILY_RMS_EPS))
+               if not math.isclose(value, norm, rel_tol=1e-6)]
+    if unusual:
+        checks.append(_warning("target.family_norms", "unusual for the family: "
+                               + "; ".join(unusual)))
+    return checks
+
+
+# --- tokenizer ---------------------------------------------------------------------------------
+
+def check_tokenizer(drafter: Drafter, target: Target,
+                    recorded: TokenizerRecord | None = None) -> list[CheckRecord]:
+    """The tokenizer against the embedding and the mask token, and against the
+    fingerprint an artifact recorded (``recorded``; None: nothing to compare with)."""
+    tok = target.tokenizer
+    rec = tok.record
+    where = f"target {target.directory / rec.file}"
+    rows = target.config.vocab_size
+    checks = []
+
+    if rec.max_token_id >= rows:
+        kind, content = tok.classify(rec.max_token_id)
+        raise TargetVocabError(
+            f"{where}: has token id {rec.max_token_id} ({content!r}); the embedding has only "
+            f"{rows} rows (target config.json vocab_size), expected every id below {rows}",
+            path=where, field="vocab_size", expected=f"< {rows}", found=rec.max_token_id)
+    if rec.max_token_id + 1 < rows:
+        detail = (f"{rec.vocab_size} tokens (ids up to {rec.max_token_id}) in {rows} embedding "
+                  f"rows: the embedding is padded beyond the tokenizer, which is normal")
+    else:
+        detail = f"{rec.vocab_size} tokens fill the {rows} embedding rows"
+    checks.append(_passed("target.tokenizer_vocab", detail))
+
+    mask = drafter.contract.block.mask_token_id
+    kind, content = tok.classify(mask)
+    field = drafter.field("mask_token_id")
+    if kind in ("ordinary", "added"):
+        what = ("a token of its vocabulary, produced for ordinary text" if kind == "ordinary"
+                else "an added token that is not special, produced whenever its text appears")
+        raise MaskTokenCollisionError(
+            f"{field} is {mask}, which {where} maps to {content!r}, {what}; expected a padding "
+            "row or a special token", path=drafter.label, field="mask_token_id",
+            expected="an id the tokenizer never produces for ordinary text",
+            found=f"{mask} = {content!r}")
+    if mask in rec.probe_ids:
+        raise MaskTokenCollisionError(
+            f"{field} is {mask}, which {where} produces for the probe text {rec.probe_text!r}; "
+            "expected an id the tokenizer never produces for ordinary text", path=drafter.label,
+            field="mask_token_id", expected="not in the probe's ids", found=mask)
+    checks.append(_passed("target.mask_token", f"{mask} is " + (
+        f"the special token {content!r}" if kind == "special"
+        else "a padding row: no token of the tokenizer")))
+
+    if recorded is not None:
+        diff = fingerprint_difference(recorded, rec)
+        if diff is not None:
+            name, want, got = diff
+            raise TokenizerMismatchError(
+                f"{where}: tokenizer {name} is {_shown(got)}; the drafter was converted with a "
+                f"tokenizer whose {name} is {_shown(want)} (manifest.json target.tokenizer)",
+                path=where, field=f"tokenizer.{name}", expected=_shown(want), found=_shown(got))
+        checks.append(_passed("target.tokenizer_fingerprint",
+                              f"tokenizer.json {_short(rec.sha256)} matches the recorded fingerprint"))
+    else:
+        checks.append(_passed("target.tokenizer_fingerprint",
+                              f"tokenizer.json {_short(rec.sha256)}: {rec.vocab_size} tokens, "
+                              f"{len(rec.special_tokens)} special"
+                              + ("" if drafter.from_metadata else "; fingerprint recorded")))
+    return checks
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_compatibility(drafter: Drafter, target: Target,
+                        recorded: TokenizerRecord | None = None) -> list[CheckRecord]:
+    """Geometry and tokenizer checks; no tensor byte is read."""
+    return check_geometry(drafter, target) + check_tokenizer(drafter, target, recorded)
+
+
+# --- identity ----------------------------------------------------------------------------------
+
+def check_identity(drafter: Drafter, target: Target, target_tensors: list[TargetTensorRecord],
+                   drafter_tensors: dict[str, tuple[str, str]], *,
+                   drafter_entries: dict[str, TensorEntry] | None = None,
+                   progress: Progress | None = None) -> list[CheckRecord]:
+    """Compare the drafter's copies {name: (dtype, sha256)} with the target's tensors
+    (``hash_target_tensors``). A copy in another dtype is compared with the target's bytes
+    cast to that dtype. ``drafter_entries`` (the checkpoint's tensors) let a mismatch name
+    the first row that differs. A drafter without a copy records the target's hash."""
+    progress = progress or NoProgress()
+    by_role = {t.role: t for t in target_tensors}
+    entries = {"embedding": target.embed, "head": target.head}
+    checks = []
+    for name, role in DRAFTER_TENSOR_ROLES.items():
+        theirs = by_role[role]
+        tied = " (tied: the head is the embedding)" if role == "head" and target.head_tied else ""
+        if name not in drafter_tensors and drafter.from_metadata:
+            # An artifact converted without a target from a drafter without copies.
+            checks.append(_warning(f"target.identity.{role}",
+                                   f"the artifact records no {role} hash "
+                                   f"({drafter.field(name)}): the runtime cannot check that it "
+                                   "binds this target; convert with --target to record it"))
+            continue
+        if name not in drafter_tensors:
+            checks.append(_passed(f"target.identity.{role}",
+                                  f"the drafter has no {name}; the target's {theirs.name}{tied} "
+                                  f"SHA-256 {_short(theirs.sha256)} is recorded for the runtime"))
+            continue
+        dtype, ours = drafter_tensors[name]
+        want = theirs.sha256
+        if dtype != theirs.dtype:
+            progress.start(f"hash target {role} as {dtype}", entries[role].nbytes)
+            try:
+                want = tensor_sha256(entries[role], as_dtype=dtype, progress=progress)
+            finally:
+                progress.finish()
+        if ours != want:
+            row = ""
+            if drafter_entries and name in drafter_entries:
+                first = first_different_row(drafter_entries[name], entries[role])
+                row = f"; first differing row {first}" if first is not None else ""
+            cast = f" cast to {dtype}" if dtype != theirs.dtype else ""
+            raise EmbeddingIdentityError(
+                f"{drafter.field(name)} SHA-256 is {_short(ours)}; the target's "
+                f"{theirs.name}{tied}{cast} is {_short(want)}: not this target's "
+                f"{role}{row}", path=drafter.label, tensor=name, expected=want, found=ours)
+        checks.append(_passed(f"target.identity.{role}",
+                              f"{name} equals the target's {theirs.name}{tied} "
+                              f"(SHA-256 {_short(want)}, {dtype})"))
+    return checks
+
+
+def first_different_row(a: TensorEntry, b: TensorEntry) -> int | None:
+    """The first row where two [rows, cols] tensors of one dtype differ, read a block of
+    rows at a time; None when they cannot be compared that way or do not differ."""
+    if a.dtype != b.dtype or a.shape != b.shape or len(a.shape) != 2:
+        return None
+    row_bytes = a.nbytes // a.shape[0] if a.shape[0] else 0
+    if not row_bytes:
+        return None
+    rows_per_block = max(1, (8 * 1024 * 1024) // row_bytes)
+    with open(a.file, "rb") as fa, open(b.file, "rb") as fb:
+        for start in range(0, a.shape[0], rows_per_block):
+            count = min(rows_per_block, a.shape[0] - start) * row_bytes
+            fa.seek(a.begin + start * row_bytes)
+            fb.seek(b.begin + start * row_bytes)
+            xa = np.frombuffer(fa.read(count), dtype=np.uint8).reshape(-1, row_bytes)
+            xb = np.frombuffer(fb.read(count), dtype=np.uint8).reshape(-1, row_bytes)
+            if xa.shape != xb.shape:
+                return None
+            differs = (xa != xb).any(axis=1)
+            if differs.any():
+                return start + int(np.argmax(differs))
+    return None
+
+
+def recorded_hashes(drafter_tensors: dict[str, tuple[str, str]],
+                    target_tensors: list[TargetTensorRecord] | None) -> tuple[str | None, str | None]:
+    """dflash.target.embed_sha256 / lm_head_sha256: the drafter's own copies' hashes, or
+    the target's where the drafter has none and a target was given."""
+    by_role = {t.role: t.sha256 for t in target_tensors or []}
+    out = []
+    for name, role in DRAFTER_TENSOR_ROLES.items():
+        out.append(drafter_tensors[name][1] if name in drafter_tensors else by_role.get(role))
+    return out[0], out[1]
+
+
+def target_record(target: Target, tensors: list[TargetTensorRecord],
+                  checks: list[CheckRecord]) -> TargetRecord:
+    return TargetRecord(
+        repo=target.repo, revision=target.revision,
+        path=None if target.repo is not None else target.spec,
+        files=list(target.files), config=target.config, tensors=tensors,
+        tokenizer=target.tokenizer.record, checks=checks)
+
+
+# --- a checkpoint being converted --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourcePairing:
+    """A checkpoint paired with its target before conversion: the compatibility checks
+    passed and the target's embedding and head hashed. ``finish`` compares the drafter's
+    copies (hashed by the converter's pass) and returns the manifest's record."""
+
+    source: Source
+    target: Target
+    checks: list[CheckRecord]
+    tensors: list[TargetTensorRecord]
+
+    def target_sha256(self, drafter_name: str) -> str | None:
+        """The hash dflash.target.* records for a copy the drafter does not have."""
+        if drafter_name in self.source.checkpoint.tensors:
+            return None
+        role = DRAFTER_TENSOR_ROLES[drafter_name]
+        return next(t.sha256 for t in self.tensors if t.role == role)
+
+    def finish(self, tensor_sha256: dict[str, str], progress: Progress | None = None) -> TargetRecord:
+        entries = self.source.checkpoint.tensors
+        ours = {n: (entries[n].dtype, tensor_sha256[n]) for n in DRAFTER_TENSOR_ROLES if n in entries}
+        weights = self.source.checkpoint.files.index or self.source.checkpoint.files.weights[0]
+        drafter = Drafter(label=f"drafter {weights}", contract=self.source.contract)
+        identity = check_identity(drafter, self.target, self.tensors, ours,
+                                  drafter_entries=dict(entries), progress=progress)
+        return target_record(self.target, self.tensors, self.checks + identity)
+
+
+def pair_source(source: Source, target: Target | str | os.PathLike,
+                progress: Progress | None = None) -> SourcePairing:
+    """Open the target (unless given open), run the compatibility checks against the
+    checkpoint's config and hash the target's embedding and head. Writes nothing."""
+    if not isinstance(target, Target):
+        target = open_target(target, progress=progress)
+    drafter = Drafter(label=f"drafter {source.checkpoint.files.config}", contract=source.contract,
+                      model_type=model_type if isinstance(model_type := source.raw_config.get(
+                          "model_type"), str) else None)
+    checks = check_compatibility(drafter, target)
+    return SourcePairing(source=source, target=target, checks=checks,
+                         tensors=hash_target_tensors(target, progress))
+
+
+# --- an artifact being validated ---------------------------------------------------------------
+
+def pair_artifact(contract: FeatureContract, kv: dict[str, object], manifest: Manifest | None,
+                  target: Target | str | os.PathLike, *, label: str,
+                  progress: Progress | None = None) -> list[CheckRecord]:
+    """Re-run the pairing on an artifact: its contract (rebuilt from the metadata) against
+    the target's config and tokenizer, the fingerprint manifest.json recorded, and the
+    embedding / head hashes the metadata records (dflash.target.*) against the target's."""
+    if not isinstance(target, Target):
+        target = open_target(target, progress=progress)
+    drafter = Drafter(label=f"artifact {label}", contract=contract, from_metadata=True)
+    recorded = manifest.target.tokenizer if manifest is not None and manifest.target else None
+    checks = check_compatibility(drafter, target, recorded)
+    tensors = hash_target_tensors(target, progress)
+    # The dtype each recorded hash was taken in: the drafter's own copy's (source.stripped),
+    # else the target's, whose hash was recorded in the drafter's place.
+    dtypes = {s.name: s.dtype for s in manifest.source.stripped} if manifest is not None else {}
+    by_role = {t.role: t.dtype for t in tensors}
+    ours = {}
+    for name, role in DRAFTER_TENSOR_ROLES.items():
+        value = kv.get(_METADATA_NAMES[name])
+        if isinstance(value, str):
+            ours[name] = (dtypes.get(name, by_role[role]), value)
+    return checks + check_identity(drafter, target, tensors, ours, progress=progress)

@@ -1,0 +1,192 @@
+"""The DSpark drafter of REFERENCE.md §2, built only from the artifact.
+
+State: per draft layer, the keys (after RoPE) and values of every committed context cell.
+A context cell at position p is the target's fused features at p:
+``Hc = hidden_norm(fc(concat(taps)))``, shared by every layer, projected by each layer's
+``k_proj``/``k_norm``/RoPE and ``v_proj`` (no layer norm: DeepSpec feeds ``Hc`` to the
+projections directly). A proposal runs the block ``[anchor, MASK x (B-1)]`` at positions
+``start .. start+B-1`` through the layers with NON-causal attention over all context cells
+and all block rows, then the Markov stage and the confidence head. Query j predicts the
+token at ``start+1+j`` (anchor first). Block rows are never cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .layers import Rope, attention, linear, mlp, rms_norm, split_heads
+from .weights import DrafterWeights
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One proposal. ``length`` (L) is the number of draft tokens sent to the target after
+    the confidence cut; the full-block tensors are kept for parity checks."""
+
+    block_hidden: torch.Tensor              # [B, H], after the final norm
+    base_logits: torch.Tensor               # [B, V], lm_head(block_hidden)
+    corrected_logits: torch.Tensor          # [B, V], after the Markov head
+    tokens: torch.Tensor                    # [B] int64, the sequentially drafted tokens
+    confidence_logits: torch.Tensor | None  # [B], or None without a confidence head
+    length: int
+
+    def draft_probs(self, temperature: float) -> torch.Tensor:
+        """q_i over the vocabulary for the L proposed tokens (one-hot at temperature 0)."""
+        return probs_from_logits(self.corrected_logits[: self.length], temperature)
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(z / T); at temperature 0 a one-hot at the argmax (DeepSpec's convention)."""
+    if temperature <= 0.0:
+        out = torch.zeros_like(logits)
+        out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return out
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    """argmax at temperature 0, else one draw from softmax(z/T) (on the generator's device)."""
+    if temperature <= 0.0:
+        return int(logits.argmax())
+    probs = probs_from_logits(logits, temperature)
+    device = generator.device if generator is not None else probs.device
+    return int(torch.multinomial(probs.to(device), 1, generator=generator))
+
+
+class DSparkDrafter:
+    def __init__(self, weights: DrafterWeights, *, embed: torch.Tensor, lm_head: torch.Tensor,
+                 device: torch.device) -> None:
+        c = weights.contract
+        g = c.geometry
+        self.contract = c
+        self.w = weights.tensors
+        self.embed, self.lm_head = embed, lm_head
+        self.eps = g.rms_norm_eps
+        self.layers = g.num_draft_layers
+        self.heads, self.kv_heads, self.head_dim = g.num_attention_heads, g.num_key_value_heads, g.head_dim
+        self.block_size = c.block.block_size
+        self.mask_token_id = c.block.mask_token_id
+        self.markov = c.markov_head.type            # none, vanilla, gated, rnn
+        self.confidence = c.confidence_head.enabled
+        self.confidence_with_markov = c.confidence_head.with_markov
+        self.hidden_state_indices = list(c.taps.hidden_state_indices)
+        self.rope = Rope(g.head_dim, g.rope_theta, device)
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.ctx_keys: list[torch.Tensor | None] = [None] * self.layers
+        self.ctx_values: list[torch.Tensor | None] = [None] * self.layers
+        self.length = 0   # committed context cells = the next context position
+
+    def features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """feat(hs) = concat of hs[id+1] for each tap (DeepSpec's extract_context_feature)."""
+        return torch.cat([hidden_states[i] for i in self.hidden_state_indices], dim=-1)
+
+    @torch.inference_mode()
+    def fused_context(self, features: torch.Tensor) -> torch.Tensor:
+        """Hc = hidden_norm(fc(features)), [n, H]."""
+        return rms_norm(linear(features, self.w["fc.weight"]), self.w["hidden_norm.weight"], self.eps)
+
+    @torch.inference_mode()
+    def add_context(self, features: torch.Tensor) -> None:
+        """Commit context cells for positions self.length, self.length+1, ... ([n, m*H])."""
+        hc = self.fused_context(features)
+        for i in range(self.layers):
+            k, v = self._kv(i, hc, self.length)
+            if self.ctx_keys[i] is None:
+                self.ctx_keys[i], self.ctx_values[i] = k, v
+            else:
+                self.ctx_keys[i] = torch.cat([self.ctx_keys[i], k], dim=1)
+                self.ctx_values[i] = torch.cat([self.ctx_values[i], v], dim=1)
+        self.length += features.shape[0]
+
+    def _kv(self, layer: int, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        p = f"layers.{layer}.self_attn."
+        k = split_heads(linear(x, self.w[p + "k_proj.weight"]), self.kv_heads, self.head_dim)
+        k = self.rope.apply(rms_norm(k, self.w[p + "k_norm.weight"], self.eps), start)
+        v = split_heads(linear(x, self.w[p + "v_proj.weight"]), self.kv_heads, self.head_dim)
+        return k, v
+
+    @torch.inference_mode()
+    def block_hidden(self, anchor: int) -> torch.Tensor:
+        """The backbone over [anchor, MASK...] at positions self.length .. +B-1; [B, H]."""
+        start, w = self.length, self.w
+        ids = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
+        ids[0] = anchor
+        h = self.embed[ids]
+        for i in range(self.layers):
+            p = f"layers.{i}."
+            x = rms_norm(h, w[p + "input_layernorm.weight"], self.eps)
+            q = split_heads(linear(x, w[p + "self_attn.q_proj.weight"]), self.heads, self.head_dim)
+            q = self.rope.apply(rms_norm(q, w[p + "self_attn.q_norm.weight"], self.eps), start)
+            k, v = self._kv(i, x, start)
+            if self.ctx_keys[i] is not None:
+                k = torch.cat([self.ctx_keys[i], k], dim=1)
+                v = torch.cat([self.ctx_values[i], v], dim=1)
+            h = h + linear(attention(q, k, v, causal_offset=None), w[p + "self_attn.o_proj.weight"])
+            x = rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps)
+            h = h + mlp(x, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
+                        w[p + "mlp.down_proj.weight"])
+        return rms_norm(h, w["norm.weight"], self.eps)
+
+    def _markov_bias(self, prev: int, hb_k: torch.Tensor, state: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The Markov correction added to U[k], and the rnn head's new state."""
+        w = self.w
+        e = w["markov_head.markov_w1.weight"][prev]
+        w2 = w["markov_head.markov_w2.weight"]
+        if self.markov == "vanilla":
+            return linear(e, w2), None
+        if self.markov == "gated":
+            gate = torch.sigmoid(linear(torch.cat([hb_k, e]), w["markov_head.gate_proj.weight"],
+                                        w["markov_head.gate_proj.bias"]))
+            return linear(gate * e, w2), None
+        # rnn: [s; W1[prev]; h_k] -> gate, candidate, output
+        a, c, o = linear(torch.cat([state, e, hb_k]), w["markov_head.joint_proj.weight"],
+                         w["markov_head.joint_proj.bias"]).chunk(3)
+        gate = torch.sigmoid(a)
+        state = gate * state + (1.0 - gate) * torch.tanh(c)
+        return linear(torch.tanh(o), w2), state
+
+    @torch.inference_mode()
+    def propose(self, anchor: int, *, temperature: float = 0.0, confidence_threshold: float = 0.0,
+                generator: torch.Generator | None = None) -> Proposal:
+        hb = self.block_hidden(anchor)
+        base = linear(hb, self.lm_head)
+        B = self.block_size
+        tokens: list[int] = []
+        if self.markov == "none":
+            corrected = base
+            tokens = [pick(base[k], temperature, generator) for k in range(B)]
+        else:
+            rows = []
+            prev = anchor
+            state = torch.zeros(self.contract.markov_head.rank, device=self.device) \
+                if self.markov == "rnn" else None
+            for k in range(B):
+                bias, state = self._markov_bias(prev, hb[k], state)
+                z = base[k] + bias
+                rows.append(z)
+                prev = pick(z, temperature, generator)
+                tokens.append(prev)
+            corrected = torch.stack(rows)
+        token_tensor = torch.tensor(tokens, dtype=torch.long, device=self.device)
+
+        conf = None
+        length = B
+        if self.confidence:
+            features = hb
+            if self.confidence_with_markov:
+                prev_ids = torch.cat([token_tensor.new_tensor([anchor]), token_tensor[:-1]])
+                features = torch.cat([hb, self.w["markov_head.markov_w1.weight"][prev_ids]], dim=-1)
+            conf = linear(features, self.w["confidence_head.proj.weight"],
+                          self.w["confidence_head.proj.bias"])[:, 0]
+            if confidence_threshold > 0.0:
+                below = (torch.sigmoid(conf) < confidence_threshold).nonzero()
+                if below.numel():
+                    length = int(below[0, 0])
+        return Proposal(block_hidden=hb, base_logits=base, corrected_logits=corrected,
+                        tokens=token_tensor, confidence_logits=conf, length=length)

@@ -1,0 +1,79 @@
+"""The Qwen3 building blocks shared by the target and the drafter, float32, batch 1.
+
+They follow Hugging Face's Qwen3 arithmetic (RMSNorm in float32, default RoPE with
+``inv_freq = 1 / theta^(2i/d)`` and the rotate-half layout, SiLU-gated MLP, attention scale
+``d^-0.5``) so that the drafter sees the same hidden states DeepSpec trained it on.
+Tensors are laid out ``[tokens, features]``; attention works on ``[heads, tokens, d]``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    # weight is torch order [out, in], as in nn.Linear
+    return F.linear(x, weight, bias)
+
+
+def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+
+
+class Rope:
+    """cos/sin tables of the default RoPE, grown on demand."""
+
+    def __init__(self, head_dim: int, theta: float, device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> None:
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
+        self.inv_freq = (1.0 / (theta ** exponent)).to(device)
+        self.device, self.dtype = device, dtype
+        self._cos = torch.empty(0, head_dim, device=device, dtype=dtype)
+        self._sin = torch.empty(0, head_dim, device=device, dtype=dtype)
+
+    def _grow(self, length: int) -> None:
+        positions = torch.arange(length, device=self.device, dtype=self.dtype)
+        freqs = positions[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self._cos, self._sin = emb.cos(), emb.sin()
+
+    def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Rotate ``x`` [heads, tokens, d] whose tokens sit at positions start, start+1, ..."""
+        end = start + x.shape[-2]
+        if end > self._cos.shape[0]:
+            self._grow(max(end, 2 * self._cos.shape[0], 64))
+        cos, sin = self._cos[start:end], self._sin[start:end]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal_offset: int | None
+              ) -> torch.Tensor:
+    """Scaled dot-product attention with grouped KV heads.
+
+    q [nh, S, d], k/v [nkv, T, d]. ``causal_offset=None``: every query sees every key (the
+    drafter's non-causal block). Otherwise query i sits at position ``causal_offset + i`` and
+    sees keys 0..causal_offset+i (the target's causal attention over its cache).
+    Returns [S, nh*d].
+    """
+    groups = q.shape[0] // k.shape[0]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=0)
+        v = v.repeat_interleave(groups, dim=0)
+    mask = None
+    if causal_offset is not None:
+        q_pos = torch.arange(q.shape[1], device=q.device)[:, None] + causal_offset
+        mask = torch.arange(k.shape[1], device=q.device)[None, :] <= q_pos
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=q.shape[-1] ** -0.5)
+    return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+
+def split_heads(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """[tokens, heads*d] -> [heads, tokens, d]"""
+    return x.view(x.shape[0], heads, head_dim).transpose(0, 1)

@@ -1,0 +1,214 @@
+"""The speculative loop of REFERENCE.md §2 (DeepSpec's generate_decoding_sample, batch 1).
+
+prefill: the target runs the prompt; x[P] is picked from its last logits; the drafter's
+context cells are the prompt's features. Each cycle: the drafter proposes L tokens after the
+anchor x[start]; the target verifies ``[anchor, t_0 .. t_{L-1}]`` and the longest accepted
+prefix plus one target token (correction or bonus) is committed; the context cells of the
+anchor and the accepted tokens are written only after verification (they are the target's
+features at those positions); the target's cache is cut back to the committed tokens.
+
+Greedy (temperature 0): accept while t_i equals the target's argmax; the correction is the
+argmax. Sampled: accept t_i with probability min(1, p_i(t_i)/q_i(t_i)); on the first
+rejection draw from norm(max(p_i - q_i, 0)), else draw a bonus token from p_L. That is
+lossless: the committed tokens are distributed exactly as the target's own samples. The
+random draws (draft tokens, the L uniforms, the correction/bonus) are made in DeepSpec's
+order from one ``torch.Generator`` on the CPU, so a seed gives the same run on any device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .drafter import DSparkDrafter, pick, probs_from_logits
+from .qwen3 import KVCache, Qwen3Target
+
+
+@dataclass(frozen=True)
+class Cycle:
+    proposed: tuple[int, ...]
+    accepted: int
+    next_token: int
+    confidence_logits: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    prompt: tuple[int, ...]
+    output_ids: tuple[int, ...]              # prompt included
+    acceptance_lengths: tuple[int, ...]      # accepted+1 per verify step (accepted at a stop)
+    cycles: tuple[Cycle, ...]
+    temperature: float
+    confidence_threshold: float
+    seed: int | None
+    draft_seconds: float                     # time in the drafter (proposals + context)
+    total_seconds: float                     # the whole speculative generation
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids) - len(self.prompt)
+
+
+def residual_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(p - q, 0)); falls back to p when the residual has no mass (p == q)."""
+    residual = torch.clamp(p - q, min=0.0)
+    mass = residual.sum()
+    if mass <= 1e-8:
+        return p
+    return residual / mass
+
+
+def verify(p: torch.Tensor, q: torch.Tensor | None, draft: list[int], *,
+           stop_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None
+           ) -> tuple[int, int, bool]:
+    """Accept a prefix of ``draft`` and pick the next token.
+
+    p [L+1, V]: the target's distributions at the anchor and each draft position; q [L, V]:
+    the drafter's (None when L = 0). With a generator (sampling): accept t_i while
+    u_i < min(1, p_i(t_i) / q_i(t_i)) (u_i uniform, all L drawn at once), then draw the
+    correction from norm(max(p_a - q_a, 0)) or, when all L were accepted, a bonus token
+    from p_L. Without one (greedy, p and q one-hot): accept while t_i is p_i's argmax and
+    take the argmax as the next token. An accepted stop token ends the prefix there.
+    Returns (accepted, next_token, stopped_at_a_stop_token).
+    """
+    L = len(draft)
+    if L and generator is not None:
+        idx = torch.tensor(draft, device=p.device)
+        rows = torch.arange(L, device=p.device)
+        ratio = torch.clamp(p[rows, idx] / q[rows, idx].clamp_min(1e-8), max=1.0)
+        u = torch.rand(L, generator=generator)
+        accepted = int((u < ratio.cpu()).long().cumprod(0).sum())
+    elif L:
+        best = p[:L].argmax(-1).tolist()
+        accepted = next((i for i in range(L) if draft[i] != best[i]), L)
+    else:
+        accepted = 0
+    stopped = False
+    hit = _first_stop(draft[:accepted], stop_token_ids)
+    if hit is not None:
+        accepted, stopped = hit + 1, True
+    if generator is None:
+        next_token = int(p[accepted].argmax())
+    elif 0 < L and accepted < L:        # a rejection (or a cut at a stop): the residual
+        dist = residual_probs(p[accepted], q[accepted])
+        next_token = int(torch.multinomial(dist.cpu(), 1, generator=generator))
+    else:                               # every draft token accepted: a bonus token
+        next_token = int(torch.multinomial(p[-1].cpu(), 1, generator=generator))
+    return accepted, next_token, stopped
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _first_stop(tokens: list[int], stops: tuple[int, ...]) -> int | None:
+    return next((i for i, t in enumerate(tokens) if t in stops), None)
+
+
+def _trim_at_stop(output: list[int], prompt_len: int, stops: tuple[int, ...]) -> list[int]:
+    hit = _first_stop(output[prompt_len:], stops)
+    return output if hit is None else output[: prompt_len + hit + 1]
+
+
+@torch.inference_mode()
+def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: list[int], *,
+                         max_new_tokens: int, temperature: float = 0.0,
+                         confidence_threshold: float = 0.0, stop_token_ids: tuple[int, ...] = (),
+                         seed: int | None = None) -> RunResult:
+    device = target.device
+    generator = None
+    if temperature > 0.0:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(0 if seed is None else seed)
+    sampled = generator is not None
+
+    _sync(device)
+    t_begin = time.perf_counter()
+    draft_seconds = 0.0
+    cache = KVCache()
+    drafter.reset()
+    P = len(prompt)
+    max_length = P + max_new_tokens
+    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache)
+    x = list(prompt) + [pick(out.logits[-1], temperature, generator)]
+
+    cycles: list[Cycle] = []
+    acceptance: list[int] = []
+    start = P
+    if x[P] not in stop_token_ids:
+        t0 = time.perf_counter()
+        drafter.add_context(drafter.features(out.hidden_states))
+        draft_seconds += time.perf_counter() - t0
+        while start < max_length:
+            _sync(device)
+            t0 = time.perf_counter()
+            proposal = drafter.propose(x[start], temperature=temperature,
+                                       confidence_threshold=confidence_threshold, generator=generator)
+            L = proposal.length
+            draft = proposal.tokens[:L].tolist()
+            _sync(device)
+            draft_seconds += time.perf_counter() - t0
+
+            verify_ids = torch.tensor([x[start], *draft], dtype=torch.long, device=device)
+            out = target.forward(verify_ids, cache)
+            p = probs_from_logits(out.logits, temperature)
+            q = proposal.draft_probs(temperature) if L else None
+            accepted, next_token, stopped = verify(p, q, draft, stop_token_ids=stop_token_ids,
+                                                   generator=generator)
+
+            conf = proposal.confidence_logits
+            conf_list = tuple(float(c) for c in conf[:L].tolist()) if conf is not None and L else None
+            cycles.append(Cycle(proposed=tuple(draft), accepted=accepted, next_token=next_token,
+                                confidence_logits=conf_list))
+            x.extend(draft[:accepted])     # x[start] is the anchor and x ends there
+            if stopped:
+                acceptance.append(accepted)
+                start += accepted
+                break
+            x.append(next_token)
+            acceptance.append(accepted + 1)
+            start += accepted + 1
+            cache.crop(start)
+            # Context cells after verification: the anchor and the accepted tokens.
+            t0 = time.perf_counter()
+            drafter.add_context(drafter.features(out.hidden_states)[: accepted + 1])
+            draft_seconds += time.perf_counter() - t0
+            if next_token in stop_token_ids:
+                break
+    _sync(device)
+    total = time.perf_counter() - t_begin
+    output = _trim_at_stop(x[: min(start + 1, max_length)], P, stop_token_ids)
+    return RunResult(prompt=tuple(prompt), output_ids=tuple(output),
+                     acceptance_lengths=tuple(acceptance), cycles=tuple(cycles),
+                     temperature=temperature, confidence_threshold=confidence_threshold,
+                     seed=seed if sampled else None, draft_seconds=draft_seconds,
+                     total_seconds=total)
+
+
+@dataclass(frozen=True)
+class GreedyResult:
+    output_ids: tuple[int, ...]
+    seconds: float
+
+
+@torch.inference_mode()
+def target_greedy(target: Qwen3Target, prompt: list[int], *, max_new_tokens: int,
+                  stop_token_ids: tuple[int, ...] = ()) -> GreedyResult:
+    """The target alone, one token at a time: what temperature 0 must reproduce."""
+    device = target.device
+    _sync(device)
+    t_begin = time.perf_counter()
+    cache = KVCache()
+    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache)
+    x = list(prompt)
+    for _ in range(max_new_tokens):
+        token = int(out.logits[-1].argmax())
+        x.append(token)
+        if token in stop_token_ids or len(x) >= len(prompt) + max_new_tokens:
+            break
+        out = target.forward(torch.tensor([token], dtype=torch.long, device=device), cache)
+    _sync(device)
+    return GreedyResult(output_ids=tuple(x), seconds=time.perf_counter() - t_begin)

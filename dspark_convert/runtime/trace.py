@@ -1,0 +1,165 @@
+"""Traces in the format of DeepSpec's reference.json, and the cycle-by-cycle comparison.
+
+A trace is ``{"case", "target", "prompts", "runs": [...]}``; each run has ``prompt``,
+``output_ids`` (prompt included), ``acceptance_lengths``, ``cycles`` (``proposed``,
+``accepted``, ``next_token``, ``confidence_logits``), ``temperature``,
+``confidence_threshold`` and, at temperature 0, ``target_greedy``. We add ``seed`` and
+``max_new_tokens`` to a run; readers ignore keys they do not know.
+
+The comparison is exact for token ids and counts. Confidence logits are compared within
+``CONFIDENCE_ATOL``: DeepSpec rounds them to 6 decimals and computes in float32 with its
+own kernels; measured differences on the golden drafter are below 3.1e-4.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ReferenceDivergenceError, ReferenceTraceError
+from ..source import read_json_strict
+from .speculative import RunResult
+
+CONFIDENCE_ATOL = 2e-3
+
+
+def run_to_json(run: RunResult, *, max_new_tokens: int, target_greedy: tuple[int, ...] | None) -> dict:
+    out = {
+        "prompt": list(run.prompt),
+        "output_ids": list(run.output_ids),
+        "acceptance_lengths": list(run.acceptance_lengths),
+        "cycles": [{"proposed": list(c.proposed), "accepted": c.accepted,
+                    "next_token": c.next_token,
+                    "confidence_logits": None if c.confidence_logits is None
+                    else [round(v, 6) for v in c.confidence_logits]} for c in run.cycles],
+        "temperature": run.temperature,
+        "confidence_threshold": run.confidence_threshold,
+        "max_new_tokens": max_new_tokens,
+    }
+    if run.seed is not None:
+        out["seed"] = run.seed
+    if target_greedy is not None:
+        out["target_greedy"] = list(target_greedy)
+    return out
+
+
+def trace_to_json(runs: list[dict], *, case: str, target: str) -> dict:
+    prompts: list[list[int]] = []
+    for run in runs:
+        if run["prompt"] not in prompts:
+            prompts.append(run["prompt"])
+    return {"case": case, "target": target, "prompts": prompts, "runs": runs}
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    index: int
+    prompt: tuple[int, ...]
+    temperature: float
+    confidence_threshold: float
+    data: dict
+
+
+def _is_int_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load_reference(path: str | Path) -> list[ReferenceRun]:
+    """Read and check a reference.json; every run must have the fields we compare."""
+    path = Path(path)
+    label = f"reference {path}"
+    if not path.is_file():
+        raise ReferenceTraceError(f"{label}: not found", path=str(path), expected="a reference.json",
+                                  found="nothing")
+    data = read_json_strict(path, error=ReferenceTraceError, label=label)
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, list) or not runs:
+        raise ReferenceTraceError(f"{label}: expected an object with a non-empty 'runs' list",
+                                  path=str(path), field="runs")
+    out = []
+    for i, run in enumerate(runs):
+        where = f"{label}: runs[{i}]"
+        if not isinstance(run, dict):
+            raise ReferenceTraceError(f"{where}: expected an object", path=str(path), field=f"runs[{i}]")
+        for key in ("prompt", "output_ids", "acceptance_lengths"):
+            if not _is_int_list(run.get(key)):
+                raise ReferenceTraceError(f"{where}.{key}: expected a list of token ids / integers, "
+                                          f"found {type(run.get(key)).__name__}", path=str(path),
+                                          field=f"runs[{i}].{key}")
+        for key in ("temperature", "confidence_threshold"):
+            if not _is_number(run.get(key)):
+                raise ReferenceTraceError(f"{where}.{key}: expected a number", path=str(path),
+                                          field=f"runs[{i}].{key}")
+        cycles = run.get("cycles")
+        if not isinstance(cycles, list):
+            raise ReferenceTraceError(f"{where}.cycles: expected a list", path=str(path),
+                                      field=f"runs[{i}].cycles")
+        for j, cycle in enumerate(cycles):
+            ok = (isinstance(cycle, dict) and _is_int_list(cycle.get("proposed"))
+                  and isinstance(cycle.get("accepted"), int) and isinstance(cycle.get("next_token"), int)
+                  and (cycle.get("confidence_logits") is None
+                       or (isinstance(cycle["confidence_logits"], list)
+                           and all(_is_number(v) for v in cycle["confidence_logits"]))))
+            if not ok:
+                raise ReferenceTraceError(f"{where}.cycles[{j}]: expected proposed, accepted, "
+                                          "next_token and confidence_logits", path=str(path),
+                                          field=f"runs[{i}].cycles[{j}]")
+        out.append(ReferenceRun(index=i, prompt=tuple(run["prompt"]),
+                                temperature=float(run["temperature"]),
+                                confidence_threshold=float(run["confidence_threshold"]), data=run))
+    return out
+
+
+def find_reference_run(runs: list[ReferenceRun], prompt: list[int], temperature: float,
+                       confidence_threshold: float, *, path: str) -> ReferenceRun:
+    for run in runs:
+        if (list(run.prompt) == list(prompt) and run.temperature == temperature
+                and run.confidence_threshold == confidence_threshold):
+            return run
+    raise ReferenceTraceError(
+        f"reference {path}: no run for prompt {list(prompt)[:8]}{'...' if len(prompt) > 8 else ''} "
+        f"at temperature {temperature:g}, confidence threshold {confidence_threshold:g}",
+        path=path, expected="a run with the same prompt and settings", found="none")
+
+
+def implied_max_new_tokens(ref: ReferenceRun, stop_token_ids: tuple[int, ...]) -> int | None:
+    """How many new tokens the reference asked for, when its output says so (it is cut at
+    exactly that length unless a stop token ended it first)."""
+    new = ref.data["output_ids"][len(ref.prompt):]
+    if new and new[-1] in stop_token_ids:
+        return None
+    return len(new)
+
+
+def compare_run(run: dict, ref: ReferenceRun, *, label: str, path: str) -> None:
+    """Raise ReferenceDivergenceError at the first difference: cycle by cycle (proposed,
+    accepted, next_token, confidence_logits), then acceptance_lengths and output_ids."""
+    ref_cycles = ref.data["cycles"]
+    where = f"{label} vs reference {path} runs[{ref.index}]"
+    for j, (got, want) in enumerate(zip(run["cycles"], ref_cycles)):
+        for key in ("proposed", "accepted", "next_token"):
+            if got[key] != want[key]:
+                raise ReferenceDivergenceError(
+                    f"{where}: cycle {j}: {key} differs: expected {want[key]}, found {got[key]}",
+                    path=path, field=f"cycles[{j}].{key}", expected=want[key], found=got[key])
+        a, b = got["confidence_logits"], want.get("confidence_logits")
+        if (a is None) != (b is None) or (a is not None and (
+                len(a) != len(b) or any(abs(x - y) > CONFIDENCE_ATOL for x, y in zip(a, b)))):
+            raise ReferenceDivergenceError(
+                f"{where}: cycle {j}: confidence_logits differ beyond {CONFIDENCE_ATOL:g}: "
+                f"expected {b}, found {a}", path=path, field=f"cycles[{j}].confidence_logits",
+                expected=str(b), found=str(a))
+    if len(run["cycles"]) != len(ref_cycles):
+        raise ReferenceDivergenceError(
+            f"{where}: {len(run['cycles'])} cycles, the reference has {len(ref_cycles)}",
+            path=path, field="cycles", expected=len(ref_cycles), found=len(run["cycles"]))
+    for key in ("acceptance_lengths", "output_ids"):
+        if run[key] != ref.data[key]:
+            raise ReferenceDivergenceError(
+                f"{where}: {key} differs: expected {ref.data[key]}, found {run[key]}",
+                path=path, field=key, expected=str(ref.data[key]), found=str(run[key]))

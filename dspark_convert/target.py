@@ -1,0 +1,329 @@
+"""The target model a drafter is paired with, read as little as possible.
+
+``open_target`` reads a target's ``config.json`` strictly, the safetensors HEADERS of its
+weights (single file or sharded with an index; ``safetensors_reader``), and its
+``tokenizer.json`` (``tokenizer_fingerprint``). It never loads the model: the only tensor
+bytes ever read are those of the embedding and the head, one tensor at a time, streamed
+through SHA-256 by ``hash_target_tensors``. A tied head (``tie_word_embeddings``) is the
+embedding; the record says so.
+
+A Hub spec ``org/name@<40-hex commit>`` is resolved to a local snapshot directory by
+``resolve_hub``, by default ``hub_resolver()``: ``hub.fetch_snapshot`` downloads (or finds
+in the HF cache) config.json, tokenizer.json and the safetensors files, pinned to the
+commit and verified like a drafter's (the SHA-256 of every file against the Hub's
+metadata). Without the Hub there is no range read, so the weights files are downloaded
+whole; the pairing still parses only their headers and the two tensors it hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .contract import RopeParameters
+from .errors import (
+    SourceError,
+    SourceNotFoundError,
+    TargetFormatError,
+    TargetNotFoundError,
+)
+from .hashing import read_blocks
+from .manifest import FileRecord, TargetConfigRecord, TargetTensorRecord
+from .numerics import RAW_DTYPES, round_to_bf16
+from .progress import NoProgress, Progress
+from .safetensors_reader import (
+    Checkpoint,
+    TensorEntry,
+    _allowed_roots,
+    _check_openable,
+    read_checkpoint,
+)
+from .source import read_json_strict
+from .tokenizer_fingerprint import (
+    TOKENIZER_FILE,
+    TokenizerFingerprint,
+    fingerprint_tokenizer,
+)
+
+LOCAL_REVISION = "local"
+EMBED_NAME = "model.embed_tokens.weight"
+HEAD_NAME = "lm_head.weight"
+TENSOR_DTYPES = ("BF16", "F16", "F32")
+# What a Qwen3 drafter's target must be (the drafter config is a copy of the target's).
+TARGET_MODEL_TYPE = "qwen3"
+
+# A Hub spec: org/name@revision (the revision is required: targets are pinned like drafters).
+_HUB_SPEC = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<rev>[\w./-]+)$")
+_LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
+READ_BLOCK = 8 * 1024 * 1024
+
+# (repo, revision) -> (local snapshot directory, resolved 40-hex commit)
+HubResolver = Callable[[str, str], tuple[Path, str]]
+# What a Hub target's snapshot holds: never pickle files, never more than the pairing reads.
+TARGET_HUB_PATTERNS = ("config.json", "tokenizer.json", "*.safetensors",
+                       "model.safetensors.index.json")
+
+
+def hub_resolver(*, progress: Progress | None = None, **options) -> HubResolver:
+    """A ``resolve_hub`` that fetches the target with ``hub.fetch_snapshot`` (``options``:
+    its keyword arguments, e.g. ``endpoint``, ``cache_dir``, ``resolve``); a refusal there
+    raises its Hub error (exit codes 50-59)."""
+    def resolve(repo: str, revision: str) -> tuple[Path, str]:
+        from .hub import fetch_snapshot
+
+        snap = fetch_snapshot(f"{repo}@{revision}", allow_patterns=TARGET_HUB_PATTERNS,
+                              required=("config.json", TOKENIZER_FILE), progress=progress,
+                              **options)
+        return snap.directory, snap.commit
+    return resolve
+
+
+class _TargetConfig(BaseModel):
+    """The target config.json fields the pairing reads; the rest is not used."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    architectures: list[str]
+    model_type: str
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    rms_norm_eps: float
+    rope_parameters: RopeParameters | None = None
+    rope_theta: float | None = None
+    # Qwen3Config's own default when the field is absent (transformers): untied.
+    tie_word_embeddings: bool = False
+
+
+@dataclass(frozen=True)
+class Target:
+    spec: str                       # as the user gave it
+    directory: Path                 # the local directory (a Hub snapshot for a Hub spec)
+    repo: str | None
+    revision: str                   # 40-hex commit, or "local"
+    raw_config: dict
+    config: TargetConfigRecord
+    checkpoint: Checkpoint          # headers only
+    embed: TensorEntry
+    head: TensorEntry               # the embedding itself when tied
+    tokenizer: TokenizerFingerprint
+    files: tuple[FileRecord, ...]   # config.json and tokenizer.json, hashed
+
+    @property
+    def head_tied(self) -> bool:
+        return self.config.tie_word_embeddings
+
+    @property
+    def label(self) -> str:
+        return f"target {self.spec}"
+
+
+def parse_hub_spec(spec: str) -> tuple[str, str] | None:
+    """(repo, revision) of ``org/name@revision``, or None if ``spec`` is not one."""
+    match = _HUB_SPEC.match(spec)
+    return (match["repo"], match["rev"]) if match else None
+
+
+def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = None,
+                progress: Progress | None = None) -> Target:
+    """Open a target: a local Hugging Face model directory, or ``org/name@revision``
+    resolved by ``resolve_hub`` (default: ``hub_resolver``). Reads config.json, the
+    weights' headers and tokenizer.json; no tensor byte."""
+    text = str(spec)
+    directory, repo, revision = Path(text), None, LOCAL_REVISION
+    if not directory.exists():
+        hub = parse_hub_spec(text)
+        if hub is None:
+            raise TargetNotFoundError(f"target {text}: no such directory; expected a local model "
+                                      "directory or org/name@revision", path=text,
+                                      expected="a target directory", found="nothing")
+        resolve_hub = resolve_hub or hub_resolver(progress=progress)
+        repo = hub[0]
+        directory, revision = resolve_hub(*hub)
+    if not directory.is_dir():
+        raise TargetNotFoundError(f"target {text}: not a directory; expected a model directory "
+                                  "(config.json, tokenizer.json, safetensors weights)", path=text,
+                                  expected="a directory", found="a file")
+    try:
+        checkpoint = read_checkpoint(directory)
+    except SourceError as exc:
+        cls = TargetNotFoundError if isinstance(exc, SourceNotFoundError) else TargetFormatError
+        raise cls(f"target: {exc.message}", path=exc.path, field=exc.field, tensor=exc.tensor,
+                  expected=exc.expected, found=exc.found) from None
+
+    config_path = checkpoint.files.config
+    raw = read_json_strict(config_path, error=TargetFormatError, label=f"target {config_path}")
+    config = _parse_config(raw, f"target {config_path}")
+
+    tokenizer_path = directory / TOKENIZER_FILE
+    tok_label = f"target {tokenizer_path}"
+    if not tokenizer_path.exists() and not tokenizer_path.is_symlink():
+        raise TargetNotFoundError(f"{tok_label}: not found; the pairing needs the target's "
+                                  "tokenizer", path=str(tokenizer_path), expected=TOKENIZER_FILE,
+                                  found="nothing")
+    try:
+        _check_openable(tokenizer_path, _allowed_roots(directory))
+    except SourceError as exc:
+        raise TargetFormatError(f"target: {exc.message}", path=exc.path, expected=exc.expected,
+                                found=exc.found) from None
+    tokenizer = fingerprint_tokenizer(tokenizer_path, label=tok_label)
+
+    weights_label = f"target {checkpoint.files.index or checkpoint.files.weights[0]}"
+    _check_layers(checkpoint, config, weights_label, f"target {config_path}")
+    embed = _tensor(checkpoint, EMBED_NAME, config, weights_label)
+    head = embed if config.tie_word_embeddings else _tensor(checkpoint, HEAD_NAME, config,
+                                                            weights_label, tied_hint=True)
+    files = tuple(FileRecord(path=p.name, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+                  for p, data in ((config_path, _read(config_path)),
+                                  (tokenizer_path, _read(tokenizer_path))))
+    return Target(spec=text, directory=directory, repo=repo, revision=revision, raw_config=raw,
+                  config=config, checkpoint=checkpoint, embed=embed, head=head,
+                  tokenizer=tokenizer, files=files)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise TargetNotFoundError(f"target {path}: cannot read: {reason}", path=str(path),
+                                  expected="a readable file", found=reason) from None
+
+
+def _parse_config(raw: object, label: str) -> TargetConfigRecord:
+    if not isinstance(raw, dict):
+        raise TargetFormatError(f"{label}: expected a JSON object, found {type(raw).__name__}",
+                                path=label, expected="object", found=type(raw).__name__)
+    try:
+        cfg = _TargetConfig.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "missing":
+            raise TargetFormatError(f"{label}: required field '{field}' is missing", path=label,
+                                    field=field, expected="a value", found="nothing") from None
+        found = repr(err.get("input"))[:60]
+        raise TargetFormatError(f"{label}: field '{field}': {err['msg'].lower()}, found {found}",
+                                path=label, field=field, expected=err["msg"],
+                                found=found) from None
+    thetas = [t for t in (cfg.rope_parameters and cfg.rope_parameters.rope_theta, cfg.rope_theta)
+              if t is not None]
+    if not thetas:
+        raise TargetFormatError(f"{label}: required field 'rope_parameters.rope_theta' (or "
+                                "'rope_theta') is missing", path=label,
+                                field="rope_parameters.rope_theta", expected="a number",
+                                found="nothing")
+    if len(thetas) == 2 and thetas[0] != thetas[1]:
+        raise TargetFormatError(f"{label}: field 'rope_theta' is {thetas[1]} but "
+                                f"'rope_parameters.rope_theta' is {thetas[0]}; expected them equal",
+                                path=label, field="rope_theta", expected=thetas[0],
+                                found=thetas[1])
+    for field in ("hidden_size", "vocab_size", "num_hidden_layers"):
+        if getattr(cfg, field) <= 0:
+            raise TargetFormatError(f"{label}: field '{field}': expected a positive integer, "
+                                    f"found {getattr(cfg, field)}", path=label, field=field,
+                                    expected="> 0", found=getattr(cfg, field))
+    return TargetConfigRecord(
+        architectures=list(cfg.architectures), model_type=cfg.model_type,
+        hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+        num_hidden_layers=cfg.num_hidden_layers, rope_theta=float(thetas[0]),
+        rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings)
+
+
+def _check_layers(checkpoint: Checkpoint, config: TargetConfigRecord, weights_label: str,
+                  config_label: str) -> None:
+    """The weights must hold exactly the layers config.json counts: the pairing trusts
+    num_hidden_layers for the taps, so a config that lies about it must not pass."""
+    layers = {int(m[1]) for name in checkpoint.tensors if (m := _LAYER_NAME.match(name))}
+    want = set(range(config.num_hidden_layers))
+    if layers != want:
+        found = f"layers {min(layers)}..{max(layers)} ({len(layers)})" if layers else "no layers"
+        raise TargetFormatError(f"{weights_label}: holds {found}; {config_label} says "
+                                f"num_hidden_layers = {config.num_hidden_layers}",
+                                path=weights_label, field="num_hidden_layers",
+                                expected=config.num_hidden_layers, found=len(layers))
+
+
+def _tensor(checkpoint: Checkpoint, name: str, config: TargetConfigRecord, label: str,
+            tied_hint: bool = False) -> TensorEntry:
+    entry = checkpoint.tensors.get(name)
+    if entry is None:
+        hint = " (config.json tie_word_embeddings is false)" if tied_hint else ""
+        raise TargetFormatError(f"{label}: tensor '{name}' is missing{hint}; the pairing hashes it",
+                                path=label, tensor=name, expected="present", found="missing")
+    want = [config.vocab_size, config.hidden_size]
+    if list(entry.shape) != want:
+        raise TargetFormatError(f"{label}: tensor '{name}': expected shape {want} (= [vocab_size, "
+                                f"hidden_size] of config.json), found {list(entry.shape)}",
+                                path=label, tensor=name, expected=want, found=list(entry.shape))
+    if entry.dtype not in TENSOR_DTYPES:
+        raise TargetFormatError(f"{label}: tensor '{name}': expected dtype one of "
+                                f"{', '.join(TENSOR_DTYPES)}, found {entry.dtype}", path=label,
+                                tensor=name, expected=list(TENSOR_DTYPES), found=entry.dtype)
+    return entry
+
+
+# --- reading the embedding and the head -----------------------------------------------------
+
+def tensor_sha256(entry: TensorEntry, *, as_dtype: str | None = None,
+                  progress: Progress | None = None) -> str:
+    """SHA-256 of one tensor's bytes, read by itself in blocks. With ``as_dtype``, of the
+    bytes it has once cast to that dtype (via float32, exact from BF16/F16; to BF16
+    nearest-even), so that a copy kept in another dtype can be compared."""
+    progress = progress or NoProgress()
+    convert = as_dtype is not None and as_dtype != entry.dtype
+    if as_dtype is not None and as_dtype not in TENSOR_DTYPES:
+        raise TargetFormatError(f"cannot compare tensor '{entry.name}' as {as_dtype}; expected "
+                                f"one of {', '.join(TENSOR_DTYPES)}", tensor=entry.name,
+                                expected=list(TENSOR_DTYPES), found=as_dtype)
+    digest = hashlib.sha256()
+    # Whole elements per block, so that a conversion never splits one.
+    view = memoryview(bytearray(READ_BLOCK - READ_BLOCK % 4))
+
+    def shrank():
+        return TargetFormatError(f"target {entry.file}: the file shrank while '{entry.name}' was "
+                                 "read; expected it unchanged", path=str(entry.file),
+                                 tensor=entry.name)
+
+    try:
+        with open(entry.file, "rb") as fh:
+            fh.seek(entry.begin)
+            for block in read_blocks(fh, entry.nbytes, view, [] if convert else [digest],
+                                     progress.advance, shrank):
+                if convert:
+                    digest.update(_cast(block, entry.dtype, as_dtype))
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise TargetNotFoundError(f"target {entry.file}: cannot read '{entry.name}': {reason}",
+                                  path=str(entry.file), tensor=entry.name) from None
+    return digest.hexdigest()
+
+
+def _cast(block, src: str, dst: str) -> bytes:
+    raw = np.frombuffer(block, dtype=RAW_DTYPES[src])
+    wide = (raw.astype(np.uint32) << 16).view(np.float32) if src == "BF16" else raw.astype(np.float32)
+    if dst == "BF16":
+        return round_to_bf16(wide).tobytes()
+    return wide.astype(RAW_DTYPES[dst]).tobytes()
+
+
+def hash_target_tensors(target: Target, progress: Progress | None = None) -> list[TargetTensorRecord]:
+    """The embedding's and the head's SHA-256 in their own dtype (one read each; one for a
+    tied head)."""
+    progress = progress or NoProgress()
+    entries = [target.embed] + ([] if target.head_tied else [target.head])
+    progress.start("hash target embedding and head", sum(e.nbytes for e in entries))
+    try:
+        digests = {e.name: tensor_sha256(e, progress=progress) for e in entries}
+    finally:
+        progress.finish()
+    return [TargetTensorRecord(role=role, name=e.name, dtype=e.dtype, shape=list(e.shape),
+                               sha256=digests[e.name])
+            for role, e in (("embedding", target.embed), ("head", target.head))]
