@@ -1,0 +1,45 @@
+"""The same runtime on a GPU: first-block parity and the reference traces with --device cuda.
+
+Skipped where there is no CUDA device (this project's CI and dev machines are CPU-only);
+bench/cuda_check.py runs the same checks plus the speed numbers in one script.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import GOLDEN
+from dspark_convert.runtime.drafter import DSparkDrafter
+from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
+from dspark_convert.runtime.weights import load_drafter_weights
+from dspark_convert.smoke import run_smoke
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device on this machine (CPU-only torch or no GPU)")
+
+TARGET = GOLDEN / "reference" / "target"
+FIRST_BLOCK = GOLDEN / "reference" / "vanilla_conf_markov" / "first_block.safetensors"
+REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
+
+
+def test_first_block_on_cuda(converted):
+    cuda = torch.device("cuda")
+    target = Qwen3Target(TARGET, device=cuda)
+    drafter = DSparkDrafter(load_drafter_weights(converted["reference"], device=cuda),
+                            embed=target.embed, lm_head=target.lm_head, device=cuda)
+    ref = load_file(FIRST_BLOCK)
+    out = target.forward(torch.tensor([1, 17, 33, 90, 250, 7, 7, 401], device=cuda), KVCache())
+    drafter.add_context(drafter.features(out.hidden_states))
+    proposal = drafter.propose(int(out.logits[-1].argmax()))
+    assert (proposal.block_hidden.cpu() - ref["block_hidden"]).abs().max() < 3e-4
+    assert (proposal.corrected_logits.cpu() - ref["corrected_logits"]).abs().max() < 1.5e-3
+    assert proposal.tokens.cpu().tolist() == ref["draft_tokens"].tolist()
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+def test_reference_traces_on_cuda(converted, threshold):
+    result = run_smoke(converted["reference"], target=TARGET, max_new_tokens=24, device="cuda",
+                       confidence_threshold=threshold, reference=REFERENCE)
+    assert result.device.startswith("cuda") and result.lossless

@@ -1,0 +1,131 @@
+"""runtime/speculative.py: the loop against DeepSpec's own traces, and losslessness.
+
+- temperature 0, confidence threshold 0 and 0.5: every cycle (proposed, accepted,
+  next_token, confidence_logits) identical to reference.json, output equal to the target's.
+- temperature 1: our random draws follow DeepSpec's order, so seed 7 reproduces the golden
+  runs cycle by cycle. Over 20 other seeds the reference's tau (one seed, one sample) must
+  lie within 3 standard deviations of our per-seed tau distribution (measured: mean 2.12,
+  sd 0.27, reference 2.32).
+- the accept/residual/bonus step on a 5-token vocabulary: the committed tokens follow the
+  target's distribution (chi-square, fixed seed).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import torch
+
+from conftest import GOLDEN
+from dspark_convert.runtime.drafter import DSparkDrafter
+from dspark_convert.runtime.qwen3 import Qwen3Target
+from dspark_convert.runtime.speculative import speculative_generate, target_greedy, verify
+from dspark_convert.runtime.trace import compare_run, load_reference, run_to_json
+from dspark_convert.runtime.weights import load_drafter_weights
+
+TARGET = GOLDEN / "reference" / "target"
+REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def models(converted):
+    target = Qwen3Target(TARGET, device=CPU)
+    drafter = DSparkDrafter(load_drafter_weights(converted["reference"]), embed=target.embed,
+                            lm_head=target.lm_head, device=CPU)
+    return target, drafter
+
+
+REF_RUNS = load_reference(REFERENCE)
+
+
+@pytest.mark.parametrize("ref", REF_RUNS, ids=lambda r: f"run{r.index}-T{r.temperature:g}-thr{r.confidence_threshold:g}")
+def test_trace_identical_to_deepspec(models, ref):
+    target, drafter = models
+    seed = 7 if ref.temperature > 0 else None
+    run = speculative_generate(target, drafter, list(ref.prompt), max_new_tokens=24,
+                               temperature=ref.temperature, confidence_threshold=ref.confidence_threshold,
+                               stop_token_ids=target.config.stop_token_ids, seed=seed)
+    compare_run(run_to_json(run, max_new_tokens=24, target_greedy=None), ref, label="run",
+                path=str(REFERENCE))
+    if ref.temperature == 0:
+        greedy = target_greedy(target, list(ref.prompt), max_new_tokens=24,
+                               stop_token_ids=target.config.stop_token_ids)
+        assert list(greedy.output_ids) == ref.data["target_greedy"] == list(run.output_ids)
+
+
+def test_temperature_one_tau_over_seeds(models):
+    target, drafter = models
+    prompts = json.loads(REFERENCE.read_text())["prompts"]
+    per_seed = []
+    for seed in range(100, 120):
+        steps = []
+        for prompt in prompts:
+            run = speculative_generate(target, drafter, prompt, max_new_tokens=24, temperature=1.0,
+                                       stop_token_ids=target.config.stop_token_ids, seed=seed)
+            steps += run.acceptance_lengths
+        per_seed.append(sum(steps) / len(steps))
+    ref_steps = [a for r in REF_RUNS if r.temperature == 1.0 for a in r.data["acceptance_lengths"]]
+    ref_tau = sum(ref_steps) / len(ref_steps)
+    mean, sd = statistics.mean(per_seed), statistics.stdev(per_seed)
+    assert 0.1 < sd < 0.6, sd
+    assert abs(ref_tau - mean) <= 3 * sd, (ref_tau, mean, sd)
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_rejection_sampling_is_lossless_on_a_tiny_vocabulary():
+    """Draft from q, verify against p: committed token 0 ~ p_0, and committed token 1
+    (when token 0 was the accepted draft) ~ p_1. 4 degrees of freedom: chi-square < 18.5
+    (p = 0.001) holds for the right algorithm and fails for any biased one (accepting
+    without the ratio, or resampling from p instead of the residual, gives > 1000)."""
+    gen = torch.Generator().manual_seed(1234)
+    V, L, N = 5, 3, 6000
+    # Dirichlet(1) rows, drawn from the seeded generator: normalised exponentials.
+    p = -torch.log(torch.rand(L + 1, V, generator=gen))
+    q = -torch.log(torch.rand(L, V, generator=gen))
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    first, second = torch.zeros(V), torch.zeros(V)
+    for _ in range(N):
+        draft = [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(L)]
+        accepted, nxt, _ = verify(p, q, draft, generator=gen)
+        committed = draft[:accepted] + [nxt]
+        first[committed[0]] += 1
+        if accepted >= 1:
+            second[committed[1]] += 1
+    assert _chi_square(first, p[0]) < 18.5
+    assert second.sum() > 1500 and _chi_square(second, p[1]) < 18.5
+
+
+def test_greedy_verify_accepts_while_argmax_matches():
+    p = torch.eye(6)[[3, 1, 4, 1, 5]]            # target argmax 3 1 4 1 5 (one-hot, temperature 0)
+    assert verify(p, p[:4], [3, 1, 4, 1]) == (4, 5, False)
+    assert verify(p, p[:4], [3, 1, 2, 1]) == (2, 4, False)
+    assert verify(p, None, []) == (0, 3, False)
+    assert verify(p, p[:4], [3, 1, 4, 1], stop_token_ids=(1,)) == (2, 4, True)
+
+
+@pytest.mark.parametrize("stop", [490, 23])
+def test_stop_tokens_end_both_the_same_way(models, stop):
+    """A stop token (accepted as a draft token or committed as a correction) ends the
+    output right after it, exactly where the target alone stops."""
+    target, drafter = models
+    for prompt in json.loads(REFERENCE.read_text())["prompts"]:
+        run = speculative_generate(target, drafter, prompt, max_new_tokens=24, stop_token_ids=(stop,))
+        greedy = target_greedy(target, prompt, max_new_tokens=24, stop_token_ids=(stop,))
+        assert run.output_ids == greedy.output_ids
+        if stop in greedy.output_ids[len(prompt):]:
+            assert run.output_ids[-1] == stop
