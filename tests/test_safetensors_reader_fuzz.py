@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from dspark_convert.safetensors_reader import (
 )
 
 EXAMPLES = int(os.environ.get("DSPARK_FUZZ_EXAMPLES", "0")) or None
+# Reading a header of a few KiB must be near-instant (per example; hypothesis's own
+# deadline is off because the first examples pay for imports).
+MAX_SECONDS_PER_PARSE = 1.0
 
 
 def fuzz_settings(default: int):
@@ -51,13 +55,17 @@ def check_file(path: Path, content: bytes) -> SafetensorsHeader | None:
     """The property: read returns or raises SafetensorsFormatError; the in-memory parser
     agrees with the file reader; an accepted file is accepted by the library, identically."""
     path.write_bytes(content)
+    start = time.perf_counter()
     try:
         header = read_safetensors_header(path)
     except SafetensorsFormatError as err:
         assert "\n" not in err.message and err.path == str(path)
         with pytest.raises(SafetensorsFormatError):
             _parse_header_bytes(content, len(content), path)
+        assert time.perf_counter() - start < MAX_SECONDS_PER_PARSE
         return None
+    # A parser that loops or allocates by a length field shows up as a slow example.
+    assert time.perf_counter() - start < MAX_SECONDS_PER_PARSE
     assert _parse_header_bytes(content, len(content), path) == header
     agree_with_library(path, header)
     return header

@@ -1,0 +1,677 @@
+"""Build the hostile-input corpus: every named case, deterministically, into a directory.
+
+    python tests/hostile/make_corpus.py --out DIR      # build every case under DIR
+    python tests/hostile/make_corpus.py --readme       # rewrite tests/hostile/README.md
+
+Each case starts from a golden fixture (``golden/``) and breaks one thing, with the real
+writers (safetensors, torch, gguf-py through ``dspark convert``) where the point is a
+well-formed file holding bad content, and with byte edits where the point is a malformed
+file. A case is a directory ``DIR/<name>/`` holding ``input/`` (a checkpoint directory for
+``convert`` cases, an artifact directory for ``validate`` cases; for directory cases
+``input`` may itself be the broken thing) and ``case.json``: the command to run and the
+error class (and so the exit code) it must be refused with. ``tests/test_hostile_corpus.py``
+builds the corpus into a temporary directory and runs every case through the real CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dspark_convert import errors
+
+GOLDEN = ROOT / "golden"
+PLAIN = GOLDEN / "synthetic" / "dflash_plain"           # markov_rank 0, no confidence head
+DSPARK = GOLDEN / "reference" / "vanilla_conf_markov" / "draft"   # DeepSpec-made DSpark drafter
+WEIGHTS = "model.safetensors"
+GGUF = "drafter.gguf"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    group: str              # safetensors | config | directory | artifact
+    command: str            # convert | validate
+    error: type[errors.DSparkError]
+    about: str
+    build: Callable[[Path, Corpus], None]    # writes the case's input/ directory
+
+
+class Corpus:
+    """Shared good inputs (each golden checkpoint converted once) for the builders."""
+
+    def __init__(self, scratch: Path):
+        self.scratch = scratch
+        self._artifacts: dict[str, Path] = {}
+
+    def artifact(self, base: Path) -> Path:
+        if base not in self._artifacts:
+            from dspark_convert.convert import convert
+
+            out = self.scratch / f"good-{base.name}"
+            convert(base, out)
+            self._artifacts[base] = out
+        return self._artifacts[base]
+
+
+# --- small tools ----------------------------------------------------------------------------
+
+def copy_source(dst: Path, base: Path = PLAIN) -> Path:
+    shutil.copytree(base, dst)
+    for path in dst.iterdir():
+        path.chmod(0o644)
+    return dst
+
+
+def split_safetensors(path: Path) -> tuple[dict, bytes]:
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + length]), raw[8 + length:]
+
+
+def write_safetensors(path: Path, header: dict | bytes, data: bytes, length: int | None = None) -> None:
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text) if length is None else length) + text + data)
+
+
+def edit_header(edit: Callable[[dict], dict | bytes | None]) -> Callable[[Path, Corpus], None]:
+    """A source whose safetensors header is changed by ``edit`` (in place, or returned)."""
+    def build(inp: Path, _c: Corpus) -> None:
+        copy_source(inp)
+        header, data = split_safetensors(inp / WEIGHTS)
+        result = edit(header)
+        write_safetensors(inp / WEIGHTS, header if result is None else result, data)
+    return build
+
+
+def edit_weights_bytes(edit: Callable[[bytes], bytes]) -> Callable[[Path, Corpus], None]:
+    def build(inp: Path, _c: Corpus) -> None:
+        copy_source(inp)
+        path = inp / WEIGHTS
+        path.write_bytes(edit(path.read_bytes()))
+    return build
+
+
+def tensor_order(header: dict) -> list[str]:
+    return sorted((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])
+
+
+def edit_tensors(edit: Callable[[dict], None], base: Path = PLAIN) -> Callable[[Path, Corpus], None]:
+    """A source re-saved by the safetensors library after ``edit`` changed its torch tensors."""
+    def build(inp: Path, _c: Corpus) -> None:
+        from safetensors.torch import load_file, save_file
+
+        copy_source(inp, base)
+        tensors = load_file(str(inp / WEIGHTS))
+        edit(tensors)
+        save_file(tensors, str(inp / WEIGHTS), metadata={"format": "pt"})
+    return build
+
+
+def poke(name: str, index: int, value: float) -> Callable[[dict], None]:
+    def edit(tensors: dict) -> None:
+        tensors[name].view(-1)[index] = value
+    return edit
+
+
+def edit_config(edit: Callable[[dict], None], base: Path = PLAIN) -> Callable[[Path, Corpus], None]:
+    def build(inp: Path, _c: Corpus) -> None:
+        copy_source(inp, base)
+        config = json.loads((inp / "config.json").read_text())
+        edit(config)
+        (inp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return build
+
+
+def set_field(key: str, value: object, base: Path = PLAIN) -> Callable[[Path, Corpus], None]:
+    return edit_config(lambda c: c.__setitem__(key, value), base)
+
+
+def config_text(edit: Callable[[str], str]) -> Callable[[Path, Corpus], None]:
+    def build(inp: Path, _c: Corpus) -> None:
+        copy_source(inp)
+        (inp / "config.json").write_text(edit((inp / "config.json").read_text()))
+    return build
+
+
+class _Unpickled:
+    """Unpickling this creates ``path``: the corpus test checks it never appears."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+# --- artifact edits -------------------------------------------------------------------------
+
+def edit_artifact(edit: Callable[[Path], None], base: Path = DSPARK) -> Callable[[Path, Corpus], None]:
+    def build(inp: Path, corpus: Corpus) -> None:
+        shutil.copytree(corpus.artifact(base), inp)
+        edit(inp)
+    return build
+
+
+def patch(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+
+
+def kv_type_offset(art: Path, key: str) -> int:
+    """Offset of the value-type word of metadata ``key`` (found by gguf-py's reader)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(art / GGUF).fields[key]
+    return field.offset + sum(p.nbytes for p in field.parts[:2])
+
+
+def tensor_info(art: Path, name: str):
+    from gguf import GGUFReader
+
+    return next(t for t in GGUFReader(art / GGUF).tensors if t.name == name)
+
+
+def tensor_info_part_offset(art: Path, name: str, part: int) -> int:
+    """Offset of part ``part`` of a tensor-info record: 2 n_dims, 3 dims, 4 type, 5 offset."""
+    field = tensor_info(art, name).field
+    return field.offset + sum(p.nbytes for p in field.parts[:part])
+
+
+def set_tensor_offset(name: str, value: Callable[[Path], int]) -> Callable[[Path], None]:
+    def edit(art: Path) -> None:
+        patch(art / GGUF, tensor_info_part_offset(art, name, 5), struct.pack("<Q", value(art)))
+    return edit
+
+
+def first_tensor_offset(art: Path) -> int:
+    return int(tensor_info(art, "fc.weight").field.parts[5][0])
+
+
+def element(art: Path, name: str, index: int) -> int:
+    return int(tensor_info(art, name).data_offset) + 2 * index
+
+
+def flip_low_bit(name: str, index: int) -> Callable[[Path], None]:
+    """Flip the lowest mantissa bit of one BF16 value: still finite, bytes differ."""
+    def edit(art: Path) -> None:
+        at = element(art, name, index)
+        with open(art / GGUF, "r+b") as fh:
+            fh.seek(at)
+            lo = fh.read(1)[0]
+            fh.seek(at)
+            fh.write(bytes([lo ^ 1]))
+    return edit
+
+
+def edit_manifest(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def apply(art: Path) -> None:
+        data = json.loads((art / MANIFEST).read_text())
+        edit(data)
+        (art / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
+    return apply
+
+
+def other_hex(value: str) -> str:
+    return ("0" if value[0] != "0" else "1") + value[1:]
+
+
+def truncate_to(size: Callable[[Path], int]) -> Callable[[Path], None]:
+    def edit(art: Path) -> None:
+        os.truncate(art / GGUF, size(art))
+    return edit
+
+
+# --- directory builders ---------------------------------------------------------------------
+
+def build_empty_dir(inp: Path, _c: Corpus) -> None:
+    inp.mkdir()
+
+
+def build_pickle_only(inp: Path, _c: Corpus) -> None:
+    inp.mkdir()
+    shutil.copy(PLAIN / "config.json", inp / "config.json")
+    sentinel = inp.parent / "UNPICKLED"
+    (inp / "pytorch_model.bin").write_bytes(pickle.dumps(_Unpickled(str(sentinel))))
+
+
+def build_link_out(link: str) -> Callable[[Path, Corpus], None]:
+    """``link`` (config.json or the weights) is a symlink to a copy outside the directory."""
+    def build(inp: Path, _c: Corpus) -> None:
+        outside = inp.parent / "outside"
+        copy_source(outside)
+        copy_source(inp)
+        (inp / link).unlink()
+        (inp / link).symlink_to(Path("..") / "outside" / link)   # relative: reproducible
+    return build
+
+
+def build_sharded(inp: Path) -> dict:
+    """The plain fixture split into two shards by the safetensors library, with an index."""
+    from safetensors.torch import load_file, save_file
+
+    copy_source(inp)
+    tensors = load_file(str(inp / WEIGHTS))
+    (inp / WEIGHTS).unlink()
+    names = sorted(tensors)
+    weight_map = {}
+    for i, group in enumerate((names[0::2], names[1::2]), start=1):
+        shard = f"model-{i:05d}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in group}, str(inp / shard), metadata={"format": "pt"})
+        weight_map.update({n: shard for n in group})
+    index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    (inp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return index
+
+
+def build_single_and_sharded(inp: Path, _c: Corpus) -> None:
+    build_sharded(inp)
+    shutil.copy(PLAIN / WEIGHTS, inp / WEIGHTS)
+
+
+def build_missing_shard(inp: Path, _c: Corpus) -> None:
+    build_sharded(inp)
+    (inp / "model-00002-of-00002.safetensors").unlink()
+
+
+def build_stray_shard(inp: Path, _c: Corpus) -> None:
+    build_sharded(inp)
+    shutil.copy(inp / "model-00001-of-00002.safetensors", inp / "model-00001-of-00003.safetensors")
+
+
+def build_tensor_in_two_shards(inp: Path, _c: Corpus) -> None:
+    """Both shards hold fc.weight; the index names only one of them."""
+    from safetensors.torch import load_file, save_file
+
+    index = build_sharded(inp)
+    first = index["weight_map"]["fc.weight"]
+    second = next(s for s in set(index["weight_map"].values()) if s != first)
+    tensors = load_file(str(inp / second))
+    tensors["fc.weight"] = load_file(str(inp / first))["fc.weight"]
+    save_file(tensors, str(inp / second), metadata={"format": "pt"})
+
+
+def build_source_is_file(inp: Path, _c: Corpus) -> None:
+    shutil.copy(PLAIN / WEIGHTS, inp)
+
+
+def build_index_escapes(inp: Path, _c: Corpus) -> None:
+    index = build_sharded(inp)
+    index["weight_map"]["fc.weight"] = "../outside.safetensors"
+    (inp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+# --- the cases ------------------------------------------------------------------------------
+
+E = errors
+H = 2**63
+
+
+def _dup_tensor_json(header: dict) -> bytes:
+    # json.dumps cannot write a duplicate key: splice the first tensor in a second time.
+    name = tensor_order(header)[0]
+    text = json.dumps(header)
+    return (text[:-1] + ", " + json.dumps(name) + ": " + json.dumps(header[name]) + "}").encode()
+
+
+def _overlap(header: dict) -> None:
+    a, b = tensor_order(header)[:2]
+    size = header[b]["data_offsets"][1] - header[b]["data_offsets"][0]
+    start = header[a]["data_offsets"][0]
+    header[b]["data_offsets"] = [start, start + size]
+
+
+def _gap(header: dict) -> None:
+    # Every tensor after the first moves 2 bytes up: a gap, and the data runs past the end.
+    for name in tensor_order(header)[1:]:
+        header[name]["data_offsets"] = [x + 2 for x in header[name]["data_offsets"]]
+
+
+def _set_entry(field: str, value: object) -> Callable[[dict], None]:
+    def edit(header: dict) -> None:
+        header["fc.weight"][field] = value
+    return edit
+
+
+def _drop(name: str) -> Callable[[dict], None]:
+    return lambda tensors: tensors.pop(name)
+
+
+def _transpose(name: str) -> Callable[[dict], None]:
+    def edit(tensors: dict) -> None:
+        tensors[name] = tensors[name].t().contiguous()
+    return edit
+
+
+def _to_f16(name: str) -> Callable[[dict], None]:
+    def edit(tensors: dict) -> None:
+        import torch
+
+        tensors[name] = tensors[name].to(torch.float16)
+    return edit
+
+
+def _add_bias(tensors: dict) -> None:
+    import torch
+
+    tensors["layers.0.self_attn.q_proj.bias"] = torch.zeros(32, dtype=torch.bfloat16)
+
+
+def _pop_field(key: str) -> Callable[[dict], None]:
+    return lambda config: config.pop(key)
+
+
+def _rank_zero_with_conf_markov(config: dict) -> None:
+    config.update(markov_rank=0)
+    config.pop("markov_head_type")
+
+
+def _contract_block_size(data: dict) -> None:
+    data["contract"]["block"]["block_size"] += 1
+
+
+CASES: list[Case] = [
+    # --- safetensors headers and data (convert) -----------------------------------------
+    Case("st-empty-file", "safetensors", "convert", E.SafetensorsFormatError,
+         "model.safetensors is 0 bytes", edit_weights_bytes(lambda b: b"")),
+    Case("st-short-length-prefix", "safetensors", "convert", E.SafetensorsFormatError,
+         "the file ends inside the 8-byte header length", edit_weights_bytes(lambda b: b[:5])),
+    Case("st-header-length-huge", "safetensors", "convert", E.SafetensorsFormatError,
+         "header length 2^63 - 1", edit_weights_bytes(lambda b: struct.pack("<Q", H - 1) + b[8:])),
+    Case("st-header-length-negative", "safetensors", "convert", E.SafetensorsFormatError,
+         "header length -1 as a signed 64-bit integer",
+         edit_weights_bytes(lambda b: struct.pack("<q", -1) + b[8:])),
+    Case("st-header-length-past-end", "safetensors", "convert", E.SafetensorsFormatError,
+         "header length one byte more than the file holds",
+         edit_weights_bytes(lambda b: struct.pack("<Q", len(b) - 7) + b[8:])),
+    Case("st-header-length-zero", "safetensors", "convert", E.SafetensorsFormatError,
+         "header length 0", edit_weights_bytes(lambda b: struct.pack("<Q", 0) + b[8:])),
+    Case("st-header-bad-json", "safetensors", "convert", E.SafetensorsFormatError,
+         "the header's closing brace removed",
+         edit_header(lambda h: json.dumps(h).encode()[:-1] + b" ")),
+    Case("st-header-not-utf8", "safetensors", "convert", E.SafetensorsFormatError,
+         "a 0xff byte inside a tensor name",
+         edit_header(lambda h: json.dumps(h).encode().replace(b"fc.weight", b"fc.w\xffight", 1))),
+    Case("st-header-duplicate-key", "safetensors", "convert", E.SafetensorsFormatError,
+         "the first tensor's entry appears twice", edit_header(_dup_tensor_json)),
+    Case("st-header-not-object", "safetensors", "convert", E.SafetensorsFormatError,
+         "the header is a JSON array", edit_header(lambda h: b"[]")),
+    Case("st-offsets-overlapping", "safetensors", "convert", E.SafetensorsFormatError,
+         "the second tensor starts where the first does", edit_header(_overlap)),
+    Case("st-offsets-gapped", "safetensors", "convert", E.SafetensorsFormatError,
+         "two unused bytes between the first and second tensor", edit_header(_gap)),
+    Case("st-offsets-reversed", "safetensors", "convert", E.SafetensorsFormatError,
+         "fc.weight's data_offsets end before they begin",
+         edit_header(lambda h: h["fc.weight"].__setitem__("data_offsets", h["fc.weight"]["data_offsets"][::-1]))),
+    Case("st-offsets-huge", "safetensors", "convert", E.SafetensorsFormatError,
+         "fc.weight's end offset is 2^64 - 1", edit_header(lambda h: h["fc.weight"].__setitem__(
+             "data_offsets", [h["fc.weight"]["data_offsets"][0], 2**64 - 1]))),
+    Case("st-data-truncated", "safetensors", "convert", E.SafetensorsFormatError,
+         "the last 10 bytes of tensor data cut off", edit_weights_bytes(lambda b: b[:-10])),
+    Case("st-trailing-bytes", "safetensors", "convert", E.SafetensorsFormatError,
+         "16 bytes after the last tensor", edit_weights_bytes(lambda b: b + bytes(16))),
+    Case("st-unknown-dtype", "safetensors", "convert", E.SafetensorsFormatError,
+         "fc.weight has dtype BF17", edit_header(_set_entry("dtype", "BF17"))),
+    Case("st-negative-shape", "safetensors", "convert", E.SafetensorsFormatError,
+         "fc.weight has shape [-32, -96]", edit_header(_set_entry("shape", [-32, -96]))),
+    Case("st-shape-span-mismatch", "safetensors", "convert", E.SafetensorsFormatError,
+         "fc.weight's shape needs twice the bytes its offsets give",
+         edit_header(_set_entry("shape", [64, 96]))),
+    Case("st-bool-in-shape", "safetensors", "convert", E.SafetensorsFormatError,
+         "fc.weight's shape holds true", edit_header(_set_entry("shape", [True, 3072]))),
+    Case("st-metadata-not-strings", "safetensors", "convert", E.SafetensorsFormatError,
+         "__metadata__ maps format to a number",
+         edit_header(lambda h: h.__setitem__("__metadata__", {"format": 1}))),
+    Case("st-wrong-dtype", "safetensors", "convert", E.TensorDtypeError,
+         "one F16 tensor among BF16 (saved by the safetensors library)",
+         edit_tensors(_to_f16("layers.1.self_attn.k_norm.weight"))),
+    Case("st-wrong-shape", "safetensors", "convert", E.TensorShapeError,
+         "fc.weight saved transposed", edit_tensors(_transpose("fc.weight"))),
+    Case("st-missing-tensor", "safetensors", "convert", E.MissingTensorError,
+         "layers.1.mlp.down_proj.weight left out", edit_tensors(_drop("layers.1.mlp.down_proj.weight"))),
+    Case("st-unexpected-tensor", "safetensors", "convert", E.UnexpectedTensorError,
+         "a q_proj bias the config does not declare", edit_tensors(_add_bias)),
+    Case("st-nan", "safetensors", "convert", E.NonFiniteTensorError,
+         "a NaN in layers.0.mlp.up_proj.weight",
+         edit_tensors(poke("layers.0.mlp.up_proj.weight", 17, float("nan")))),
+    Case("st-inf", "safetensors", "convert", E.NonFiniteTensorError,
+         "-inf in the DSpark drafter's markov_w2",
+         edit_tensors(poke("markov_head.markov_w2.weight", 5, float("-inf")), base=DSPARK)),
+    # --- configs (convert) ----------------------------------------------------------------
+    Case("cfg-string-for-int", "config", "convert", E.ConfigError,
+         'hidden_size is "32"', set_field("hidden_size", "32")),
+    Case("cfg-bool-for-int", "config", "convert", E.ConfigError,
+         "num_hidden_layers is true", set_field("num_hidden_layers", True)),
+    Case("cfg-float-for-int", "config", "convert", E.ConfigError,
+         "block_size is 7.0", set_field("block_size", 7.0)),
+    Case("cfg-list-for-int", "config", "convert", E.ConfigError,
+         "vocab_size is [256]", set_field("vocab_size", [256])),
+    Case("cfg-missing-field", "config", "convert", E.ConfigError,
+         "vocab_size removed", edit_config(_pop_field("vocab_size"))),
+    Case("cfg-missing-taps", "config", "convert", E.ConfigError,
+         "target_layer_ids removed", edit_config(_pop_field("target_layer_ids"))),
+    Case("cfg-not-json", "config", "convert", E.ConfigError,
+         "config.json cut in the middle", config_text(lambda t: t[:len(t) // 2])),
+    Case("cfg-duplicate-key", "config", "convert", E.ConfigError,
+         "a second vocab_size key", config_text(lambda t: t.replace("{", '{\n  "vocab_size": 512,', 1))),
+    Case("cfg-nan-literal", "config", "convert", E.ConfigError,
+         "rms_norm_eps is the non-standard literal NaN",
+         config_text(lambda t: t.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": NaN'))),
+    Case("cfg-not-object", "config", "convert", E.ConfigError,
+         "config.json is a JSON string", config_text(lambda t: '"Qwen3DSparkModel"\n')),
+    Case("cfg-heads-do-not-divide", "config", "convert", E.GeometryLimitError,
+         "4 attention heads over 3 KV heads", set_field("num_key_value_heads", 3)),
+    Case("cfg-zero-hidden-size", "config", "convert", E.GeometryLimitError,
+         "hidden_size 0", set_field("hidden_size", 0)),
+    Case("cfg-block-size-too-big", "config", "convert", E.GeometryLimitError,
+         "block_size 129 (Strata's limit is 128)", set_field("block_size", 129)),
+    Case("cfg-too-many-layers", "config", "convert", E.GeometryLimitError,
+         "65 draft layers (Strata's limit is 64)", set_field("num_hidden_layers", 65)),
+    Case("cfg-taps-out-of-range", "config", "convert", E.TargetLayerError,
+         "target layer 6 of a 6-layer target", set_field("target_layer_ids", [0, 2, 6])),
+    Case("cfg-taps-unordered", "config", "convert", E.TargetLayerError,
+         "target_layer_ids [0, 4, 2]", set_field("target_layer_ids", [0, 4, 2])),
+    Case("cfg-taps-minus-one", "config", "convert", E.TargetLayerError,
+         "target layer -1 (the embedding output)", set_field("target_layer_ids", [-1, 2, 4])),
+    Case("cfg-unknown-head-type", "config", "convert", E.ConfigError,
+         "markov_head_type lstm", set_field("markov_head_type", "lstm", base=DSPARK)),
+    Case("cfg-head-fields-disagree", "config", "convert", E.HeadConfigMismatchError,
+         "confidence head with Markov features but markov_rank 0",
+         edit_config(_rank_zero_with_conf_markov, base=DSPARK)),
+    Case("cfg-architecture-gemma4", "config", "convert", E.UnsupportedArchitectureError,
+         "architectures [Gemma4DSparkModel]", set_field("architectures", ["Gemma4DSparkModel"])),
+    Case("cfg-attention-bias", "config", "convert", E.UnsupportedFeatureError,
+         "attention_bias true", set_field("attention_bias", True)),
+    Case("cfg-mask-out-of-vocab", "config", "convert", E.MaskTokenError,
+         "mask_token_id 256 of a 256-token vocabulary", set_field("mask_token_id", 256)),
+    # --- directories (convert) ------------------------------------------------------------
+    Case("dir-empty", "directory", "convert", E.SourceNotFoundError,
+         "an empty directory", build_empty_dir),
+    Case("dir-source-is-a-file", "directory", "convert", E.SourceNotFoundError,
+         "the source is model.safetensors itself", build_source_is_file),
+    Case("dir-pickle-only", "directory", "convert", E.SourceLayoutError,
+         "config.json and pytorch_model.bin (a pickle that would create a directory)",
+         build_pickle_only),
+    Case("dir-weights-symlink-out", "directory", "convert", E.SourceLayoutError,
+         "model.safetensors links to a file outside the directory", build_link_out(WEIGHTS)),
+    Case("dir-config-symlink-out", "directory", "convert", E.SourceLayoutError,
+         "config.json links to a file outside the directory", build_link_out("config.json")),
+    Case("dir-single-and-sharded", "directory", "convert", E.SourceLayoutError,
+         "model.safetensors next to an index and its shards", build_single_and_sharded),
+    Case("dir-stray-shard", "directory", "convert", E.SourceLayoutError,
+         "a shard of another split next to an index that does not name it", build_stray_shard),
+    Case("dir-missing-shard", "directory", "convert", E.SourceNotFoundError,
+         "the index names a shard that is not there", build_missing_shard),
+    Case("dir-index-path-escapes", "directory", "convert", E.SafetensorsFormatError,
+         "the index maps fc.weight to ../outside.safetensors", build_index_escapes),
+    Case("dir-tensor-in-two-shards", "directory", "convert", E.SafetensorsFormatError,
+         "fc.weight stored in both shards", build_tensor_in_two_shards),
+    # --- artifacts (validate --strict --json) ---------------------------------------------
+    Case("art-flipped-tensor-byte", "artifact", "validate", E.IntegrityError,
+         "one bit flipped in blk.0.attn_k.weight (still finite)",
+         edit_artifact(flip_low_bit("blk.0.attn_k.weight", 5))),
+    Case("art-nan-in-tensor", "artifact", "validate", E.NonFiniteTensorError,
+         "a BF16 NaN written into blk.1.ffn_up.weight",
+         edit_artifact(lambda a: patch(a / GGUF, element(a, "blk.1.ffn_up.weight", 3), b"\xc0\x7f"))),
+    Case("art-truncated-in-data", "artifact", "validate", E.GGUFFormatError,
+         "drafter.gguf cut in the middle of its tensor data",
+         edit_artifact(truncate_to(lambda a: (a / GGUF).stat().st_size // 2))),
+    Case("art-truncated-in-header", "artifact", "validate", E.GGUFFormatError,
+         "drafter.gguf cut inside its metadata", edit_artifact(truncate_to(lambda a: 200))),
+    Case("art-bad-magic", "artifact", "validate", E.GGUFFormatError,
+         "the magic GGUF changed to GGML", edit_artifact(lambda a: patch(a / GGUF, 0, b"GGML"))),
+    Case("art-tensor-count-huge", "artifact", "validate", E.GGUFFormatError,
+         "tensor count 2^63", edit_artifact(lambda a: patch(a / GGUF, 8, struct.pack("<Q", H)))),
+    Case("art-metadata-type-edited", "artifact", "validate", E.MetadataError,
+         "dflash.block_count's type UINT32 changed to INT32 (same bytes)",
+         edit_artifact(lambda a: patch(a / GGUF, kv_type_offset(a, "dflash.block_count"),
+                                       struct.pack("<I", 5)))),
+    Case("art-metadata-key-renamed", "artifact", "validate", E.MetadataError,
+         "dflash.block_count renamed dflash.block_cOunt in place",
+         edit_artifact(lambda a: patch(a / GGUF, (a / GGUF).read_bytes().index(b"dflash.block_count"),
+                                       b"dflash.block_cOunt"))),
+    Case("art-tensor-offset-out-of-range", "artifact", "validate", E.GGUFFormatError,
+         "conf_proj.bias's data offset points past the end of the file",
+         edit_artifact(set_tensor_offset("conf_proj.bias", lambda a: (a / GGUF).stat().st_size))),
+    Case("art-tensor-offsets-overlapping", "artifact", "validate", E.GGUFFormatError,
+         "enc.output_norm.weight's data offset is fc.weight's",
+         edit_artifact(set_tensor_offset("enc.output_norm.weight", first_tensor_offset))),
+    Case("art-tensor-offset-unaligned", "artifact", "validate", E.GGUFFormatError,
+         "output_norm.weight's data offset moved by 2 bytes",
+         edit_artifact(set_tensor_offset("output_norm.weight",
+                                         lambda a: int(tensor_info(a, "output_norm.weight").field.parts[5][0]) + 2))),
+    Case("art-tensor-type-edited", "artifact", "validate", E.TensorDtypeError,
+         "blk.0.attn_norm.weight's type BF16 changed to F16 (same size)",
+         edit_artifact(lambda a: patch(a / GGUF, tensor_info_part_offset(a, "blk.0.attn_norm.weight", 4),
+                                       struct.pack("<I", 1)))),
+    Case("art-manifest-file-hash-edited", "artifact", "validate", E.IntegrityError,
+         "artifact.sha256 in manifest.json changed",
+         edit_artifact(edit_manifest(lambda m: m["artifact"].__setitem__(
+             "sha256", other_hex(m["artifact"]["sha256"]))))),
+    Case("art-manifest-tensor-hash-edited", "artifact", "validate", E.IntegrityError,
+         "the sha256 of artifact.tensors[3] changed",
+         edit_artifact(edit_manifest(lambda m: m["artifact"]["tensors"][3].__setitem__(
+             "sha256", other_hex(m["artifact"]["tensors"][3]["sha256"]))))),
+    Case("art-manifest-size-edited", "artifact", "validate", E.IntegrityError,
+         "artifact.size one byte larger",
+         edit_artifact(edit_manifest(lambda m: m["artifact"].__setitem__("size", m["artifact"]["size"] + 1)))),
+    Case("art-manifest-source-hash-edited", "artifact", "validate", E.ManifestMismatchError,
+         "source.weights_sha256 changed",
+         edit_artifact(edit_manifest(lambda m: m["source"].__setitem__(
+             "weights_sha256", other_hex(m["source"]["weights_sha256"]))))),
+    Case("art-manifest-contract-edited", "artifact", "validate", E.ManifestMismatchError,
+         "contract.block.block_size one larger than source.config's",
+         edit_artifact(edit_manifest(_contract_block_size))),
+    Case("art-manifest-not-json", "artifact", "validate", E.ManifestError,
+         "manifest.json cut in half",
+         edit_artifact(lambda a: (a / MANIFEST).write_text((a / MANIFEST).read_text()[:500]))),
+    Case("art-manifest-unknown-field", "artifact", "validate", E.ManifestError,
+         "an extra top-level field in manifest.json",
+         edit_artifact(edit_manifest(lambda m: m.__setitem__("signed_by", "nobody")))),
+    Case("art-manifest-missing", "artifact", "validate", E.InvalidArtifactError,
+         "manifest.json deleted", edit_artifact(lambda a: (a / MANIFEST).unlink())),
+    Case("art-gguf-missing", "artifact", "validate", E.InvalidArtifactError,
+         "drafter.gguf deleted", edit_artifact(lambda a: (a / GGUF).unlink())),
+    Case("art-gguf-symlink", "artifact", "validate", E.InvalidArtifactError,
+         "drafter.gguf replaced by a symlink to a copy outside the artifact",
+         edit_artifact(lambda a: _replace_by_link(a / GGUF))),
+]
+
+
+def _replace_by_link(path: Path) -> None:
+    outside = path.parent.parent / "outside.gguf"
+    shutil.copy(path, outside)
+    path.unlink()
+    path.symlink_to(Path("..") / outside.name)
+
+
+# --- building -------------------------------------------------------------------------------
+
+def case_record(case: Case) -> dict:
+    return {"name": case.name, "group": case.group, "command": case.command,
+            "error": case.error.__name__, "exit_code": case.error.exit_code, "about": case.about}
+
+
+def build_corpus(out: Path, names: list[str] | None = None) -> list[Path]:
+    """Build every case (or those named) under ``out``; returns the case directories."""
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = out / ".good"
+    corpus = Corpus(scratch)
+    built = []
+    for case in CASES:
+        if names is not None and case.name not in names:
+            continue
+        directory = out / case.name
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir()
+        case.build(directory / "input", corpus)
+        (directory / "case.json").write_text(json.dumps(case_record(case), indent=2) + "\n")
+        built.append(directory)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return built
+
+
+def readme_text() -> str:
+    groups = {"safetensors": "safetensors headers and data", "config": "configs",
+              "directory": "directories", "artifact": "artifacts"}
+    lines = [
+        "# Hostile-input corpus",
+        "",
+        "Generated by `make_corpus.py` (never hand-edited bytes): each case starts from a golden",
+        "fixture and breaks one thing. `tests/test_hostile_corpus.py` builds the corpus into a",
+        "temporary directory and runs every case through the real CLI (`dspark convert ... --json`",
+        "or `dspark validate --strict --json`): the intended error class and its exit code, one",
+        "`error:` line on stderr, no traceback, and nothing written (no output, no temporary",
+        "sibling, the input unchanged).",
+        "",
+        "```sh",
+        ".venv/bin/python tests/hostile/make_corpus.py --out /tmp/corpus   # build it by hand",
+        ".venv/bin/python tests/hostile/make_corpus.py --readme            # rewrite this file",
+        "```",
+        "",
+        "This list is generated from the script's `CASES` (a test fails when it is stale).",
+        "",
+        f"{len(CASES)} cases.",
+    ]
+    for group, title in groups.items():
+        lines += ["", f"## {title}", "", "| case | command | refused with | exit | what is broken |",
+                  "|---|---|---|---|---|"]
+        for case in (c for c in CASES if c.group == group):
+            lines.append(f"| `{case.name}` | {case.command} | `{case.error.__name__}` | "
+                         f"{case.error.exit_code} | {case.about} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="build every case under this directory")
+    parser.add_argument("--readme", action="store_true", help="rewrite tests/hostile/README.md")
+    args = parser.parse_args(argv)
+    if not args.out and not args.readme:
+        parser.error("give --out DIR and/or --readme")
+    if args.readme:
+        (HERE / "README.md").write_text(readme_text())
+        print("wrote tests/hostile/README.md")
+    if args.out:
+        built = build_corpus(args.out)
+        print(f"built {len(built)} cases under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
