@@ -40,7 +40,7 @@ def _remove_stale_siblings(out: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -111,8 +111,8 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
         raise
     try:
         for entry in tmp.iterdir():
-            _fsync_path(entry)
-        _fsync_path(tmp)
+            fsync_path(entry)
+        fsync_path(tmp)
         if out.exists():
             # A non-empty directory cannot be replaced in one rename: move the old one
             # aside first, so the output name holds the old or the new artifact, whole.
@@ -122,7 +122,7 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, out)
-        _fsync_path(out.parent)
+        fsync_path(out.parent)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_created(created)

@@ -41,7 +41,7 @@ from .artifact_format import (
     Provenance,
     expected_metadata,
 )
-from .atomic import atomic_directory, write_error
+from .atomic import atomic_directory, fsync_path, write_error
 from .contract import FeatureContract, TensorSpec
 from .errors import (InternalError, NonFiniteTensorError, OutputExistsError,
                      SafetensorsFormatError, SourceNotFoundError)
@@ -401,7 +401,15 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
                     if source.contract.tensor(n) and source.contract.tensor(n).gguf_name is None]
         size = gguf_path.stat().st_size
         progress.start("hash drafter.gguf", size)
-        gguf_sha = sha256_file(gguf_path, progress.advance)
+        # Flushing drafter.gguf to disk (atomic_directory fsyncs it again, then cheaply)
+        # overlaps with hashing it back from the page cache.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as pool:
+            flushed = pool.submit(fsync_path, gguf_path)
+            gguf_sha = sha256_file(gguf_path, progress.advance)
+            try:
+                flushed.result()
+            except OSError as exc:
+                raise write_error(exc, Path(output) / GGUF_FILE) from None
         progress.finish()
         manifest = _manifest(source, identity, passed, prov, stripped, records, size, gguf_sha,
                              target_rec, hub_source.record(progress) if hub_source else None)
