@@ -1,4 +1,5 @@
-"""`dspark`: convert, validate and inspect DSpark drafters for Strata.
+"""`dspark`: convert (from a directory or the Hub), lock, validate, inspect and smoke-test
+DSpark drafters for Strata.
 
 Each command only parses options, calls one library function, and maps its frozen result
 to output and an exit code (see cli/errors.py). The library is imported inside each
@@ -22,7 +23,8 @@ from .errors import run
 
 app = typer.Typer(
     name="dspark",
-    help="Convert DeepSeek DSpark drafters into Strata artifacts, validate and inspect them.",
+    help="Convert DeepSeek DSpark drafters into Strata artifacts (from a directory or the Hub, "
+         "pinned), validate, inspect and smoke-test them.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -63,7 +65,7 @@ def main(
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = None,
 ) -> None:
-    """Exit codes: 0 success, 2 usage, 10-46 one per kind of refusal (see README)."""
+    """Exit codes: 0 success, 2 usage, 10-77 one per kind of refusal (see README)."""
 
 
 @app.command()
