@@ -5,12 +5,14 @@ One read pass over the source, never more than one 8 MiB block of it in memory:
 1. lay out drafter.gguf: the header (metadata + tensor infos, built by gguf-py) has a
    fixed size, because every value not yet known (the SHA-256 hex strings) has a fixed
    length; so every tensor's data offset is known before any byte is read.
-2. read every source file once, in file order, in 8 MiB blocks; each block is hashed
-   (file and tensor), checked for NaN/Inf, and written straight to its place in
-   drafter.gguf (BF16 bytes unchanged; F32/F16 rounded to BF16, nearest-even).
-3. write the real header over the placeholder one, hash drafter.gguf back from the page
-   cache (the tensors are written in source order, the hash needs file order), and write
-   manifest.json.
+2. read every source file once, in file order, in 8 MiB blocks; each block is hashed into
+   its file's SHA-256 (on a worker thread), checked for NaN/Inf, and written straight to
+   its place in drafter.gguf (BF16 bytes unchanged; F32/F16 rounded to BF16, nearest-even);
+   the stripped tensors (embedding, head) are hashed on their own.
+3. write the real header over the placeholder one, then read drafter.gguf back once from
+   the page cache (the tensors were written in source order, the hash needs file order):
+   its SHA-256 on the worker thread and each written tensor's SHA-256 beside it, while the
+   file is flushed to disk; then write manifest.json.
 
 All of it happens in a temporary sibling directory renamed into place at the end, so any
 refusal during the pass (a NaN, a hash that differs from a pin) leaves nothing behind.
@@ -45,7 +47,7 @@ from .atomic import atomic_directory, fsync_path, write_error
 from .contract import FeatureContract, TensorSpec
 from .errors import (InternalError, NonFiniteTensorError, OutputExistsError,
                      SafetensorsFormatError, SourceNotFoundError)
-from .hashing import ThreadedFileHash, sha256_file, weights_digest
+from .hashing import ThreadedFileHash, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
     ArtifactRecord,
@@ -107,8 +109,7 @@ class _Slot:
 class _PassResult:
     file_sha256: dict[str, str]       # file name -> sha256, every source file read
     file_size: dict[str, int]
-    tensor_sha256: dict[str, str]     # source tensor name -> sha256 of its source bytes
-    written_sha256: dict[str, str]    # source tensor name -> sha256 of its BF16 bytes in the GGUF
+    tensor_sha256: dict[str, str]     # stripped source tensor name -> sha256 of its bytes
 
 
 def _source_files(source: Source) -> list[Path]:
@@ -203,21 +204,21 @@ def _copy_file(path: Path, entries: list[TensorEntry], slots: dict[str, _Slot], 
             pass
         for entry in entries:
             slot = slots.get(entry.name)
-            tensor_hash = hashlib.sha256()
-            # A rounded tensor's GGUF bytes differ from its source bytes: hash those too.
-            out_hash = hashlib.sha256() if slot and entry.dtype != "BF16" else None
+            # A written tensor is hashed when drafter.gguf is read back (hash_output), beside
+            # the output's file hash; a stripped one (embedding, head) only here.
+            tensor_hash = hashlib.sha256() if slot is None else None
             done = 0
             for block in file_hash.blocks(fh, entry.nbytes, progress.advance, shrank):
-                tensor_hash.update(block)
                 problem = non_finite_error(block, entry.dtype, done, entry.name, str(path))
                 if problem is not None:
                     raise problem
                 if slot is not None:
-                    _write_block(entry, slot, block, done, out_fd, out_hash)
+                    _write_block(entry, slot, block, done, out_fd)
+                else:
+                    tensor_hash.update(block)
                 done += len(block)
-            result.tensor_sha256[entry.name] = tensor_hash.hexdigest()
-            if slot is not None:
-                result.written_sha256[entry.name] = (out_hash or tensor_hash).hexdigest()
+            if tensor_hash is not None:
+                result.tensor_sha256[entry.name] = tensor_hash.hexdigest()
         if fh.read(1):
             raise SafetensorsFormatError(f"{path}: the file grew after its header was checked; "
                                          "expected it unchanged during conversion", path=str(path))
@@ -225,8 +226,8 @@ def _copy_file(path: Path, entries: list[TensorEntry], slots: dict[str, _Slot], 
         result.file_size[path.name] = fh.tell()
 
 
-def _write_block(entry: TensorEntry, slot: _Slot, block: memoryview, done: int, out_fd: int,
-                 out_hash) -> None:
+def _write_block(entry: TensorEntry, slot: _Slot, block: memoryview, done: int,
+                 out_fd: int) -> None:
     try:
         if entry.dtype == "BF16":
             _pwrite_all(out_fd, block, slot.offset + done)
@@ -236,7 +237,6 @@ def _write_block(entry: TensorEntry, slot: _Slot, block: memoryview, done: int, 
         problem = _overflow_error(entry, raw, bits, done)
         if problem is not None:
             raise problem
-        out_hash.update(bits)
         _pwrite_all(out_fd, bits, slot.offset + done // raw.itemsize * 2)
     except OSError as exc:
         raise _OutputOSError(exc) from None
@@ -254,7 +254,7 @@ class _OutputOSError(Exception):
 def convert_pass(source: Source, slots: dict[str, _Slot], out_fd: int,
                  progress: Progress) -> _PassResult:
     """The one read pass over every source file (see the module docstring)."""
-    result = _PassResult({}, {}, {}, {})
+    result = _PassResult({}, {}, {})
     by_file: dict[Path, list[TensorEntry]] = {}
     for entry in source.checkpoint.tensors.values():
         by_file.setdefault(entry.file, []).append(entry)
@@ -271,9 +271,10 @@ def convert_pass(source: Source, slots: dict[str, _Slot], out_fd: int,
 
 
 def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
-               file_check: FileCheck | None = None, label: Path | None = None) -> tuple[_PassResult, Provenance, list[TensorRecord]]:
+               file_check: FileCheck | None = None,
+               label: Path | None = None) -> tuple[_PassResult, Provenance, dict[str, _Slot]]:
     """drafter.gguf in one read pass over the source. Returns the pass's hashes, the final
-    provenance (with the source and embedding hashes filled in) and the tensor records."""
+    provenance (with the source and embedding hashes filled in) and the tensor slots."""
     shown = label or path  # errors name the output the user asked for, not the temporary
     contract = source.contract
     placeholder = replace(prov, source_sha256=PLACEHOLDER_SHA256)
@@ -317,10 +318,41 @@ def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
             raise write_error(exc, shown) from None
     finally:
         os.close(fd)
+    return result, final, slots
+
+
+def hash_output(path: Path, slots: dict[str, _Slot], progress: Progress,
+                label: Path) -> tuple[str, list[TensorRecord]]:
+    """Read drafter.gguf back once, from the page cache: its SHA-256 on a worker thread and
+    each tensor's SHA-256 on this one, side by side; meanwhile a second worker flushes the
+    file to disk (atomic_directory's own fsync then finds little left to write)."""
+    def shrank():
+        return InternalError(f"{label}: the file shrank while it was hashed")
+
+    digests: dict[str, str] = {}
+    with open(path, "rb") as fh, ThreadPoolExecutor(1, "file-sha256") as pool, \
+            ThreadPoolExecutor(1, "fsync") as flusher:
+        flushed = flusher.submit(fsync_path, path)
+        size = os.fstat(fh.fileno()).st_size
+        progress.start("hash drafter.gguf", size)
+        file_hash = ThreadedFileHash(pool, READ_BLOCK)
+        for name, slot in sorted(slots.items(), key=lambda item: item[1].offset):
+            for _ in file_hash.blocks(fh, slot.offset - fh.tell(), progress.advance, shrank):
+                pass
+            tensor_hash = hashlib.sha256()
+            for block in file_hash.blocks(fh, slot.nbytes, progress.advance, shrank):
+                tensor_hash.update(block)
+            digests[name] = tensor_hash.hexdigest()
+        for _ in file_hash.blocks(fh, size - fh.tell(), progress.advance, shrank):
+            pass
+        progress.finish()
+        try:
+            flushed.result()
+        except OSError as exc:
+            raise write_error(exc, label) from None
     records = [TensorRecord(name=s.spec.gguf_name, type="BF16", shape=s.spec.gguf_shape,
-                            sha256=result.written_sha256[name], source=name)
-               for name, s in slots.items()]
-    return result, final, records
+                            sha256=digests[name], source=name) for name, s in slots.items()]
+    return file_hash.hexdigest(), records
 
 
 def _summary(source: Source) -> str:
@@ -390,8 +422,8 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
 
     with atomic_directory(output, force=force) as tmp:
         gguf_path = tmp / GGUF_FILE
-        passed, prov, records = write_gguf(source, prov, gguf_path, progress, file_check,
-                                            label=Path(output) / GGUF_FILE)
+        passed, prov, slots = write_gguf(source, prov, gguf_path, progress, file_check,
+                                          label=Path(output) / GGUF_FILE)
         # The drafter's embedding and head (hashed by the pass) against the target's: a
         # mismatch discards the temporary directory.
         target_rec = pairing.finish(passed.tensor_sha256, progress) if pairing else None
@@ -400,17 +432,7 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
                     for n, e in tensors.items()
                     if source.contract.tensor(n) and source.contract.tensor(n).gguf_name is None]
         size = gguf_path.stat().st_size
-        progress.start("hash drafter.gguf", size)
-        # Flushing drafter.gguf to disk (atomic_directory fsyncs it again, then cheaply)
-        # overlaps with hashing it back from the page cache.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as pool:
-            flushed = pool.submit(fsync_path, gguf_path)
-            gguf_sha = sha256_file(gguf_path, progress.advance)
-            try:
-                flushed.result()
-            except OSError as exc:
-                raise write_error(exc, Path(output) / GGUF_FILE) from None
-        progress.finish()
+        gguf_sha, records = hash_output(gguf_path, slots, progress, Path(output) / GGUF_FILE)
         manifest = _manifest(source, identity, passed, prov, stripped, records, size, gguf_sha,
                              target_rec, hub_source.record(progress) if hub_source else None)
         try:
