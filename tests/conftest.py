@@ -34,3 +34,33 @@ def converted(tmp_path_factory):
         out[name] = root / name
         convert(golden_source(name), out[name])
     return out
+
+
+# --- the runtime tests (torch is imported inside, so that other tests never pay for it) ---
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matrices: one torch thread is ~50x faster than two contended ones on a busy
+    runner. Runtime test modules ask for it with pytestmark."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def golden_models(converted):
+    """The golden target and the converted reference drafter bound to it, on the CPU."""
+    import torch
+
+    from dspark_convert.runtime.drafter import DSparkDrafter
+    from dspark_convert.runtime.qwen3 import Qwen3Target
+    from dspark_convert.runtime.weights import load_drafter_weights
+
+    cpu = torch.device("cpu")
+    target = Qwen3Target(GOLDEN / "reference" / "target", device=cpu)
+    drafter = DSparkDrafter(load_drafter_weights(converted["reference"]), embed=target.embed,
+                            lm_head=target.lm_head, device=cpu)
+    return target, drafter

@@ -17,31 +17,21 @@ from safetensors.torch import load_file
 
 from conftest import GOLDEN, golden_source
 from dspark_convert.runtime.drafter import DSparkDrafter
-from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
+from dspark_convert.runtime.qwen3 import KVCache
 from dspark_convert.runtime.weights import load_drafter_weights
 
-TARGET = GOLDEN / "reference" / "target"
 FIRST_BLOCK = GOLDEN / "reference" / "vanilla_conf_markov" / "first_block.safetensors"
 PROMPT_0 = [1, 17, 33, 90, 250, 7, 7, 401]
 CPU = torch.device("cpu")
 ATOL = {"context_features": 5e-3, "block_hidden": 3e-4, "base_logits": 1.5e-3,
         "corrected_logits": 1.5e-3, "confidence_logits": 1e-4}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def golden(converted):
-    target = Qwen3Target(TARGET, device=CPU)
-    drafter = DSparkDrafter(load_drafter_weights(converted["reference"]), embed=target.embed,
-                            lm_head=target.lm_head, device=CPU)
-    return target, drafter, load_file(FIRST_BLOCK)
+def golden(golden_models):
+    return (*golden_models, load_file(FIRST_BLOCK))
 
 
 def _close(name, got, want):

@@ -19,13 +19,7 @@ PROMPT = [1, 17, 33, 90, 250, 7, 7, 401]
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny matrices: one thread is ~50x faster than two contended ones on a busy runner.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

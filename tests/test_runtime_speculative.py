@@ -19,39 +19,19 @@ import pytest
 import torch
 
 from conftest import GOLDEN
-from dspark_convert.runtime.drafter import DSparkDrafter
-from dspark_convert.runtime.qwen3 import Qwen3Target
 from dspark_convert.runtime.speculative import speculative_generate, target_greedy, verify
 from dspark_convert.runtime.trace import compare_run, load_reference, run_to_json
-from dspark_convert.runtime.weights import load_drafter_weights
 
-TARGET = GOLDEN / "reference" / "target"
 REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
-CPU = torch.device("cpu")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def models(converted):
-    target = Qwen3Target(TARGET, device=CPU)
-    drafter = DSparkDrafter(load_drafter_weights(converted["reference"]), embed=target.embed,
-                            lm_head=target.lm_head, device=CPU)
-    return target, drafter
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REF_RUNS = load_reference(REFERENCE)
 
 
 @pytest.mark.parametrize("ref", REF_RUNS, ids=lambda r: f"run{r.index}-T{r.temperature:g}-thr{r.confidence_threshold:g}")
-def test_trace_identical_to_deepspec(models, ref):
-    target, drafter = models
+def test_trace_identical_to_deepspec(golden_models, ref):
+    target, drafter = golden_models
     seed = 7 if ref.temperature > 0 else None
     run = speculative_generate(target, drafter, list(ref.prompt), max_new_tokens=24,
                                temperature=ref.temperature, confidence_threshold=ref.confidence_threshold,
@@ -64,8 +44,8 @@ def test_trace_identical_to_deepspec(models, ref):
         assert list(greedy.output_ids) == ref.data["target_greedy"] == list(run.output_ids)
 
 
-def test_temperature_one_tau_over_seeds(models):
-    target, drafter = models
+def test_temperature_one_tau_over_seeds(golden_models):
+    target, drafter = golden_models
     prompts = json.loads(REFERENCE.read_text())["prompts"]
     per_seed = []
     for seed in range(100, 120):
@@ -119,10 +99,10 @@ def test_greedy_verify_accepts_while_argmax_matches():
 
 
 @pytest.mark.parametrize("stop", [490, 23])
-def test_stop_tokens_end_both_the_same_way(models, stop):
+def test_stop_tokens_end_both_the_same_way(golden_models, stop):
     """A stop token (accepted as a draft token or committed as a correction) ends the
     output right after it, exactly where the target alone stops."""
-    target, drafter = models
+    target, drafter = golden_models
     for prompt in json.loads(REFERENCE.read_text())["prompts"]:
         run = speculative_generate(target, drafter, prompt, max_new_tokens=24, stop_token_ids=(stop,))
         greedy = target_greedy(target, prompt, max_new_tokens=24, stop_token_ids=(stop,))

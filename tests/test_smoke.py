@@ -31,12 +31,7 @@ REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _broken_checkpoint(root, how):
