@@ -47,7 +47,7 @@ from .atomic import atomic_directory, fsync_path, write_error
 from .contract import FeatureContract, TensorSpec
 from .errors import (InternalError, NonFiniteTensorError, OutputExistsError,
                      SafetensorsFormatError, SourceNotFoundError)
-from .hashing import ThreadedFileHash, weights_digest
+from .hashing import ThreadedFileHash, hash_file_and_spans, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
     ArtifactRecord,
@@ -329,30 +329,23 @@ def hash_output(path: Path, slots: dict[str, _Slot], progress: Progress,
     def shrank():
         return InternalError(f"{label}: the file shrank while it was hashed")
 
-    digests: dict[str, str] = {}
-    with open(path, "rb") as fh, ThreadPoolExecutor(1, "file-sha256") as pool, \
-            ThreadPoolExecutor(1, "fsync") as flusher:
+    with open(path, "rb") as fh, ThreadPoolExecutor(1, "fsync") as flusher:
         flushed = flusher.submit(fsync_path, path)
         size = os.fstat(fh.fileno()).st_size
         progress.start("hash drafter.gguf", size)
-        file_hash = ThreadedFileHash(pool, READ_BLOCK)
-        for name, slot in sorted(slots.items(), key=lambda item: item[1].offset):
-            for _ in file_hash.blocks(fh, slot.offset - fh.tell(), progress.advance, shrank):
-                pass
-            tensor_hash = hashlib.sha256()
-            for block in file_hash.blocks(fh, slot.nbytes, progress.advance, shrank):
-                tensor_hash.update(block)
-            digests[name] = tensor_hash.hexdigest()
-        for _ in file_hash.blocks(fh, size - fh.tell(), progress.advance, shrank):
-            pass
-        progress.finish()
+        try:
+            gguf_sha, digests = hash_file_and_spans(
+                fh, size, [(name, s.offset, s.nbytes) for name, s in slots.items()],
+                READ_BLOCK, progress.advance, shrank)
+        finally:
+            progress.finish()
         try:
             flushed.result()
         except OSError as exc:
             raise write_error(exc, label) from None
     records = [TensorRecord(name=s.spec.gguf_name, type="BF16", shape=s.spec.gguf_shape,
                             sha256=digests[name], source=name) for name, s in slots.items()]
-    return file_hash.hexdigest(), records
+    return gguf_sha, records
 
 
 def _summary(source: Source) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 BLOCK = 8 * 1024 * 1024
 
@@ -76,6 +77,29 @@ class ThreadedFileHash:
         self._wait(1)
         return self.digest.hexdigest()
 
+
+def hash_file_and_spans(fh, size: int, spans, block_size: int, advance, shrank,
+                        inspect=None) -> tuple[str, dict[str, str]]:
+    """One sequential read of an open file: its SHA-256 (on a worker thread) and, beside it,
+    the SHA-256 of each span ``(name, offset, nbytes)``; the spans must not overlap (they
+    are walked in offset order). ``inspect(name, block, done)`` also sees every block of a
+    span, ``done`` bytes into it (validate's NaN/Inf scan)."""
+    digests: dict[str, str] = {}
+    with ThreadPoolExecutor(1, "file-sha256") as pool:
+        file_hash = ThreadedFileHash(pool, block_size)
+        for name, offset, nbytes in sorted(spans, key=lambda span: span[1]):
+            for _ in file_hash.blocks(fh, offset - fh.tell(), advance, shrank):
+                pass
+            span_hash, done = hashlib.sha256(), 0
+            for block in file_hash.blocks(fh, nbytes, advance, shrank):
+                span_hash.update(block)
+                if inspect is not None:
+                    inspect(name, block, done)
+                done += len(block)
+            digests[name] = span_hash.hexdigest()
+        for _ in file_hash.blocks(fh, size - fh.tell(), advance, shrank):
+            pass
+        return file_hash.hexdigest(), digests
 
 def read_blocks(fh, count: int, view: memoryview, hashes, advance, shrank):
     """Read ``count`` bytes of ``fh`` into ``view`` block by block, feed each block to every

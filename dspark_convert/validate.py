@@ -12,8 +12,6 @@ error class (and so the exit code) of its kind. It raises nothing for a bad arti
 
 from __future__ import annotations
 
-import hashlib
-from concurrent.futures import ThreadPoolExecutor
 import os
 import re
 from dataclasses import dataclass
@@ -53,7 +51,7 @@ from .errors import (
     UnexpectedTensorError,
 )
 from .gguf_reader import GGUFFile, read_gguf
-from .hashing import ThreadedFileHash, is_sha256_hex, weights_digest
+from .hashing import hash_file_and_spans, is_sha256_hex, weights_digest
 from .manifest import Manifest
 from .progress import NoProgress, Progress
 from .numerics import non_finite_error
@@ -245,36 +243,26 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
     """One sequential read of the file in fixed blocks: the file's SHA-256, each tensor's
     SHA-256, and the first non-finite BF16 value. Memory stays at one block whatever the
     file's size (a memory map would count every page read in the process's RSS)."""
-    digests: dict[str, str] = {}
-    non_finite = None
-    advance = progress or (lambda n: None)
+    non_finite: list[NonFiniteTensorError] = []
+    bf16 = {info.name for info in gguf.tensors if info.ggml_type.name == "BF16"}
 
     def shrank():
         return GGUFFormatError(f"{label}: file shrank while validating", path=label)
 
-    with open(gguf.path, "rb") as fh, ThreadPoolExecutor(1, "file-sha256") as pool:
+    def scan(name: str, block, done: int) -> None:
+        if not non_finite and name in bf16:
+            problem = non_finite_error(block, "BF16", done, name, label)
+            if problem is not None:
+                non_finite.append(problem)
+
+    with open(gguf.path, "rb") as fh:
         if os.fstat(fh.fileno()).st_size != gguf.file_size:
             raise GGUFFormatError(f"{label}: file changed while validating", path=label)
-        # The file hash runs on the worker thread, beside the tensor hashes.
-        file_hash = ThreadedFileHash(pool, SCAN_BLOCK)
-
-        def read(count: int):
-            return file_hash.blocks(fh, count, advance, shrank)
-
-        # The reader proved spans are in range and non-overlapping; walk them in file order.
-        for info in sorted(gguf.tensors, key=lambda t: t.data_offset):
-            for _ in read(info.data_offset - fh.tell()):
-                pass
-            tensor_hash, done = hashlib.sha256(), 0
-            for block in read(info.nbytes):
-                tensor_hash.update(block)
-                if non_finite is None and info.ggml_type.name == "BF16":
-                    non_finite = non_finite_error(block, "BF16", done, info.name, label)
-                done += len(block)
-            digests[info.name] = tensor_hash.hexdigest()
-        for _ in read(gguf.file_size - fh.tell()):
-            pass
-    return _Scan(file_hash.hexdigest(), digests, non_finite)
+        # The reader proved spans are in range and non-overlapping.
+        file_sha, digests = hash_file_and_spans(
+            fh, gguf.file_size, [(t.name, t.data_offset, t.nbytes) for t in gguf.tensors],
+            SCAN_BLOCK, progress or (lambda n: None), shrank, inspect=scan)
+    return _Scan(file_sha, digests, non_finite[0] if non_finite else None)
 
 
 def _manifest_provenance(manifest: Manifest) -> Provenance:
