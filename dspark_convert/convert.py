@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGUFWriter
@@ -62,13 +63,14 @@ from .manifest import (
     TensorRecord,
 )
 from .numerics import as_array, describe_value, first_non_finite, non_finite_error, round_to_bf16
-from .pairing import pair_source
 from .hub import HubOptions, looks_like_hub_spec, open_hub_source
-from .target import Target
 from .progress import NoProgress, Progress
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
 from .strata_rules import strata_findings
+
+if TYPE_CHECKING:
+    from .target import Target
 
 READ_BLOCK = 8 * 1024 * 1024
 # Stands in for a SHA-256 not known until the pass has read the source: same length, so
@@ -404,7 +406,11 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
     identity = identity or SourceIdentity(name=source.name)
     tensors = source.checkpoint.tensors
     # A wrong target is refused here, before anything is written.
-    pairing = pair_source(source, target, progress) if target is not None else None
+    pairing = None
+    if target is not None:
+        from .pairing import pair_source  # here: a convert without --target does not load it
+
+        pairing = pair_source(source, target, progress)
     # The embedding and head hashes are known once the pass has read them.
     prov = Provenance(name=identity.name, repository=identity.repository,
                       revision=identity.revision, source_sha256=PLACEHOLDER_SHA256,
