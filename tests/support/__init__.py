@@ -1,0 +1,2 @@
+"""Helpers shared by the test modules (imported as ``support``; test modules never import
+each other)."""
