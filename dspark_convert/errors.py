@@ -362,6 +362,36 @@ class ReferenceTraceError(RuntimeRefusal):
     exit_code = 77
 
 
+# --- `dspark eval`: prompt sets, options, calibration (exit codes 90-95) --------------------
+
+class EvalRefusal(DSparkError):
+    kind = "eval"
+
+
+class PromptSetError(EvalRefusal):
+    """The prompt set is unusable: unreadable, not JSONL, a line that breaks the schema
+    (named by its line number), duplicate ids, a token outside the vocabulary, text without
+    the target's tokenizer.json, or no prompt at all."""
+    exit_code = 90
+
+
+class EvalInputError(EvalRefusal):
+    """An eval option is unusable: no artifact, the same artifact twice, a temperature,
+    threshold, --held-out or --max-new-tokens out of range."""
+    exit_code = 91
+
+
+class CalibrationFileError(EvalRefusal):
+    """A calibration.json is unreadable, not JSON, or does not follow its schema."""
+    exit_code = 92
+
+
+class CalibrationMismatchError(EvalRefusal):
+    """The calibration was fitted for another artifact (drafter.gguf SHA-256), another
+    target, or another block size than the one it is applied to."""
+    exit_code = 93
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1
