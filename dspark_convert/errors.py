@@ -194,6 +194,19 @@ class ManifestMismatchError(ArtifactError):
     exit_code = 46
 
 
+class EngineRequirementError(ArtifactError):
+    """`validate --require ENGINE`: that engine (strata.open, strata.run, llama.cpp) does
+    not accept the artifact; its first reason is named."""
+    exit_code = 47
+
+
+class QuantizedTensorError(ArtifactError):
+    """A quantized tensor breaks its rules: a type strata.dflash.quantization does not
+    name, a norm or head tensor that must stay BF16, a block scale that is NaN or
+    infinite."""
+    exit_code = 48
+
+
 # --- the Hugging Face Hub and pins (exit codes 50-59; dspark_convert/hub.py) ---------------
 
 # (hub errors go here)
@@ -360,6 +373,39 @@ class AcceptanceFloorError(RuntimeRefusal):
 class ReferenceTraceError(RuntimeRefusal):
     """The reference trace file is unreadable, malformed, or has no run for these settings."""
     exit_code = 77
+
+
+# --- `dspark quantize` (exit codes 80-84; dspark_convert/artifact/quantize.py) -------------
+
+class QuantizeError(DSparkError):
+    kind = "quantize"
+
+
+class ParentArtifactError(QuantizeError):
+    """The parent artifact given to `dspark quantize` does not pass `dspark validate`
+    (its first failed check is named)."""
+    exit_code = 80
+
+
+class QuantRowWidthError(QuantizeError):
+    """A matrix to quantize has a row width (GGUF ne0) that is not a multiple of the
+    32-value block."""
+    exit_code = 81
+
+
+class QuantScaleOverflowError(QuantizeError):
+    """A block of 32 values is too large for the type: its F16 scale would be infinite."""
+    exit_code = 82
+
+
+class QuantizedParentError(QuantizeError):
+    """The parent artifact is already quantized; quantize from the BF16 artifact."""
+    exit_code = 83
+
+
+class QuantTypeError(QuantizeError):
+    """--type or --heads names a type other than q8_0, q5_0, q4_0."""
+    exit_code = 84
 
 
 # --- `dspark eval`: prompt sets, options, calibration (exit codes 90-95) --------------------
