@@ -44,10 +44,9 @@ from .artifact_format import (
     Provenance,
     expected_metadata,
 )
-from .atomic import atomic_directory, fsync_path, write_error
+from .atomic import atomic_directory, check_output, fsync_path, refuse_overlap, write_error
 from .contract import FeatureContract, TensorSpec
-from .errors import (InternalError, NonFiniteTensorError, OutputExistsError,
-                     SafetensorsFormatError, SourceNotFoundError)
+from .errors import InternalError, NonFiniteTensorError, SafetensorsFormatError, SourceNotFoundError
 from .hashing import ThreadedFileHash, hash_file_and_spans, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
@@ -63,7 +62,7 @@ from .manifest import (
     TensorRecord,
 )
 from .numerics import as_array, describe_value, first_non_finite, non_finite_error, round_to_bf16
-from .hub import HubOptions, looks_like_hub_spec, open_hub_source
+from .hub import HubOptions, hub_cache_dir, looks_like_hub_spec, open_hub_source
 from .progress import NoProgress, Progress
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
@@ -361,16 +360,19 @@ def _summary(source: Source) -> str:
             f"{markov}, {conf}")
 
 
-def _refuse_output_over_source(source: Path, output: Path) -> None:
-    """--force replaces the output; it must never replace (and so delete) the source."""
-    if not source.exists():
-        return
-    src, out = source.resolve(), output.absolute()
-    out = out.resolve() if out.exists() else out
-    if src == out or out in src.parents:
-        raise OutputExistsError(f"{output}: is the source checkpoint or holds it; expected an "
-                                "output outside the source", path=str(output),
-                                expected="a path outside the source", found=str(src))
+def _reads(source: Path, hub: HubOptions | None, target) -> list[tuple[object, str]]:
+    """What a conversion reads, which its output must stay out of (atomic.refuse_overlap)."""
+    reads: list[tuple[object, str]] = [(source, "the source checkpoint")]
+    if hub is not None or looks_like_hub_spec(source):
+        reads.append((hub_cache_dir(hub.cache_dir if hub else None), "the Hugging Face cache"))
+    if target is not None and not hasattr(target, "directory"):
+        if os.path.exists(os.fspath(target)):
+            reads.append((target, "the target model"))
+        else:  # a Hub target: it lives in the HF cache
+            reads.append((hub_cache_dir(hub.cache_dir if hub else None), "the Hugging Face cache"))
+    elif target is not None:
+        reads.append((target.directory, "the target model"))
+    return reads
 
 
 def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force: bool = False,
@@ -390,18 +392,18 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
     written, the embedding and head identity before the output is renamed into place."""
     progress = progress or NoProgress()
     hub_source = None
+    # Refused before a long download or pass: an existing output (without --force), and an
+    # output that is, holds or lies inside anything this run reads.
+    check_output(output, force=force)
+    refuse_overlap(output, _reads(Path(source_path), hub, target))
     if hub is not None or looks_like_hub_spec(source_path):
         # org/name@<commit>: download (or find in the cache) and verify, then convert the
         # snapshot; the pass's hashes of the weights are checked by hub_source.check.
-        if Path(output).exists() and not force:  # refuse before a long download
-            raise OutputExistsError(f"{Path(output).absolute()}: output already exists; expected "
-                                    "a new path (pass --force to replace it atomically)",
-                                    path=str(output), expected="absent", found="exists")
         hub_source = open_hub_source(os.fspath(source_path), hub, progress)
         source_path, file_check = hub_source.directory, hub_source.check
         snap = hub_source.snapshot
         identity = SourceIdentity(name=snap.repo, repository=snap.repo, revision=snap.commit)
-    _refuse_output_over_source(Path(source_path), Path(output))
+        refuse_overlap(output, [(source_path, "the source snapshot")])
     source = open_source(source_path)
     identity = identity or SourceIdentity(name=source.name)
     tensors = source.checkpoint.tensors

@@ -824,12 +824,12 @@ def lock_snapshot(spec: str, output: str | os.PathLike, *, resolve: bool = False
     """``dspark lock``: download and verify a snapshot, then write its lock file."""
     from .lockfile import write_lock
 
-    out = Path(output)
-    if out.exists() and not force:
-        from .errors import OutputExistsError
-        raise OutputExistsError(f"{out}: output already exists; expected a new path "
-                                "(pass --force to replace it atomically)", path=str(out),
-                                expected="absent", found="exists")
+    from .atomic import check_output, refuse_overlap
+
+    # Before the download: an existing lock (without --force), and a lock file that would
+    # land inside (or replace a file of) the cache the snapshot is read from.
+    out = check_output(output, force=force, directory=False)
+    refuse_overlap(out, [(hub_cache_dir(cache_dir), "the Hugging Face cache")])
     snap = fetch_snapshot(spec, resolve=resolve, endpoint=endpoint, cache_dir=cache_dir,
                           offline=offline, policy=policy, progress=progress)
     return LockResult(path=write_lock(lock_from_snapshot(snap), out, force=force), snapshot=snap)

@@ -9,14 +9,13 @@ generated from ``LockFile``.
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .atomic import write_error
-from .errors import HubSpecError, OutputExistsError
+from .atomic import atomic_file
+from .errors import HubSpecError
 
 LOCK_FORMAT = "dspark-lock"
 COMMIT_PATTERN = r"^[0-9a-f]{40}$"
@@ -75,27 +74,7 @@ def read_lock(path: str | os.PathLike) -> LockFile:
 
 
 def write_lock(lock: LockFile, path: str | os.PathLike, *, force: bool = False) -> Path:
-    """Write atomically: a hidden sibling, fsync, rename. Refused if ``path`` exists,
-    unless ``force``; on any failure nothing is left behind."""
-    path = Path(path).absolute()
-    if (path.exists() or path.is_symlink()) and not force:
-        raise OutputExistsError(f"{path}: output already exists; expected a new path "
-                                "(pass --force to replace it atomically)", path=str(path),
-                                expected="absent", found="exists")
-    if path.is_dir():
-        raise OutputExistsError(f"{path}: is a directory; expected a lock file path",
-                                path=str(path), expected="a file", found="a directory")
-    tmp = path.parent / f".{path.name}.dspark-tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        with open(tmp, "x", encoding="utf-8") as fh:
-            fh.write(lock_json(lock))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise write_error(exc, path) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """Write atomically (atomic.atomic_file): refused if ``path`` exists, unless ``force``;
+    on any failure nothing is left behind."""
+    text = lock_json(lock).encode("utf-8")
+    return atomic_file(path, lambda fh: fh.write(text), force=force)

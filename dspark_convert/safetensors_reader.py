@@ -590,13 +590,17 @@ def _locate(directory: str | os.PathLike) -> tuple[CheckpointFiles, dict[str, st
 
 def _allowed_roots(directory: Path) -> tuple[Path, ...]:
     """Where a symlinked file may point: the directory itself, and for a Hugging Face cache
-    snapshot (``<repo>/snapshots/<rev>/``) the repo's ``blobs/``, where the hub keeps the
-    content its snapshot links point to."""
+    snapshot (``<repo>/snapshots/<rev>/``) that repository's own ``blobs/``, where the hub
+    keeps the content its snapshot links point to. ``blobs`` must be a real directory of
+    that repository, not itself a link: a ``blobs`` linked to ``/`` would otherwise let a
+    snapshot link reach any file on the machine. Links are checked after resolving every
+    level (``_check_openable``)."""
     real = directory.resolve()
     roots = [real]
     if real.parent.name == "snapshots":
-        blobs = real.parent.parent / "blobs"
-        if blobs.is_dir():
+        repo = real.parent.parent
+        blobs = repo / "blobs"
+        if blobs.is_dir() and not blobs.is_symlink() and blobs.resolve() == repo.resolve() / "blobs":
             roots.append(blobs.resolve())
     return tuple(roots)
 

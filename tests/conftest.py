@@ -24,6 +24,19 @@ def dspark_cmd(*args: str) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def big_source(tmp_path_factory) -> Path:
+    """A ~130 MB synthetic checkpoint (the two Markov matrices, V=65536 x r=512 in BF16):
+    its conversion keeps the hidden temporary sibling on disk long enough to be seen and
+    the process to be signalled while it writes drafter.gguf."""
+    from dspark_convert.synthetic import make_synthetic_checkpoint
+
+    src = tmp_path_factory.mktemp("big") / "src"
+    make_synthetic_checkpoint(src, vocab_size=65536, markov_rank=512, hidden_size=256,
+                              include_embeddings=False)
+    return src
+
+
+@pytest.fixture(scope="session")
 def converted(tmp_path_factory):
     """name -> artifact directory, each golden checkpoint converted once per session."""
     from dspark_convert.convert import convert

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from dspark_convert.atomic import TMP_MARK
+from support.cli import DSPARK, assert_one_error_line, assert_valid, dspark, temp_siblings
 from dspark_convert.errors import (
     NonFiniteTensorError,
     OutputWriteError,
@@ -30,39 +31,10 @@ from dspark_convert.synthetic import (
     write_checkpoint,
 )
 
-DSPARK = Path(sys.executable).parent / "dspark"
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 POLL_S = 0.002
 APPEAR_TIMEOUT_S = 60.0
-
-
-def dspark(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(DSPARK), *args], capture_output=True, text=True, timeout=timeout)
-
-
-def temp_siblings(out: Path) -> list[str]:
-    prefix = f".{out.name}{TMP_MARK}"
-    return sorted(n for n in os.listdir(out.parent) if n.startswith(prefix))
-
-
-def assert_one_error_line(proc: subprocess.CompletedProcess | tuple[int, str], code: int,
-                          *needles: str) -> str:
-    returncode, stderr = (proc.returncode, proc.stderr) if not isinstance(proc, tuple) else proc
-    assert "Traceback" not in stderr, stderr
-    lines = stderr.splitlines()
-    assert len(lines) == 1, f"expected one stderr line, got:\n{stderr}"
-    assert lines[0].startswith("error: "), lines[0]
-    assert returncode == code, f"exit {returncode}, expected {code}: {lines[0]}"
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
-    return lines[0]
-
-
-def assert_valid(out: Path) -> None:
-    assert sorted(os.listdir(out)) == ["drafter.gguf", "manifest.json"]
-    proc = dspark("validate", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def _default_sigint() -> None:
@@ -102,14 +74,6 @@ def start_and_signal(src: Path, out: Path, sig: int) -> tuple[subprocess.Popen, 
 
 
 # --- fixtures -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def big_source(tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("big") / "src"
-    make_synthetic_checkpoint(src, vocab_size=65536, markov_rank=512, hidden_size=256,
-                              include_embeddings=False)
-    return src
-
 
 @pytest.fixture(scope="module")
 def small_source(tmp_path_factory) -> Path:

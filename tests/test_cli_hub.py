@@ -189,3 +189,33 @@ def test_interrupted_download_leaves_no_artifact_and_no_bad_cache_entry(hub, env
     assert again.returncode == 0, again.stderr
     files = json.loads((tmp_path / "out" / "manifest.json").read_text())["source"]["hub"]["files"]
     assert {f["path"]: f["sha256"] for f in files}["model.safetensors"] == WEIGHTS_SHA
+
+
+@pytest.mark.parametrize("where", ["blobs", "snapshot", "cache-root", "inside-cache"])
+def test_an_output_in_the_cache_is_refused_and_the_cache_kept(hub, env, tmp_path, where):
+    """`-o <HF cache>/blobs --force` used to delete the cached weights being converted.
+    An output that is, holds or lies inside the cache a run reads is refused (30)."""
+    spec = f"{REPO}@{hub.commit}"
+    assert dspark(env, "convert", spec, "-o", str(tmp_path / "first")).returncode == 0
+    repo = storage(env)
+    before = {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()}
+    out = {"blobs": repo / "blobs", "snapshot": repo / "snapshots" / hub.commit,
+           "cache-root": repo.parent, "inside-cache": repo / "blobs" / "art"}[where]
+    proc = dspark(env, "convert", spec, "-o", str(out), "--force", "-q")
+    assert proc.returncode == 30, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and ("the Hugging Face cache" in lines[0] or "source snapshot" in lines[0])
+    assert {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()} == before
+    again = dspark({**env, "HF_HUB_OFFLINE": "1"}, "convert", spec, "-o", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_lock_file_in_the_cache_is_refused(hub, env, tmp_path):
+    spec = f"{REPO}@{hub.commit}"
+    assert dspark(env, "convert", spec, "-o", str(tmp_path / "first")).returncode == 0
+    blob = next(p for p in (storage(env) / "blobs").iterdir() if len(p.name) == 64)
+    data = blob.read_bytes()
+    proc = dspark(env, "lock", spec, "-o", str(blob), "--force")
+    assert proc.returncode == 30, proc.stderr
+    assert "the Hugging Face cache" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert blob.read_bytes() == data

@@ -505,15 +505,35 @@ def test_write_pass_failure_without_quiet_is_one_line(tmp_path: Path) -> None:
     assert_refused(proc, NonFiniteTensorError, ["fc.weight", "overflows BF16"])
 
 
-@pytest.mark.parametrize("where", ["source", "source-parent"])
+@pytest.mark.parametrize("where", ["source", "source-parent", "inside-source", "via-link"])
 def test_force_never_replaces_the_source(tmp_path: Path, where: str) -> None:
     holder = tmp_path / "holder"
     src = holder / "src"
     build(src)
+    (tmp_path / "link").symlink_to(holder)
     before = _snapshot(holder)
-    out = src if where == "source" else holder
+    out = {"source": src, "source-parent": holder, "inside-source": src / "art",
+           "via-link": tmp_path / "link" / "src"}[where]
     proc = run_cli("convert", str(src), "-o", str(out), "-q", "--force")
     assert _snapshot(holder) == before, "the source checkpoint was replaced"
     lines = proc.stderr.splitlines()
-    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert proc.returncode == 30 and len(lines) == 1 and lines[0].startswith("error: ")
     assert str(src) in lines[0] or str(holder) in lines[0]
+
+
+def test_output_inside_the_target_is_refused(tmp_path: Path) -> None:
+    """The target is read too: an output inside (or over) it is refused like the source."""
+    import shutil
+
+    from conftest import GOLDEN, REFERENCE_DRAFTER
+
+    target = tmp_path / "target"
+    shutil.copytree(GOLDEN / "reference" / "target", target)
+    before = _snapshot(target)
+    for out in (target / "art", target):
+        proc = run_cli("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q", "--force",
+                       "--target", str(target))
+        lines = proc.stderr.splitlines()
+        assert proc.returncode == 30 and len(lines) == 1, proc.stderr
+        assert "the target model" in lines[0]
+    assert _snapshot(target) == before

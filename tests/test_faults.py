@@ -26,18 +26,13 @@ from pathlib import Path
 
 import pytest
 from conftest import REFERENCE_DRAFTER, dspark_cmd
-from test_atomic_output import (
-    APPEAR_TIMEOUT_S,
-    POLL_S,
-    assert_one_error_line,
-    assert_valid,
-    big_source,  # noqa: F401  (a fixture: the ~130 MB checkpoint that takes a while to write)
-    temp_siblings,
-)
+from support.cli import assert_one_error_line, assert_valid, temp_siblings
 
-from dspark_convert.errors import OutputWriteError
+from dspark_convert.errors import OutputExistsError, OutputWriteError, SourceLayoutError
 
 PAGE = 4096
+POLL_S = 0.002
+APPEAR_TIMEOUT_S = 60.0
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
@@ -188,3 +183,158 @@ def test_sigkill_during_force_keeps_the_old_artifact(big_source: Path, tmp_path:
     assert rerun.returncode == 0, rerun.stderr
     assert temp_siblings(out) == [] and os.listdir(tmp_path) == ["art"]
     assert _snapshot(out) == before          # the same source gives the same bytes
+
+
+# --- another run writing the same output (hostile inputs, round 2) ----------------------------
+
+def _start(src: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """A conversion stopped (SIGSTOP) while it writes its temporary: whatever the test does
+    next happens "while it converts"; ``_resume`` lets it finish."""
+    proc = subprocess.Popen(dspark_cmd("convert", str(src), "-o", str(out), "-q", *extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not poll_until(lambda: bool(temp_siblings(out)) or proc.poll() is not None) \
+            or proc.poll() is not None:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the conversion ended or stalled before its temporary was seen")
+    proc.send_signal(signal.SIGSTOP)
+    return proc
+
+
+def _resume(proc: subprocess.Popen) -> tuple[int, str]:
+    proc.send_signal(signal.SIGCONT)
+    _stdout, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stderr
+
+
+def test_output_that_appears_while_converting_is_refused_and_untouched(big_source: Path,
+                                                                         tmp_path: Path) -> None:
+    """Without --force nothing is ever replaced: not even an output that appears after the
+    run's first check (another run, or a user). It is refused at the rename (30)."""
+    out = tmp_path / "art"
+    proc = _start(big_source, out)
+    out.mkdir()
+    (out / "theirs.txt").write_text("someone else's output\n")
+    assert_one_error_line(_resume(proc), OutputExistsError.exit_code,
+                          str(out), "while this run was writing it")
+    assert os.listdir(out) == ["theirs.txt"]
+    assert temp_siblings(out) == []
+
+
+def test_an_empty_directory_that_appears_is_not_replaced_either(big_source: Path,
+                                                                  tmp_path: Path) -> None:
+    # rename(2) replaces an empty directory silently; the rename used must not.
+    out = tmp_path / "art"
+    proc = _start(big_source, out)
+    out.mkdir()
+    assert_one_error_line(_resume(proc), OutputExistsError.exit_code, str(out))
+    assert os.listdir(out) == []
+    assert temp_siblings(out) == []
+
+
+def test_two_runs_at_once_one_wins_the_other_is_refused(big_source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    slow = _start(big_source, out)
+    fast = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q"),
+                          capture_output=True, text=True, timeout=120)
+    assert fast.returncode == 0, fast.stderr
+    winner = _snapshot(out)
+    assert_one_error_line(_resume(slow), OutputExistsError.exit_code, str(out))
+    assert _snapshot(out) == winner, "the first run's artifact was replaced"
+    assert_valid(out)
+    assert os.listdir(tmp_path) == ["art"]
+
+
+def test_force_replaces_an_output_that_appeared_in_one_step(big_source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    slow = _start(big_source, out, "--force")
+    first = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q"),
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    code, stderr = _resume(slow)
+    assert code == 0, stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["name"] == big_source.name
+    assert_valid(out)
+    assert os.listdir(tmp_path) == ["art"], "the replaced artifact was left behind"
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "fallback"])
+def test_publishing_never_replaces_without_force_in_process(tmp_path: Path, monkeypatch,
+                                                            exchange: bool) -> None:
+    """The same rule where the kernel lacks renameat2 (the fallback claims the name with
+    mkdir/link, which fail when anything holds it)."""
+    from dspark_convert import atomic
+
+    if not exchange:
+        monkeypatch.setattr(atomic, "_renameat2", None)
+    out = tmp_path / "art"
+    with pytest.raises(OutputExistsError):
+        with atomic.atomic_directory(out) as tmp:
+            (tmp / "ours").write_text("new")
+            out.mkdir()                       # appears while "converting"
+    assert os.listdir(out) == [] and temp_siblings(out) == []
+    with atomic.atomic_directory(out, force=True) as tmp:
+        (tmp / "ours").write_text("new")
+    assert os.listdir(out) == ["ours"] and temp_siblings(out) == []
+
+    lock = tmp_path / "x.lock"
+    with pytest.raises(OutputExistsError):
+        atomic.atomic_file(lock, lambda fh: (lock.write_text("theirs"), fh.write(b"ours")))
+    assert lock.read_text() == "theirs" and temp_siblings(lock) == []
+    atomic.atomic_file(lock, lambda fh: fh.write(b"ours"), force=True)
+    assert lock.read_text() == "ours" and temp_siblings(lock) == []
+
+
+def test_long_output_names_get_a_temporary_that_fits(tmp_path: Path) -> None:
+    """An output name of up to 255 bytes is allowed; its hidden temporary's name must fit
+    too (it is shortened, with a hash of the full name), and stale ones are still found."""
+    for length in (227, 240, 255):
+        out = tmp_path / ("a" * length)
+        proc = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q"),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert_valid(out)
+    assert sorted(len(n) for n in os.listdir(tmp_path)) == [227, 240, 255]
+
+
+# --- links out of an HF-cache layout (hostile inputs, round 2) ---------------------------------
+
+def _cache_layout(root: Path, blobs_to: Path | None) -> Path:
+    """<root>/models--o--n/snapshots/<rev>/ with config.json and a model.safetensors link
+    to ../../blobs/<name>; blobs/ is a real directory, or a link to ``blobs_to``."""
+    repo = root / "models--o--n"
+    snap = repo / "snapshots" / ("1" * 40)
+    snap.mkdir(parents=True)
+    shutil.copy(REFERENCE_DRAFTER / "config.json", snap / "config.json")
+    if blobs_to is None:
+        (repo / "blobs").mkdir()
+        shutil.copy(REFERENCE_DRAFTER / "model.safetensors", repo / "blobs" / "w")
+        (snap / "model.safetensors").symlink_to("../../blobs/w")
+    else:
+        (repo / "blobs").symlink_to(blobs_to)
+        # Through blobs -> /, "../../blobs/<absolute path>" reaches any file on the machine.
+        secret = tmp_secret = root.parent / "elsewhere" / "model.safetensors"
+        tmp_secret.parent.mkdir()
+        shutil.copy(REFERENCE_DRAFTER / "model.safetensors", secret)
+        (snap / "model.safetensors").symlink_to("../../blobs" + str(secret))
+    return snap
+
+
+def test_a_cache_layout_whose_blobs_is_a_link_cannot_reach_other_files(tmp_path: Path) -> None:
+    snap = _cache_layout(tmp_path / "cache", blobs_to=Path("/"))
+    out = tmp_path / "art"
+    proc = subprocess.run(dspark_cmd("convert", str(snap), "-o", str(out), "-q"),
+                          capture_output=True, text=True, timeout=120)
+    assert_one_error_line(proc, SourceLayoutError.exit_code, "model.safetensors",
+                          "leaves the source directory")
+    assert not out.exists()
+
+
+def test_a_real_cache_layout_still_converts(tmp_path: Path) -> None:
+    snap = _cache_layout(tmp_path / "cache", blobs_to=None)
+    out = tmp_path / "art"
+    proc = subprocess.run(dspark_cmd("convert", str(snap), "-o", str(out), "-q"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert_valid(out)
