@@ -52,11 +52,9 @@ from .errors import (
     LockMismatchError,
     PinMismatchError,
 )
+from .patterns import is_commit, is_commit_any_case, is_repo_id, is_sha256
 from .progress import NoProgress, Progress
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
 # What conversion needs, top-level files only. Tokenizer files are taken when present
@@ -86,7 +84,7 @@ class HubSpec:
 
     @property
     def is_commit(self) -> bool:
-        return self.revision is not None and COMMIT_RE.match(self.revision) is not None
+        return self.revision is not None and is_commit(self.revision)
 
     def __str__(self) -> str:
         return self.repo if self.revision is None else f"{self.repo}@{self.revision}"
@@ -98,18 +96,18 @@ def looks_like_hub_spec(text: str | os.PathLike) -> bool:
     text = os.fspath(text)
     if os.path.exists(text) or "@" not in text:
         return False
-    return REPO_RE.match(text.split("@", 1)[0]) is not None
+    return is_repo_id(text.split("@", 1)[0])
 
 
 def parse_spec(text: str) -> HubSpec:
     repo, at, revision = text.partition("@")
-    if not REPO_RE.match(repo):
+    if not is_repo_id(repo):
         raise HubSpecError(f"{text}: not a Hub spec; expected org/name@<40-hex commit>",
                            field="source", expected="org/name@<40-hex commit>", found=text)
     if at and not revision:
         raise HubSpecError(f"{text}: empty revision after '@'; expected a 40-hex commit",
                            field="source", expected="org/name@<40-hex commit>", found=text)
-    if revision and re.fullmatch(r"[0-9a-fA-F]{40}", revision):
+    if revision and is_commit_any_case(revision):
         revision = revision.lower()
     return HubSpec(repo=repo, revision=revision or None)
 
@@ -120,7 +118,7 @@ def parse_pins(texts: Iterable[str]) -> dict[str, str]:
     for text in texts:
         path, eq, digest = text.partition("=")
         digest = digest.strip().lower()
-        if not eq or not path or not SHA256_RE.match(digest):
+        if not eq or not path or not is_sha256(digest):
             raise HubSpecError(f"--sha256 {text}: expected FILE=<64-hex SHA-256>",
                                field="--sha256", expected="FILE=<64-hex SHA-256>", found=text)
         if path in pins and pins[path] != digest:
@@ -440,7 +438,7 @@ def resolve_revision(repo: str, revision: str, *, endpoint: str, policy: RetryPo
     url = f"{endpoint}/api/models/{repo}/revision/{quote(revision, safe='')}"
     data, _ = _api_get(url, policy, f"{repo}@{revision}")
     sha = data.get("sha") if isinstance(data, dict) else None
-    if not isinstance(sha, str) or not COMMIT_RE.match(sha):
+    if not isinstance(sha, str) or not is_commit(sha):
         raise HubNetworkError(f"{repo}@{revision}: the Hub's answer has no 40-hex 'sha'",
                               expected="a 40-hex commit", found=str(sha)[:60])
     return sha
@@ -470,7 +468,7 @@ def _remote_file(entry: dict, what: str) -> RemoteFile:
     if lfs is not None:
         size = lfs.get("size", size) if isinstance(lfs, dict) else None
     ok = (isinstance(path, str) and isinstance(size, int) and isinstance(oid, str)
-          and (lfs is None or (isinstance(lfs_sha, str) and SHA256_RE.match(lfs_sha))))
+          and (lfs is None or is_sha256(lfs_sha)))
     if not ok:
         raise HubNetworkError(f"{what}: malformed file entry in the Hub's list: {str(entry)[:100]}",
                               found=str(entry)[:100])
@@ -615,7 +613,7 @@ def _fetch_snapshot(spec, resolve, pins, lock, allow_patterns, required, require
         revision = "main"
     storage = cache / ("models--" + spec.repo.replace("/", "--"))
     resolved = False
-    if not COMMIT_RE.match(revision):
+    if not is_commit(revision):
         if not resolve:
             raise HubSpecError(f"{spec.repo}@{revision}: '{revision}' is a branch or tag, not a "
                                "40-hex commit; pin the commit, or pass --resolve to resolve it now "
@@ -678,7 +676,7 @@ def _cached_ref(storage: Path, repo: str, revision: str) -> str:
         raise HubOfflineError(f"{repo}@{revision}: offline and '{revision}' was never resolved "
                               "in the local cache; expected a cached ref (or pin the commit)",
                               path=str(ref), found="not cached") from None
-    if not COMMIT_RE.match(commit):
+    if not is_commit(commit):
         raise HubOfflineError(f"{ref}: not a 40-hex commit", path=str(ref), found=commit[:60])
     return commit
 
@@ -709,10 +707,10 @@ def _cached_files(snap_dir: Path, patterns: tuple[str, ...], what: str, lock) ->
         expectations = ()
         if local.is_symlink():
             name = Path(os.readlink(local)).name
-            if SHA256_RE.match(name):
+            if is_sha256(name):
                 expectations = (Expectation("cache-blob-sha256", "sha256", name, None,
                                             "the cache's content address"),)
-            elif COMMIT_RE.match(name):
+            elif is_commit(name):
                 expectations = (Expectation("cache-blob-sha1", "git-sha1", name, None,
                                             "the cache's content address"),)
         out.append(SnapshotFile(path=rel, local=local, size=local.stat().st_size,

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .atomic import atomic_file
 from .errors import HubSpecError
+from .patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
 
 LOCK_FORMAT = "dspark-lock"
-COMMIT_PATTERN = r"^[0-9a-f]{40}$"
 MAX_LOCK_BYTES = 4 * 1024 * 1024
 
 
@@ -29,13 +29,13 @@ class _Strict(BaseModel):
 class LockedFile(_Strict):
     path: str = Field(min_length=1, description="path inside the repository")
     size: int = Field(ge=0)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str = Field(pattern=SHA256_PATTERN)
 
 
 class LockFile(_Strict):
     format: Literal["dspark-lock"]
     format_version: Literal[1]
-    repo: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", description="Hub repo id")
+    repo: str = Field(pattern=REPO_PATTERN, description="Hub repo id")
     revision: str = Field(min_length=1, description="the revision as requested (commit, branch or tag)")
     commit: str = Field(pattern=COMMIT_PATTERN, description="the 40-hex commit it resolved to")
     files: list[LockedFile] = Field(min_length=1, description="sorted by path")

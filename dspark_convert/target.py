@@ -37,6 +37,7 @@ from .errors import (
 from .hashing import read_blocks
 from .manifest import FileRecord, TargetConfigRecord, TargetTensorRecord
 from .numerics import RAW_DTYPES, round_to_bf16
+from .patterns import split_hub_spec
 from .progress import NoProgress, Progress
 from .safetensors_reader import (
     Checkpoint,
@@ -60,7 +61,6 @@ TENSOR_DTYPES = ("BF16", "F16", "F32")
 TARGET_MODEL_TYPE = "qwen3"
 
 # A Hub spec: org/name@revision (the revision is required: targets are pinned like drafters).
-_HUB_SPEC = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<rev>[\w./-]+)$")
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
 READ_BLOCK = 8 * 1024 * 1024
 
@@ -127,8 +127,7 @@ class Target:
 
 def parse_hub_spec(spec: str) -> tuple[str, str] | None:
     """(repo, revision) of ``org/name@revision``, or None if ``spec`` is not one."""
-    match = _HUB_SPEC.match(spec)
-    return (match["repo"], match["rev"]) if match else None
+    return split_hub_spec(spec)
 
 
 def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = None,

@@ -53,6 +53,7 @@ from .errors import (
 from .gguf_reader import GGUFFile, read_gguf
 from .hashing import hash_file_and_spans, is_sha256_hex, weights_digest
 from .manifest import Manifest
+from .patterns import is_commit
 from .progress import NoProgress, Progress
 from .numerics import non_finite_error
 from .source import read_json_strict
@@ -168,7 +169,7 @@ def _check_provenance_values(prov: Provenance, label: str) -> None:
             raise MetadataError(f"{label}: metadata key '{key}': expected 64 lowercase hex digits, "
                                 f"found {value!r}", path=label, field=key, expected="sha256 hex",
                                 found=value)
-    if prov.revision != LOCAL_REVISION and not re.fullmatch(r"[0-9a-f]{40}", prov.revision):
+    if prov.revision != LOCAL_REVISION and not is_commit(prov.revision):
         raise MetadataError(f"{label}: metadata key 'dflash.source.revision': expected a 40-hex "
                             f"commit or 'local', found {prov.revision!r}", path=label,
                             field="dflash.source.revision", expected="40-hex|local",
