@@ -133,13 +133,23 @@ def _add_metadata(writer: GGUFWriter, values: dict[str, object]) -> None:
 
 
 def header_bytes(contract: FeatureContract, prov: Provenance, scratch: Path) -> bytes:
+    """drafter.gguf's header for a contract: every written tensor BF16."""
+    return gguf_header(expected_metadata(contract, prov),
+                       [(spec.gguf_name, spec.shape, 2 * math.prod(spec.shape),
+                         GGMLQuantizationType.BF16) for spec in contract.written_tensors],
+                       scratch)
+
+
+def gguf_header(values: dict[str, object], tensors, scratch: Path) -> bytes:
     """GGUF header, metadata and tensor infos as gguf-py writes them, padded to the data
-    alignment. gguf-py only writes to files, so ``scratch`` holds them briefly."""
+    alignment; ``tensors`` is (name, torch shape, nbytes, ggml type) in file order (also
+    used by artifact/quantize.py). gguf-py only writes to files, so ``scratch`` holds them
+    briefly."""
     writer = GGUFWriter(scratch, ARCHITECTURE_NAME)
-    _add_metadata(writer, expected_metadata(contract, prov))
-    for spec in contract.written_tensors:
-        writer.add_tensor_info(spec.gguf_name, spec.shape, np.dtype(np.uint16),
-                               2 * math.prod(spec.shape), raw_dtype=GGMLQuantizationType.BF16)
+    _add_metadata(writer, values)
+    for name, shape, nbytes, ggml_type in tensors:
+        # A non-uint8 dtype: gguf-py takes ``shape`` as the element shape for any raw type.
+        writer.add_tensor_info(name, shape, np.dtype(np.uint16), nbytes, raw_dtype=ggml_type)
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -162,7 +172,8 @@ def _layout(contract: FeatureContract, data_start: int) -> tuple[dict[str, _Slot
     return slots, offset
 
 
-def _pwrite_all(fd: int, data, offset: int) -> None:
+def pwrite_all(fd: int, data, offset: int) -> None:
+    """os.pwrite until every byte of ``data`` is written at ``offset``."""
     view = memoryview(data).cast("B")
     while view:
         n = os.pwrite(fd, view, offset)
@@ -231,14 +242,14 @@ def _write_block(entry: TensorEntry, slot: _Slot, block: memoryview, done: int,
                  out_fd: int) -> None:
     try:
         if entry.dtype == "BF16":
-            _pwrite_all(out_fd, block, slot.offset + done)
+            pwrite_all(out_fd, block, slot.offset + done)
             return
         raw = as_array(block, entry.dtype)
         bits = round_to_bf16(raw)
         problem = _overflow_error(entry, raw, bits, done)
         if problem is not None:
             raise problem
-        _pwrite_all(out_fd, bits, slot.offset + done // raw.itemsize * 2)
+        pwrite_all(out_fd, bits, slot.offset + done // raw.itemsize * 2)
     except OSError as exc:
         raise _OutputOSError(exc) from None
 
@@ -314,7 +325,7 @@ def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
             if len(real) != len(header):  # fixed-length placeholders: cannot happen
                 raise InternalError(f"{path}: header size changed from {len(header)} to "
                                     f"{len(real)} bytes once the hashes were known")
-            _pwrite_all(fd, real, 0)
+            pwrite_all(fd, real, 0)
         except OSError as exc:
             raise write_error(exc, shown) from None
     finally:
