@@ -25,7 +25,7 @@ GGUF_FILE = "drafter.gguf"
 MANIFEST_FILE = "manifest.json"
 LOCAL_REVISION = "local"
 
-When = Literal["always", "hub", "markov", "confidence", "embed", "lm_head"]
+When = Literal["always", "hub", "markov", "confidence", "embed", "lm_head", "quantized"]
 
 T = GGUFValueType
 
@@ -75,6 +75,12 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
                 "SHA-256 of the weights file (sharded: of the sorted `\"<file> <sha256>\\n\"` lines)"),
     MetadataKey("dspark.format_version", T.UINT32, "1"),
     MetadataKey("dspark.converter", T.STRING, "`dspark-convert <version>`"),
+    # Written by `dspark quantize` only, after every key of the BF16 parent, as Strata's
+    # tools/dflash_quantize.py (export) appends them.
+    MetadataKey("strata.dflash.quantization", T.STRING,
+                "`Q8_0`, `Q5_0` or `Q4_0`: the type of the 2-D backbone matrices", "quantized"),
+    MetadataKey("strata.dflash.source_sha256", T.STRING,
+                "SHA-256 of the BF16 parent's `drafter.gguf`", "quantized"),
 )
 KEYS_BY_NAME = {k.key: k for k in METADATA_KEYS}
 
@@ -90,6 +96,8 @@ class Provenance:
     embed_sha256: str | None
     lm_head_sha256: str | None
     converter: str = f"{CONVERTER_NAME} {__version__}"
+    quantization: str | None = None       # strata.dflash.quantization (quantized artifacts)
+    parent_sha256: str | None = None      # strata.dflash.source_sha256 (quantized artifacts)
 
 
 def _flag(value: bool) -> str:
@@ -104,6 +112,7 @@ def _applies(key: MetadataKey, contract: FeatureContract, prov: Provenance) -> b
         "confidence": contract.confidence_head.enabled,
         "embed": prov.embed_sha256 is not None,
         "lm_head": prov.lm_head_sha256 is not None,
+        "quantized": prov.quantization is not None,
     }[key.when]
 
 
@@ -140,6 +149,8 @@ def expected_metadata(contract: FeatureContract, prov: Provenance) -> dict[str, 
         "dflash.source.sha256": prov.source_sha256,
         "dspark.format_version": FORMAT_VERSION,
         "dspark.converter": prov.converter,
+        "strata.dflash.quantization": prov.quantization,
+        "strata.dflash.source_sha256": prov.parent_sha256,
     }
     return {k.key: values[k.key] for k in METADATA_KEYS if _applies(k, contract, prov)}
 
@@ -273,4 +284,6 @@ def provenance_from_metadata(kv: dict[str, object], *, path: str) -> Provenance:
         embed_sha256=kv.get("dflash.target.embed_sha256"),
         lm_head_sha256=kv.get("dflash.target.lm_head_sha256"),
         converter=_get(kv, "dspark.converter", path),
+        quantization=kv.get("strata.dflash.quantization"),
+        parent_sha256=kv.get("strata.dflash.source_sha256"),
     )

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 WHEN_TEXT = {"always": "always", "hub": "Hub source only", "markov": "markov_rank > 0",
              "confidence": "with a confidence head", "embed": "source has embed_tokens",
              "lm_head": "source has lm_head", "embedding": "optional; hashed, never written",
-             "gated": "gated Markov head", "rnn": "rnn Markov head"}
+             "gated": "gated Markov head", "rnn": "rnn Markov head",
+             "quantized": "quantized artifacts only (`dspark quantize`)"}
 
 
 def metadata_table() -> str:

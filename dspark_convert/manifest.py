@@ -10,9 +10,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from .contract import FeatureContract
+from .patterns import COMMIT_PATTERN, SHA256_PATTERN
 
 MANIFEST_FORMAT = "strata-dspark-artifact"
-Sha256 = Field(pattern=r"^[0-9a-f]{64}$")
+Sha256 = Field(pattern=SHA256_PATTERN)
 
 
 class _Record(BaseModel):
@@ -55,11 +56,11 @@ class HubRecord(_Record):
     repo: str
     requested_revision: str = Field(description="the revision as given: the commit, or the "
                                     "branch/tag resolved with --resolve")
-    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    commit: str = Field(pattern=COMMIT_PATTERN)
     resolved: bool = Field(description="true when a branch or tag was resolved to the commit")
     offline: bool = Field(description="true when served from the local cache (HF_HUB_OFFLINE)")
     endpoint: str | None = Field(description="the Hub endpoint asked; null when offline")
-    lock_sha256: str | None = Field(pattern=r"^[0-9a-f]{64}$",
+    lock_sha256: str | None = Field(pattern=SHA256_PATTERN,
                                     description="SHA-256 of the lock file checked against")
     files: list[HubFileRecord]
 
@@ -69,7 +70,7 @@ class SourceRecord(_Record):
     revision: str = Field(description="40-hex commit, or 'local'")
     name: str = Field(description="general.name: repo id or directory name")
     files: list[FileRecord]
-    weights_sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+    weights_sha256: str = Field(pattern=SHA256_PATTERN,
                                 description="dflash.source.sha256")
     dtype: Literal["BF16", "F16", "F32"]
     rounded_to_bf16: bool = Field(description="true when the source was F32/F16 and was rounded")
@@ -87,12 +88,32 @@ class SourceRecord(_Record):
         return data
 
 
+QuantType = Literal["Q8_0", "Q5_0", "Q4_0"]
+
+
+class QuantErrorRecord(_Record):
+    """A quantized tensor's error against the BF16 values it was made from."""
+    max_abs: float = Field(ge=0, description="max |quantized - bf16|")
+    rel_rms: float = Field(ge=0, description="sqrt(sum (quantized - bf16)^2 / sum bf16^2)")
+
+
 class TensorRecord(_Record):
     name: str
-    type: Literal["BF16"]
+    type: Literal["BF16", "Q8_0", "Q5_0", "Q4_0"]
     shape: list[int] = Field(description="GGUF order: ne0 (input) first")
     sha256: str = Sha256
     source: str
+    error: QuantErrorRecord | None = Field(default=None, description="quantized artifacts: "
+                                           "the error of a quantized tensor against the "
+                                           "parent's BF16 values; absent for a BF16 tensor")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_error(self, handler):
+        # A BF16 artifact's manifest keeps the bytes it had before quantization existed.
+        data = handler(self)
+        if data.get("error") is None:
+            data.pop("error", None)
+        return data
 
 
 class ArtifactRecord(_Record):
@@ -158,6 +179,21 @@ class TargetRecord(_Record):
     checks: list[CheckRecord]
 
 
+class ParentRecord(_Record):
+    """The BF16 artifact a quantized artifact was made from (`dspark quantize`)."""
+    files: list[FileRecord] = Field(description="the parent's drafter.gguf and manifest.json")
+
+
+class QuantizationRecord(_Record):
+    """How a quantized artifact was made (ARTIFACT_SPEC.md, Quantized artifacts)."""
+    type: QuantType = Field(description="strata.dflash.quantization: the type of the 2-D "
+                            "backbone matrices (fc, blk.N.*)")
+    heads: QuantType | None = Field(description="the type of the Markov and confidence "
+                                    "matrices; null: kept BF16")
+    tool: str = Field(description="the quantizer: gguf-py's gguf.quants.quantize, from the "
+                      "BF16 values widened to float32")
+
+
 class Manifest(_Record):
     format: Literal["strata-dspark-artifact"]
     format_version: Literal[1]
@@ -168,3 +204,17 @@ class Manifest(_Record):
     contract: FeatureContract
     artifact: ArtifactRecord
     checks: list[CheckRecord]
+    parent: ParentRecord | None = Field(default=None, description="quantized artifacts: the "
+                                        "BF16 parent; absent for a converted artifact")
+    quantization: QuantizationRecord | None = Field(default=None, description="quantized "
+                                                    "artifacts: type and tool; absent otherwise")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_quantization(self, handler):
+        # A converted (BF16) artifact's manifest keeps the bytes it had before quantized
+        # artifacts existed (tests/test_golden.py checks their hashes).
+        data = handler(self)
+        for key in ("parent", "quantization"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
