@@ -46,7 +46,9 @@ from .artifact_format import (
 )
 from .atomic import atomic_directory, check_output, fsync_path, refuse_overlap, write_error
 from .contract import FeatureContract, TensorSpec
-from .errors import InternalError, NonFiniteTensorError, SafetensorsFormatError, SourceNotFoundError
+from .errors import (InternalError, NonFiniteTensorError, OutputWriteError,
+                     SafetensorsFormatError, SourceNotFoundError)
+from .paths import check_path
 from .hashing import ThreadedFileHash, hash_file_and_spans, weights_digest
 from .manifest import (
     MANIFEST_FORMAT,
@@ -67,6 +69,7 @@ from .progress import NoProgress, Progress
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
 from .strata_rules import strata_findings
+from .text import shown
 
 if TYPE_CHECKING:
     from .target import Target
@@ -403,6 +406,9 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
     written, the embedding and head identity before the output is renamed into place."""
     progress = progress or NoProgress()
     hub_source = None
+    check_path(output, what="the output", error=OutputWriteError)
+    if not looks_like_hub_spec(source_path):
+        check_path(source_path, what="the source checkpoint", error=SourceNotFoundError)
     # Refused before a long download or pass: an existing output (without --force), and an
     # output that is, holds or lies inside anything this run reads.
     check_output(output, force=force)
@@ -460,7 +466,8 @@ def _checks(source: Source, records: list[TensorRecord], stripped: list[Stripped
     checks = [
         CheckRecord(name="source.layout", status="passed",
                     detail=f"config.json + {len(files.weights)} safetensors file(s)"
-                           + (f", {len(files.ignored)} file(s) not opened: {', '.join(files.ignored)}"
+                           + (f", {len(files.ignored)} file(s) not opened: "
+                              f"{', '.join(shown(n) for n in files.ignored)}"
                               if files.ignored else "")),
         CheckRecord(name="source.headers", status="passed",
                     detail=f"{len(tensors)} tensors; strict header checks passed"),

@@ -53,6 +53,7 @@ from .errors import (
     PinMismatchError,
 )
 from .patterns import is_commit, is_commit_any_case, is_repo_id, is_sha256
+from .text import shown
 from .progress import NoProgress, Progress
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -467,7 +468,10 @@ def _remote_file(entry: dict, what: str) -> RemoteFile:
     lfs_sha = lfs.get("oid") if isinstance(lfs, dict) else None
     if lfs is not None:
         size = lfs.get("size", size) if isinstance(lfs, dict) else None
-    ok = (isinstance(path, str) and isinstance(size, int) and isinstance(oid, str)
+    # A path must be UTF-8 text: JSON lets "\ud800" through, which no file name, manifest
+    # or message can carry.
+    ok = (isinstance(path, str) and shown(path) == path and isinstance(size, int)
+          and isinstance(oid, str)
           and (lfs is None or is_sha256(lfs_sha)))
     if not ok:
         raise HubNetworkError(f"{what}: malformed file entry in the Hub's list: {str(entry)[:100]}",
@@ -826,6 +830,10 @@ def lock_snapshot(spec: str, output: str | os.PathLike, *, resolve: bool = False
 
     # Before the download: an existing lock (without --force), and a lock file that would
     # land inside (or replace a file of) the cache the snapshot is read from.
+    from .errors import OutputWriteError
+    from .paths import check_path
+
+    check_path(output, what="the lock file", error=OutputWriteError)
     out = check_output(output, force=force, directory=False)
     refuse_overlap(out, [(hub_cache_dir(cache_dir), "the Hugging Face cache")])
     snap = fetch_snapshot(spec, resolve=resolve, endpoint=endpoint, cache_dir=cache_dir,

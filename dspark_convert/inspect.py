@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict
 
 from .artifact_format import GGUF_FILE, contract_from_metadata
 from .contract import FeatureContract
-from .errors import DSparkError, HeadConfigMismatchError, InventoryError
+from .errors import DSparkError, HeadConfigMismatchError, InventoryError, SourceNotFoundError
+from .paths import check_path
 from .gguf_reader import read_gguf
 from .safetensors_reader import read_checkpoint
 from .source import check_checkpoint_inventory, load_config
@@ -113,7 +114,7 @@ def _inspect_artifact(gguf_path: Path) -> InspectResult:
 
 def inspect_path(path: str | os.PathLike) -> InspectResult:
     """A checkpoint directory, an artifact directory, or a drafter.gguf file."""
-    target = Path(path)
+    target = check_path(path, what="the path to inspect", error=SourceNotFoundError)
     if target.is_file() and target.suffix == ".gguf":
         return _inspect_artifact(target)
     if target.is_dir() and (target / GGUF_FILE).is_file():

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .atomic import atomic_file
 from .errors import HubSpecError
+from .paths import check_path
 from .patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
 
 LOCK_FORMAT = "dspark-lock"
@@ -58,7 +59,7 @@ def read_lock(path: str | os.PathLike) -> LockFile:
     """Parse a lock file; anything malformed raises HubSpecError naming the file and field."""
     from .source import read_json_strict
 
-    path = Path(path)
+    path = check_path(path, what="the lock file", error=HubSpecError)
     if not path.is_file():
         raise HubSpecError(f"{path}: lock file not found", path=str(path),
                            expected="a lock file written by `dspark lock`", found="missing")

@@ -50,6 +50,7 @@ from .target import (
     open_target,
     tensor_sha256,
 )
+from .text import shown
 from .tokenizer_fingerprint import fingerprint_difference
 
 if TYPE_CHECKING:
@@ -354,7 +355,7 @@ def target_record(target: Target, tensors: list[TargetTensorRecord],
                   checks: list[CheckRecord]) -> TargetRecord:
     return TargetRecord(
         repo=target.repo, revision=target.revision,
-        path=None if target.repo is not None else target.spec,
+        path=None if target.repo is not None else shown(target.spec),
         files=list(target.files), config=target.config, tensors=tensors,
         tokenizer=target.tokenizer.record, checks=checks)
 

@@ -22,6 +22,7 @@ from .contract import (
 from .errors import ConfigError, SourceNotFoundError
 from .safetensors_reader import Checkpoint, read_checkpoint
 from .strict_json import json_error_text, loads_strict
+from .text import shown
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
@@ -57,8 +58,10 @@ class Source:
 
     @property
     def name(self) -> str:
-        # general.name: the directory's own name, also when given as "." or "dir/".
-        return Path(os.path.abspath(self.directory)).name
+        # general.name: the directory's own name, also when given as "." or "dir/"; a name
+        # that is not UTF-8 or holds control characters is recorded escaped (text.shown):
+        # a GGUF string and manifest.json hold UTF-8 text only.
+        return shown(Path(os.path.abspath(self.directory)).name)
 
 
 def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:

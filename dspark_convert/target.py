@@ -37,6 +37,7 @@ from .errors import (
 from .hashing import read_blocks
 from .manifest import FileRecord, TargetConfigRecord, TargetTensorRecord
 from .numerics import RAW_DTYPES, round_to_bf16
+from .paths import check_path
 from .patterns import split_hub_spec
 from .progress import NoProgress, Progress
 from .safetensors_reader import (
@@ -137,6 +138,7 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     weights' headers and tokenizer.json; no tensor byte."""
     text = str(spec)
     directory, repo, revision = Path(text), None, LOCAL_REVISION
+    check_path(text, what="the target", error=TargetNotFoundError)
     if not directory.exists():
         hub = parse_hub_spec(text)
         if hub is None:

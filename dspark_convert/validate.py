@@ -53,7 +53,9 @@ from .errors import (
 from .gguf_reader import GGUFFile, read_gguf
 from .hashing import hash_file_and_spans, is_sha256_hex, weights_digest
 from .manifest import Manifest
+from .paths import check_path
 from .patterns import is_commit
+from .text import shown
 from .progress import NoProgress, Progress
 from .numerics import non_finite_error
 from .source import read_json_strict
@@ -364,6 +366,11 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     progress = progress or NoProgress()
     root = Path(path)
     checks = _Checks()
+    try:
+        check_path(root, what="the artifact", error=InvalidArtifactError)
+    except InvalidArtifactError as exc:
+        checks.failed("artifact.files", exc)
+        return checks.report(Path(shown(os.fspath(root))))
 
     # 1. the files
     gguf_path, manifest_path = root / GGUF_FILE, root / MANIFEST_FILE

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import typer
 
 from ..errors import DSparkError, InternalError
+from ..text import shown
 
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
@@ -33,7 +34,8 @@ def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subpro
 def emit_error(error: DSparkError, *, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps({"ok": False, **error.to_dict()}, indent=2) + "\n")
-    sys.stderr.write(f"error: {error.message}\n")
+    # Names from inputs are in the message: escaped, so the line cannot rewrite itself.
+    sys.stderr.write(f"error: {shown(error.message)}\n")
 
 
 def run(action: Callable[[], int | None], *, debug: bool = False, as_json: bool = False) -> None:

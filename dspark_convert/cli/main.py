@@ -15,11 +15,18 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from .. import __version__
+from ..text import shown
 from .errors import run
+
+
+def escape(text: object) -> str:
+    """Text from files and users for rich output: non-printing characters escaped (no
+    terminal escape sequence reaches the screen), then rich markup escaped."""
+    return escape_markup(shown(text))
 
 app = typer.Typer(
     name="dspark",
@@ -208,7 +215,7 @@ def validate(
                       f"{report.warnings} warning(s)" + (" (strict)" if strict else ""))
         failure = report.first_failure
         if failure is not None:
-            sys.stderr.write(f"error: {failure.name}: {failure.detail}\n")
+            sys.stderr.write(f"error: {shown(failure.name)}: {shown(failure.detail)}\n")
         elif code:
             sys.stderr.write("error: --strict: warnings count as failures\n")
         return code
@@ -233,7 +240,7 @@ def inspect(
         else:
             _print_inspect(result)
         if result.problem is not None:
-            sys.stderr.write(f"error: {result.problem['message']}\n")
+            sys.stderr.write(f"error: {shown(result.problem['message'])}\n")
             return result.problem_exit_code or 1
         return 0
 

@@ -1,0 +1,41 @@
+"""Untrusted text (file, tensor and key names, paths, values from inputs) made safe to show.
+
+A name read from a file or a directory listing can hold terminal escape sequences (an
+error line that erases itself), other control or format characters (bidi overrides), or
+bytes that are not UTF-8 (kept by Python as surrogate escapes, which a UTF-8 terminal,
+a JSON writer or a GGUF string cannot carry). ``shown`` escapes exactly those, and leaves
+every printable character (accents, CJK, emoji) as it is. It is applied where such text
+leaves the program: the CLI's output and error lines, and names recorded in an artifact
+(general.name, manifest.json).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+# Unicode categories that do not print: controls (Cc), format characters such as bidi
+# overrides (Cf), line/paragraph separators (Zl, Zp), surrogates (Cs), private use (Co)
+# and unassigned code points (Cn).
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:          # a byte that was not UTF-8 (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def shown(text: object) -> str:
+    """``text`` with every non-printing character escaped (``\\x1b``, ``\\u202e``,
+    ``\\xff`` for a byte that was not UTF-8); printable text unchanged. Plain ASCII text
+    (the common case) is returned as it is without a per-character walk."""
+    text = str(text)
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(_escape(ch) if (ch != " " and unicodedata.category(ch) in _HIDDEN)
+                   or (ch.isspace() and ch != " ") else ch for ch in text)
