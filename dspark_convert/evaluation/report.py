@@ -1,0 +1,397 @@
+"""The eval report: ``EvalReport`` (report.json), report.md, and writing a report directory.
+
+``write_report(report, out_dir)`` builds the whole directory in a hidden temporary sibling
+(``atomic.atomic_directory``) and renames it into place: ``report.json``, ``report.md``,
+the PNGs of ``plots.py`` and one ``calibration-<artifact>.json`` per calibrated artifact.
+An interrupted write leaves nothing; a partial report (``complete`` false, after Ctrl-C)
+is written the same way and says so at the top of report.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..atomic import atomic_directory, write_error
+from .calibration import CalibrationFile
+from .environment import Environment, TargetIdentity
+from .metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
+from .prompts import PromptSetInfo
+
+REPORT_FORMAT = "dspark-eval-report"
+REPORT_VERSION = 1
+
+
+class CycleRecord(BaseModel):
+    """One verify step (the reference.json cycle, plus its times when the runtime has them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    proposed: list[int]
+    accepted: int
+    next_token: int
+    confidence_logits: list[float] | None
+    draft_seconds: float | None
+    verify_seconds: float | None
+
+
+class PromptRun(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    category: str | None
+    prompt_tokens: int
+    new_tokens: int
+    completion_ids: list[int]          # the new tokens (the prompt excluded)
+    seconds: float
+    acceptance_lengths: list[int] | None
+    cycles: list[CycleRecord] | None
+    lossless: bool | None              # temperature 0: equals the target's greedy output
+
+
+class RunReport(BaseModel):
+    """One combination over every prompt: the target alone, or an artifact at a
+    temperature and confidence threshold (0: the cutoff off)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["target", "drafter"]
+    artifact: str | None               # the artifact's name in this report
+    temperature: float
+    confidence_threshold: float | None
+    prompts: list[PromptRun]
+    new_tokens: int
+    seconds: float
+    committed_tokens_per_second: float | None
+    speedup: float | None              # over the target alone at the same temperature
+    acceptance: Acceptance | None
+    draft_seconds: float | None        # time in the drafter, all prompts
+    draft_seconds_per_step: Spread | None
+    verify_seconds_per_step: Spread | None
+    timing_note: str | None
+    peak_memory: PeakMemory | None
+    lossless: bool | None
+    confidence: ConfidenceReport | None   # threshold-0 runs of an artifact with a head
+
+
+class NotRun(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["target", "drafter", "calibration"]
+    artifact: str | None
+    temperature: float | None
+    confidence_threshold: float | None
+    reason: str
+
+
+class ArtifactReport(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    path: str
+    drafter_gguf_sha256: str
+    block_size: int
+    markov_head: str                   # none, vanilla, gated, rnn
+    confidence_head: bool
+    validate_warnings: list[str]
+    confidence: ConfidenceReport | None   # at the first temperature, threshold 0
+    calibration: CalibrationFile | None
+    calibration_file: str | None          # its name in the report directory
+    held_out_raw: ConfidenceReport | None          # the held-out split, raw head
+    held_out_calibrated: ConfidenceReport | None   # ... with the STS temperatures
+
+
+class EvalSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperatures: list[float]
+    thresholds: list[float]
+    max_new_tokens: int
+    seed: int
+    device: str
+    calibrate: bool
+    held_out: float
+    warmup: bool
+
+
+class EvalReport(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["dspark-eval-report"] = REPORT_FORMAT
+    version: Literal[1] = REPORT_VERSION
+    complete: bool
+    incomplete_reason: str | None
+    settings: EvalSettings
+    environment: Environment
+    target: TargetIdentity | None
+    prompt_set: PromptSetInfo
+    artifacts: list[ArtifactReport]
+    runs: list[RunReport]
+    not_run: list[NotRun]
+    lossless: bool | None              # every temperature-0 drafter run equals the target
+
+    def run(self, kind: str, artifact: str | None, temperature: float,
+            threshold: float | None) -> RunReport | None:
+        for r in self.runs:
+            if (r.kind, r.artifact, r.temperature, r.confidence_threshold) == \
+                    (kind, artifact, temperature, threshold):
+                return r
+        return None
+
+
+# Fields that measure time or memory: everything else is the same for the same seed.
+MEASURED_FIELDS = frozenset({
+    "seconds", "committed_tokens_per_second", "speedup", "draft_seconds",
+    "draft_seconds_per_step", "verify_seconds_per_step", "verify_seconds", "peak_memory",
+    "timing_note", "environment"})
+
+
+def comparable(report: EvalReport) -> dict:
+    """The report as JSON data without the measured times, memory and environment: two runs
+    with the same inputs and seed give equal values."""
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in MEASURED_FIELDS}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(report.model_dump(mode="json"))
+
+
+# --- report.md ----------------------------------------------------------------------------
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}%"
+
+
+def _ms(spread: Spread | None) -> str:
+    return "-" if spread is None else f"{1000 * spread.median:.2f} / {1000 * spread.p90:.2f}"
+
+
+def _mib(mem: PeakMemory | None) -> str:
+    return "-" if mem is None else f"{mem.bytes / 2 ** 20:.0f}"
+
+
+def _md_cell(text: object) -> str:
+    """A value from the inputs as a table cell: escaped, no pipe or newline."""
+    shown = str(text)
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
+    return shown.replace("|", "\\|")
+
+
+def _run_label(r: RunReport) -> str:
+    if r.kind == "target":
+        return "target alone"
+    thr = "off" if not r.confidence_threshold else f"{r.confidence_threshold:g}"
+    return f"{_md_cell(r.artifact)} (cutoff {thr})"
+
+
+def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> str:
+    out: list[str] = []
+    env, s = report.environment, report.settings
+    out.append("# dspark eval")
+    out.append("")
+    if not report.complete:
+        out.append(f"> **INCOMPLETE**: {_md_cell(report.incomplete_reason or 'interrupted')}. "
+                   "The runs below finished; the rest are listed under *Not run*.")
+        out.append("")
+    target = report.target.path if report.target else "-"
+    out.append(f"Target `{_md_cell(target)}`, {report.prompt_set.count} prompts "
+               f"(`{_md_cell(report.prompt_set.path)}`, SHA-256 `{report.prompt_set.sha256[:16]}…`), "
+               f"max {s.max_new_tokens} new tokens, seed {s.seed}; {_md_cell(env.device)} "
+               f"({_md_cell(env.device_name)}), {env.dtype}, torch {env.torch_version}, "
+               f"{env.torch_threads} thread(s), dspark-convert {env.dspark_convert_version}.")
+    out.append("")
+    if report.lossless is not None:
+        out.append("Temperature 0: every speculative output "
+                   + ("**equals** the target's own greedy output." if report.lossless
+                      else "**does not equal** the target's own greedy output: see `lossless` in report.json."))
+        out.append("")
+
+    out.append("## Runs")
+    out.append("")
+    out.append("| run | T | tau | accepted / pass | mean L | accept rate | tok/s | speedup | "
+               "draft ms p50 / p90 | verify ms p50 / p90 | peak MiB | lossless |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in report.runs:
+        a = r.acceptance
+        lossless = "-" if r.lossless is None else ("yes" if r.lossless else "**NO**")
+        out.append(f"| {_run_label(r)} | {r.temperature:g} | {_f(a.tau if a else None)} | "
+                   f"{_f(a.accepted_per_verify if a else None)} | "
+                   f"{_f(a.mean_verified_length if a else None)} | "
+                   f"{_pct(a.acceptance_rate_verified if a else None)} | "
+                   f"{_f(r.committed_tokens_per_second, 0)} | "
+                   f"{'1.00x' if r.kind == 'target' else (_f(r.speedup) + 'x' if r.speedup else '-')} | "
+                   f"{_ms(r.draft_seconds_per_step)} | {_ms(r.verify_seconds_per_step)} | "
+                   f"{_mib(r.peak_memory)} | {lossless} |")
+    out.append("")
+    notes = sorted({r.timing_note for r in report.runs if r.timing_note})
+    mem = next((r.peak_memory for r in report.runs if r.peak_memory), None)
+    out.append("tau: mean accepted+1 per verify step; mean L: draft tokens verified per step "
+               "(after the cutoff); accept rate: accepted / verified draft tokens; tok/s: new "
+               "tokens / wall time; speedup: over the target alone at the same temperature.")
+    if mem is not None:
+        out.append(f"Peak memory: {mem.note}.")
+    for note in notes:
+        out.append(f"Timing: {note}.")
+    out.append("")
+
+    drafter_runs = [r for r in report.runs if r.kind == "drafter" and not r.confidence_threshold]
+    if drafter_runs:
+        B = max(len(r.acceptance.acceptance_by_position) for r in drafter_runs if r.acceptance)
+        out.append("## Acceptance by draft position (cutoff off)")
+        out.append("")
+        out.append("Conditional P(accepted > k | proposed > k), then cumulative P(accepted > k).")
+        out.append("")
+        out.append("| artifact | T | " + " | ".join(f"k={k}" for k in range(B)) + " |")
+        out.append("|---|---|" + "---|" * B)
+        for r in drafter_runs:
+            for which, rates in (("", r.acceptance.acceptance_by_position),
+                                 (" cumulative", r.acceptance.acceptance_by_position_cumulative)):
+                cells = " | ".join(_f(x) for x in rates)
+                out.append(f"| {_md_cell(r.artifact)}{which} | {r.temperature:g} | {cells} |")
+        out.append("")
+
+    cutoff = [r for r in report.runs if r.kind == "drafter" and r.confidence_threshold]
+    if cutoff:
+        out.append("## Static confidence cutoff")
+        out.append("")
+        out.append("| artifact | T | threshold | tau | mean L | accept rate | tok/s | speedup |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for art in report.artifacts:
+            rows = sorted((r for r in report.runs if r.kind == "drafter" and r.artifact == art.name
+                           and art.confidence_head),
+                          key=lambda r: (r.temperature, r.confidence_threshold or 0.0))
+            for r in rows:
+                a = r.acceptance
+                out.append(f"| {_md_cell(art.name)} | {r.temperature:g} | "
+                           f"{r.confidence_threshold or 0:g} | {_f(a.tau)} | "
+                           f"{_f(a.mean_verified_length)} | {_pct(a.acceptance_rate_verified)} | "
+                           f"{_f(r.committed_tokens_per_second, 0)} | "
+                           f"{_f(r.speedup) + 'x' if r.speedup else '-'} |")
+        out.append("")
+
+    for art in report.artifacts:
+        if art.confidence is None:
+            continue
+        c = art.confidence
+        out.append(f"## Confidence head: {_md_cell(art.name)} (T={c.temperature:g}, threshold 0, "
+                   f"{c.proposals} proposals)")
+        out.append("")
+        out.append("DeepSpec's metrics of the cumulative prediction P_k = prod sigmoid(cl_i), "
+                   "i <= k, against \"positions 0..k all accepted\".")
+        out.append("")
+        out.append("| position | weight | ECE | AUROC | Brier | mean pred | mean label |")
+        out.append("|---|---|---|---|---|---|---|")
+        for e in c.per_position:
+            out.append(f"| {e.position} | {e.total_weight:g} | {_pct(e.ece, 2)} | {_f(e.auc, 3)} | "
+                       f"{_f(e.brier, 4)} | {_f(e.pred_mean, 3)} | {_f(e.target_mean, 3)} |")
+        m = c.summary
+        out.append(f"| mean | | {_pct(m.ece_mean, 2)} | {_f(m.auc_mean, 3)} | {_f(m.brier_mean, 4)} | "
+                   f"{_f(m.pred_mean, 3)} | {_f(m.target_mean, 3)} |")
+        out.append("")
+        cal = art.calibration
+        if cal is not None:
+            out.append(f"### Sequential Temperature Scaling: {_md_cell(art.name)}")
+            out.append("")
+            out.append(f"Fitted on {len(cal.split.calibration_ids)} prompts, scored on "
+                       f"{len(cal.split.held_out_ids)} held-out prompts (seed {cal.split.seed}); "
+                       f"`{_md_cell(art.calibration_file)}`. {_md_cell(cal.note)}.")
+            out.append("")
+            out.append("| position | T | held-out weight | ECE before | ECE after | AUROC before | "
+                       "AUROC after | Brier before | Brier after |")
+            out.append("|---|---|---|---|---|---|---|---|---|")
+            for p in cal.per_position:
+                out.append(f"| {p.position} | {p.temperature:g} | {p.total_weight:g} | "
+                           f"{_pct(p.ece_before, 2)} | {_pct(p.ece_after, 2)} | "
+                           f"{_f(p.auc_before, 3)} | {_f(p.auc_after, 3)} | "
+                           f"{_f(p.brier_before, 4)} | {_f(p.brier_after, 4)} |")
+            out.append(f"| mean | | | {_pct(cal.ece_mean_before, 2)} | {_pct(cal.ece_mean_after, 2)} "
+                       "| | | | |")
+            out.append("")
+
+    if report.not_run:
+        out.append("## Not run")
+        out.append("")
+        for n in report.not_run:
+            what = n.kind if n.artifact is None else f"{n.kind} {n.artifact}"
+            where = []
+            if n.temperature is not None:
+                where.append(f"T={n.temperature:g}")
+            if n.confidence_threshold is not None:
+                where.append(f"threshold {n.confidence_threshold:g}")
+            suffix = f" ({', '.join(where)})" if where else ""
+            out.append(f"- {_md_cell(what)}{suffix}: {_md_cell(n.reason)}")
+        out.append("")
+
+    out.append("## Artifacts")
+    out.append("")
+    out.append("| name | path | drafter.gguf SHA-256 | block | Markov head | confidence head |")
+    out.append("|---|---|---|---|---|---|")
+    for art in report.artifacts:
+        out.append(f"| {_md_cell(art.name)} | `{_md_cell(art.path)}` | `{art.drafter_gguf_sha256}` | "
+                   f"{art.block_size} | {art.markov_head} | {'yes' if art.confidence_head else 'no'} |")
+    if report.target is not None:
+        t = report.target
+        out.append("")
+        out.append(f"Target identity: config `{t.config_sha256[:16]}…`, weights "
+                   f"`{t.weights_sha256[:16]}…`, embedding `{t.embed_sha256[:16]}…`, head "
+                   f"`{t.lm_head_sha256[:16]}…`.")
+    if plots:
+        out.append("")
+        out.append("## Plots")
+        out.append("")
+        for name in plots:
+            out.append(f"![{name}]({name})")
+    out.append("")
+    return "\n".join(out)
+
+
+# --- writing the directory ----------------------------------------------------------------
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    try:
+        with open(path, "wb") as fh:
+            fh.write(data)
+    except OSError as exc:
+        raise write_error(exc, path) from None
+
+
+def write_report(report: EvalReport, out_dir: str | os.PathLike, *, force: bool = False,
+                 plots: bool = True) -> list[Path]:
+    """Write the report directory atomically; returns the final paths of what it wrote."""
+    from .plots import write_plots
+
+    names: list[str] = []
+    with atomic_directory(out_dir, force=force) as tmp:
+        for art in report.artifacts:
+            if art.calibration is not None and art.calibration_file:
+                text = art.calibration.model_dump_json(indent=1) + "\n"
+                _write_bytes(tmp / art.calibration_file, text.encode())
+                names.append(art.calibration_file)
+        plot_names = write_plots(report, tmp) if plots else []
+        names += plot_names
+        # Compact: the cycles of every prompt make an indented file ten times larger.
+        doc = report.model_dump(mode="json")
+        _write_bytes(tmp / "report.json", (json.dumps(doc, separators=(",", ":")) + "\n").encode())
+        _write_bytes(tmp / "report.md", render_markdown(report, plots=plot_names).encode())
+        names += ["report.json", "report.md"]
+    out = Path(out_dir)
+    return [out / n for n in names]
+
+
+def read_report(path: str | os.PathLike) -> EvalReport:
+    """report.json back into the model (for tools that compare reports); raises
+    ValueError or pydantic's ValidationError on a file that is not one."""
+    from ..strict_json import loads_strict
+
+    return EvalReport.model_validate(loads_strict(Path(path).read_text()))

@@ -1,0 +1,499 @@
+"""`dspark eval`: the target alone, DFlash and DSpark drafters on the same prompts.
+
+``run_eval`` checks every input first (options, the prompt set, every artifact through
+``validate`` and its binding to the target), then runs, all on the same prompts, device
+and settings:
+
+1. the target alone at each temperature (the baseline: the runtime's ``target_greedy`` at
+   temperature 0, one token per forward; at T > 0 its own sampling from softmax(z/T));
+2. each artifact at each temperature with the confidence cutoff off (threshold 0);
+3. each artifact with a confidence head at each threshold > 0, at each temperature.
+
+Sampling uses the seed for every prompt, exactly as ``dspark smoke --seed`` does, so a
+``smoke`` run of the same prompt and settings reproduces an eval run cycle by cycle, and
+the same seed gives the same report (times and memory aside: ``report.comparable``).
+Before the timed runs each model generates a few tokens once, untimed (warm-up).
+
+A combination that cannot run is listed in ``not_run`` with the reason (CUDA not
+available, no confidence head, too few prompts to calibrate); none is dropped. Ctrl-C
+raises ``EvalInterrupted``, a KeyboardInterrupt carrying the partial report
+(``complete`` false; the runs that finished, the rest in ``not_run``), for the caller to
+write before it exits.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import DeviceUnavailableError, EvalInputError
+from ..hashing import sha256_file
+from ..progress import NoProgress, Progress
+from .calibration import CalibrationSplit, calibrate as fit_calibration, split_prompts
+from .environment import describe_environment, target_identity
+from .metrics import MemoryProbe, acceptance, confidence_data, confidence_report, spread
+from .prompts import Prompt, PromptSet, load_prompt_set, resolve_prompts
+from .report import (
+    ArtifactReport,
+    CycleRecord,
+    EvalReport,
+    EvalSettings,
+    NotRun,
+    PromptRun,
+    RunReport,
+)
+
+DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0,)
+DEFAULT_THRESHOLDS: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
+DEFAULT_MAX_NEW_TOKENS = 64
+DEFAULT_HELD_OUT = 0.5
+MAX_NEW_TOKENS_LIMIT = 1 << 20
+WARMUP_TOKENS = 8
+TIMING_MISSING = ("per-step draft and verify times need Cycle.draft_seconds / "
+                  "Cycle.verify_seconds, which this runtime does not record; draft_seconds is "
+                  "the run's total time in the drafter")
+
+
+class EvalInterrupted(KeyboardInterrupt):
+    """Ctrl-C during an eval; ``report`` is the partial report (``complete`` false)."""
+
+    def __init__(self, report: EvalReport) -> None:
+        super().__init__("interrupted")
+        self.report = report
+
+
+@dataclass
+class _Artifact:
+    name: str
+    path: Path
+    sha256: str
+    warnings: list[str]
+    contract: object                  # the FeatureContract its GGUF metadata declares
+    drafter: object = None
+
+    @property
+    def block_size(self) -> int:
+        return self.contract.block.block_size
+
+    @property
+    def has_confidence(self) -> bool:
+        return bool(self.contract.confidence_head.enabled)
+
+    @property
+    def markov(self) -> str:
+        return str(self.contract.markov_head.type)
+
+
+def _contract(path: Path):
+    """The contract from drafter.gguf's metadata (validate has just checked the file)."""
+    from ..artifact_format import GGUF_FILE, contract_from_metadata
+    from ..gguf_reader import read_gguf
+
+    gguf = read_gguf(path / GGUF_FILE)
+    return contract_from_metadata({k: v.value for k, v in gguf.kv.items()}, path=GGUF_FILE)
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+def _unique(values: Sequence[float]) -> list[float]:
+    return list(dict.fromkeys(float(v) for v in values))
+
+
+def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
+                  thresholds: Sequence[float], max_new_tokens: int, seed: int,
+                  held_out: float) -> None:
+    if not artifacts:
+        raise EvalInputError("no artifact: expected at least one ARTIFACT directory",
+                             field="artifacts", expected="at least one", found=0)
+    seen: dict[Path, str] = {}
+    for a in artifacts:
+        key = Path(a).resolve()
+        if key in seen:
+            raise EvalInputError(f"{a}: the same artifact as {seen[key]}; expected each once",
+                                 path=str(a), field="artifacts", expected="distinct artifacts",
+                                 found=str(a))
+        seen[key] = str(a)
+    if not temperatures:
+        raise EvalInputError("--temperature: expected at least one", field="temperature",
+                             expected="at least one", found=0)
+    for t in temperatures:
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and 0.0 <= t <= 100.0):
+            raise EvalInputError(f"--temperature: expected 0..100, found {t}", field="temperature",
+                                 expected="0..100", found=t)
+    for c in thresholds:
+        if not (isinstance(c, (int, float)) and math.isfinite(c) and 0.0 <= c <= 1.0):
+            raise EvalInputError(f"--threshold: expected 0..1, found {c}", field="threshold",
+                                 expected="0..1", found=c)
+    if not (isinstance(max_new_tokens, int) and 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT):
+        raise EvalInputError(f"--max-new-tokens: expected 1..{MAX_NEW_TOKENS_LIMIT}, found "
+                             f"{max_new_tokens}", field="max_new_tokens",
+                             expected=f"1..{MAX_NEW_TOKENS_LIMIT}", found=max_new_tokens)
+    if not (isinstance(seed, int) and 0 <= seed < 2 ** 63):
+        raise EvalInputError(f"--seed: expected a non-negative integer, found {seed}",
+                             field="seed", expected=">= 0", found=seed)
+    if not (isinstance(held_out, (int, float)) and 0.0 < held_out < 1.0):
+        raise EvalInputError(f"--held-out: expected a fraction strictly between 0 and 1, found "
+                             f"{held_out}", field="held_out", expected="(0, 1)", found=held_out)
+
+
+def _names(paths: Sequence[Path]) -> list[str]:
+    """Report names: the directory name, made file-name safe, numbered when two clash."""
+    names: list[str] = []
+    for p in paths:
+        base = re.sub(r"[^A-Za-z0-9._-]+", "_", p.name or "artifact").strip("._") or "artifact"
+        name, i = base, 2
+        while name in names:
+            name, i = f"{base}-{i}", i + 1
+        names.append(name)
+    return names
+
+
+# --- the runs -----------------------------------------------------------------------------
+
+def _target_sample(model, prompt: Sequence[int], *, max_new_tokens: int, temperature: float,
+                   stop_token_ids: tuple[int, ...], seed: int):
+    """The target alone at T > 0: one token per forward, drawn from softmax(z/T) with a
+    CPU generator seeded like the speculative runs. Returns (output ids, seconds)."""
+    import torch
+
+    from ..runtime.drafter import pick
+    from ..runtime.qwen3 import KVCache
+
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed)
+    device = model.device
+    # The runtime's forward may keep only some hidden states and the last logits; the
+    # baseline asks for as little as target_greedy does, when it can.
+    params = inspect.signature(model.forward).parameters
+    step_kw = {"keep": ()} if "keep" in params else {}
+    prefill_kw = dict(step_kw, last_logits_only=True) if "last_logits_only" in params else step_kw
+    with torch.inference_mode():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        cache = KVCache()
+        out = model.forward(torch.tensor(list(prompt), dtype=torch.long, device=device), cache,
+                            **prefill_kw)
+        x = list(prompt)
+        for _ in range(max_new_tokens):
+            token = pick(out.logits[-1], temperature, generator)
+            x.append(token)
+            if token in stop_token_ids or len(x) >= len(prompt) + max_new_tokens:
+                break
+            out = model.forward(torch.tensor([token], dtype=torch.long, device=device), cache,
+                                **step_kw)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return tuple(x), time.perf_counter() - t0
+
+
+def _cycle_record(c) -> CycleRecord:
+    return CycleRecord(proposed=list(c.proposed), accepted=c.accepted, next_token=c.next_token,
+                       confidence_logits=None if c.confidence_logits is None
+                       else [float(v) for v in c.confidence_logits],
+                       draft_seconds=getattr(c, "draft_seconds", None),
+                       verify_seconds=getattr(c, "verify_seconds", None))
+
+
+class _Runner:
+    def __init__(self, *, model, prompts: list[Prompt], max_new_tokens: int, seed: int,
+                 progress: Progress) -> None:
+        self.model = model
+        self.prompts = prompts
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.progress = progress
+        self.stops = tuple(model.config.stop_token_ids)
+        self.greedy: dict[str, tuple[int, ...]] = {}       # prompt key -> target greedy output
+        self.baseline_tps: dict[float, float] = {}         # temperature -> target alone tok/s
+
+    def warm_up(self, drafters) -> None:
+        from ..runtime.speculative import speculative_generate, target_greedy
+
+        ids = list(self.prompts[0].ids)
+        n = min(WARMUP_TOKENS, self.max_new_tokens)
+        target_greedy(self.model, ids, max_new_tokens=n, stop_token_ids=self.stops)
+        for d in drafters:
+            speculative_generate(self.model, d, ids, max_new_tokens=n, stop_token_ids=self.stops)
+
+    def target(self, temperature: float) -> RunReport:
+        from ..runtime.speculative import target_greedy
+
+        probe = MemoryProbe(self.model.device)
+        runs = []
+        self.progress.start(f"target alone, T={temperature:g}", len(self.prompts))
+        try:
+            probe.start()
+            for p in self.prompts:
+                if temperature == 0.0:
+                    g = target_greedy(self.model, list(p.ids), max_new_tokens=self.max_new_tokens,
+                                      stop_token_ids=self.stops)
+                    output, seconds = g.output_ids, g.seconds
+                    self.greedy[p.key] = output
+                else:
+                    output, seconds = _target_sample(self.model, p.ids,
+                                                     max_new_tokens=self.max_new_tokens,
+                                                     temperature=temperature,
+                                                     stop_token_ids=self.stops, seed=self.seed)
+                runs.append(PromptRun(id=p.key, category=p.category, prompt_tokens=len(p.ids),
+                                      new_tokens=len(output) - len(p.ids),
+                                      completion_ids=list(output[len(p.ids):]), seconds=seconds,
+                                      acceptance_lengths=None, cycles=None, lossless=None))
+                self.progress.advance(1)
+            memory = probe.stop()
+        finally:
+            self.progress.finish()
+        new = sum(r.new_tokens for r in runs)
+        seconds = sum(r.seconds for r in runs)
+        tps = new / seconds if seconds > 0 else None
+        if tps:
+            self.baseline_tps[temperature] = tps
+        return RunReport(kind="target", artifact=None, temperature=temperature,
+                         confidence_threshold=None, prompts=runs, new_tokens=new, seconds=seconds,
+                         committed_tokens_per_second=tps, speedup=None, acceptance=None,
+                         draft_seconds=None, draft_seconds_per_step=None,
+                         verify_seconds_per_step=None, timing_note=None, peak_memory=memory,
+                         lossless=None, confidence=None)
+
+    def drafter(self, art: _Artifact, temperature: float, threshold: float):
+        """The RunReport and the raw steps (proposed, accepted, confidence logits)."""
+        from ..runtime.speculative import speculative_generate
+
+        probe = MemoryProbe(self.model.device)
+        runs, results = [], []
+        label = f"{art.name}, T={temperature:g}, " + (f"threshold {threshold:g}" if threshold
+                                                      else "cutoff off")
+        self.progress.start(label, len(self.prompts))
+        try:
+            probe.start()
+            for p in self.prompts:
+                r = speculative_generate(self.model, art.drafter, list(p.ids),
+                                         max_new_tokens=self.max_new_tokens,
+                                         temperature=temperature, confidence_threshold=threshold,
+                                         stop_token_ids=self.stops, seed=self.seed)
+                lossless = None
+                if temperature == 0.0 and p.key in self.greedy:
+                    lossless = tuple(r.output_ids) == tuple(self.greedy[p.key])
+                results.append(r)
+                runs.append(PromptRun(id=p.key, category=p.category, prompt_tokens=len(p.ids),
+                                      new_tokens=r.new_tokens,
+                                      completion_ids=list(r.output_ids[len(p.ids):]),
+                                      seconds=r.total_seconds,
+                                      acceptance_lengths=list(r.acceptance_lengths),
+                                      cycles=[_cycle_record(c) for c in r.cycles],
+                                      lossless=lossless))
+                self.progress.advance(1)
+            memory = probe.stop()
+        finally:
+            self.progress.finish()
+        cycles = [c for r in results for c in r.cycles]
+        acc = acceptance([(c.proposed, c.accepted) for c in cycles],
+                         [a for r in results for a in r.acceptance_lengths],
+                         block_size=art.block_size, stop_token_ids=self.stops)
+        draft_t = [c.draft_seconds for c in cycles if getattr(c, "draft_seconds", None) is not None]
+        verify_t = [c.verify_seconds for c in cycles if getattr(c, "verify_seconds", None) is not None]
+        timed = len(draft_t) == len(cycles) and len(verify_t) == len(cycles)
+        new = sum(r.new_tokens for r in results)
+        seconds = sum(r.total_seconds for r in results)
+        tps = new / seconds if seconds > 0 else None
+        base = self.baseline_tps.get(temperature)
+        checks = [x.lossless for x in runs if x.lossless is not None]
+        steps = [(c.proposed, c.accepted, c.confidence_logits) for c in cycles]
+        confidence = None
+        if art.has_confidence and threshold == 0.0:
+            confidence = confidence_report(
+                confidence_data(steps, block_size=art.block_size, stop_token_ids=self.stops),
+                temperature=temperature)
+        report = RunReport(
+            kind="drafter", artifact=art.name, temperature=temperature,
+            confidence_threshold=threshold, prompts=runs, new_tokens=new, seconds=seconds,
+            committed_tokens_per_second=tps,
+            speedup=tps / base if tps and base else None, acceptance=acc,
+            draft_seconds=sum(r.draft_seconds for r in results),
+            draft_seconds_per_step=spread(draft_t) if timed else None,
+            verify_seconds_per_step=spread(verify_t) if timed else None,
+            timing_note=None if timed else TIMING_MISSING, peak_memory=memory,
+            lossless=(all(checks) if checks else None), confidence=confidence)
+        per_prompt_steps = {p.key: [(c.proposed, c.accepted, c.confidence_logits) for c in r.cycles]
+                            for p, r in zip(self.prompts, results)}
+        return report, per_prompt_steps
+
+
+# --- the whole eval -----------------------------------------------------------------------
+
+def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
+             prompts: str | os.PathLike | PromptSet | None = None, *,
+             temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
+             thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+             max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, seed: int = 0, device: str = "auto",
+             calibrate: bool = False, held_out: float = DEFAULT_HELD_OUT,
+             progress: Progress | None = None) -> EvalReport:
+    """Run the eval and return its report (see the module docstring). ``prompts``: a JSONL
+    path, a loaded ``PromptSet`` or None (the package's golden prompt set). A threshold of
+    0 is the cutoff-off run, always made. Raises a DSparkError for a bad input (before any
+    run), EvalInterrupted on Ctrl-C once the runs have begun (a Ctrl-C while the inputs
+    are checked and the models loaded is a plain KeyboardInterrupt: nothing to report)."""
+    from ..runtime.drafter import DSparkDrafter
+    from ..runtime.qwen3 import Qwen3Target
+    from ..runtime.weights import load_drafter_weights
+    from ..smoke import _validate, bind_target, resolve_device
+
+    progress = progress or NoProgress()
+    check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
+                  max_new_tokens=max_new_tokens, seed=seed, held_out=held_out)
+    temps = _unique(temperatures)
+    cuts = [c for c in _unique(thresholds) if c > 0.0]
+    prompt_set = prompts if isinstance(prompts, PromptSet) else load_prompt_set(prompts)
+    settings = EvalSettings(temperatures=temps, thresholds=cuts, max_new_tokens=max_new_tokens,
+                            seed=seed, device=device, calibrate=calibrate, held_out=held_out,
+                            warmup=True)
+    paths = [Path(a) for a in artifacts]
+    names = _names(paths)
+    target_dir = Path(target)
+
+    # Every artifact is validated before anything runs: a broken one is refused, not skipped.
+    arts = []
+    for name, path in zip(names, paths):
+        warnings = _validate(path, progress)
+        arts.append(_Artifact(name=name, path=path, sha256=sha256_file(path / "drafter.gguf"),
+                              warnings=warnings, contract=_contract(path)))
+
+    plan: list[tuple[str, _Artifact | None, float, float | None]] = []
+    plan += [("target", None, t, None) for t in temps]
+    plan += [("drafter", a, t, 0.0) for a in arts for t in temps]
+    plan += [("drafter", a, t, c) for a in arts for t in temps for c in cuts]
+
+    try:
+        dev = resolve_device(device)
+    except DeviceUnavailableError as exc:
+        return _no_device_report(exc.message, arts, plan, settings, prompt_set, device,
+                                 calibrate=calibrate)
+
+    model = Qwen3Target(target_dir, device=dev)
+    identity = target_identity(target_dir, model)
+    resolved = resolve_prompts(prompt_set, target_dir=target_dir, vocab_size=model.config.vocab_size)
+    for a in arts:
+        weights = load_drafter_weights(a.path, device=dev)
+        bind_target(weights, model)
+        a.drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev)
+    dtype = str(model.embed.dtype).replace("torch.", "")
+    environment = describe_environment(dev, device, dtype)
+
+    runner = _Runner(model=model, prompts=resolved, max_new_tokens=max_new_tokens, seed=seed,
+                     progress=progress)
+    runs: list[RunReport] = []
+    not_run: list[NotRun] = []
+    steps_by_run: dict[tuple[str, float], dict[str, list]] = {}
+    calibrations: dict[str, tuple] = {}
+    done = 0                           # plan entries finished (run or listed in not_run)
+    interrupted = False
+    try:
+        runner.warm_up([a.drafter for a in arts])
+        for kind, art, t, c in plan:
+            if kind == "target":
+                runs.append(runner.target(t))
+            elif c and not art.has_confidence:
+                not_run.append(NotRun(kind="drafter", artifact=art.name, temperature=t,
+                                      confidence_threshold=c,
+                                      reason="the artifact has no confidence head: a threshold "
+                                             "has nothing to cut on"))
+            else:
+                report, steps = runner.drafter(art, t, c)
+                runs.append(report)
+                if c == 0.0:
+                    steps_by_run[(art.name, t)] = steps
+            done += 1
+        for art in arts if calibrate else []:
+            result = _calibrate(art, steps_by_run.get((art.name, temps[0])), resolved,
+                                stops=runner.stops, identity=identity, prompt_set=prompt_set,
+                                temperature=temps[0], held_out=held_out, seed=seed)
+            if isinstance(result, str):
+                not_run.append(NotRun(kind="calibration", artifact=art.name, temperature=temps[0],
+                                      confidence_threshold=0.0, reason=result))
+            else:
+                calibrations[art.name] = result
+    except KeyboardInterrupt:
+        interrupted = True
+        reason = "interrupted (Ctrl-C) before it finished"
+        not_run += [NotRun(kind=kind, artifact=art.name if art else None, temperature=t,
+                           confidence_threshold=c, reason=reason) for kind, art, t, c in plan[done:]]
+        listed = {n.artifact for n in not_run if n.kind == "calibration"}
+        not_run += [NotRun(kind="calibration", artifact=a.name, temperature=temps[0],
+                           confidence_threshold=0.0, reason=reason)
+                    for a in arts if calibrate and a.name not in calibrations
+                    and a.name not in listed]
+
+    artifacts_out = []
+    for art in arts:
+        primary = next((r for r in runs if r.kind == "drafter" and r.artifact == art.name
+                        and r.temperature == temps[0] and r.confidence_threshold == 0.0), None)
+        cal, held_raw, held_cal = calibrations.get(art.name, (None, None, None))
+        artifacts_out.append(ArtifactReport(
+            name=art.name, path=str(art.path), drafter_gguf_sha256=art.sha256,
+            block_size=art.block_size, markov_head=art.markov, confidence_head=art.has_confidence,
+            validate_warnings=art.warnings, confidence=primary.confidence if primary else None,
+            calibration=cal, calibration_file=f"calibration-{art.name}.json" if cal else None,
+            held_out_raw=held_raw, held_out_calibrated=held_cal))
+    checks = [r.lossless for r in runs if r.kind == "drafter" and r.lossless is not None]
+    report = EvalReport(
+        complete=not interrupted,
+        incomplete_reason="interrupted (Ctrl-C)" if interrupted else None,
+        settings=settings, environment=environment, target=identity,
+        prompt_set=prompt_set.info(), artifacts=artifacts_out, runs=runs, not_run=not_run,
+        lossless=all(checks) if checks else None)
+    if interrupted:
+        raise EvalInterrupted(report) from None
+    return report
+
+
+def _calibrate(art: _Artifact, steps: dict[str, list] | None, prompts: list[Prompt], *, stops,
+               identity, prompt_set: PromptSet, temperature: float, held_out: float, seed: int):
+    """(CalibrationFile, held-out raw, held-out calibrated), or why it could not be made."""
+    if not art.has_confidence:
+        return "the artifact has no confidence head"
+    if steps is None:
+        return "its threshold-0 run did not finish"
+    split = split_prompts([p.key for p in prompts], held_out=held_out, seed=seed)
+    if split is None:
+        return f"{len(prompts)} prompt(s): a calibration split and a held-out split need at least 2"
+    fit_keys, held_keys = split
+    fit = confidence_data([s for k in fit_keys for s in steps[k]], block_size=art.block_size,
+                          stop_token_ids=stops)
+    held = confidence_data([s for k in held_keys for s in steps[k]], block_size=art.block_size,
+                           stop_token_ids=stops)
+    if len(fit.lengths) == 0:
+        return "the calibration split has no verify step with draft tokens"
+    cal = fit_calibration(fit, held, artifact=str(art.path), drafter_gguf_sha256=art.sha256,
+                          target=identity, prompt_set_sha256=prompt_set.sha256,
+                          split=CalibrationSplit(seed=seed, held_out=held_out,
+                                                 calibration_ids=fit_keys, held_out_ids=held_keys),
+                          decoding_temperature=temperature)
+    return (cal, confidence_report(held, temperature=temperature),
+            confidence_report(held, temperature=temperature, temperatures=cal.temperatures))
+
+
+def _no_device_report(reason: str, arts: list[_Artifact], plan, settings: EvalSettings,
+                      prompt_set: PromptSet, requested: str, *, calibrate: bool) -> EvalReport:
+    """--device cuda without CUDA: nothing runs; every combination says why."""
+    not_run = [NotRun(kind=kind, artifact=art.name if art else None, temperature=t,
+                      confidence_threshold=c, reason=reason) for kind, art, t, c in plan]
+    if calibrate:
+        not_run += [NotRun(kind="calibration", artifact=a.name, temperature=settings.temperatures[0],
+                           confidence_threshold=0.0, reason=reason) for a in arts]
+    out = []
+    for a in arts:
+        out.append(ArtifactReport(name=a.name, path=str(a.path), drafter_gguf_sha256=a.sha256,
+                                  block_size=a.block_size, markov_head=a.markov,
+                                  confidence_head=a.has_confidence, validate_warnings=a.warnings,
+                                  confidence=None, calibration=None, calibration_file=None,
+                                  held_out_raw=None, held_out_calibrated=None))
+    return EvalReport(complete=True, incomplete_reason=None, settings=settings,
+                      environment=describe_environment(None, requested, "-"), target=None,
+                      prompt_set=prompt_set.info(), artifacts=out, runs=[], not_run=not_run,
+                      lossless=None)

@@ -1,0 +1,121 @@
+"""evaluation/prompts.py: the JSONL prompt set, strict, bad lines refused with their number."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from conftest import GOLDEN
+from dspark_convert.errors import PromptSetError
+from dspark_convert.evaluation.prompts import DEFAULT_PROMPTS, load_prompt_set, resolve_prompts
+
+TARGET = GOLDEN / "reference" / "target"
+REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
+
+
+def _write(tmp_path, text: str | bytes, name="prompts.jsonl"):
+    path = tmp_path / name
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def test_default_set_ships_with_the_package_and_runs_on_the_golden_target():
+    ps = load_prompt_set()
+    assert ps.path == DEFAULT_PROMPTS and ps.info().default
+    assert ps.sha256 == hashlib.sha256(DEFAULT_PROMPTS.read_bytes()).hexdigest()
+    prompts = resolve_prompts(ps, target_dir=TARGET, vocab_size=512)
+    assert len(prompts) == len(ps.records) >= 12
+    assert len({p.key for p in prompts}) == len(prompts)
+    # The two DeepSpec reference prompts are in it, unchanged, so that eval and smoke
+    # --reference see the same inputs.
+    ref_prompts = json.loads(REFERENCE.read_text())["prompts"]
+    assert [list(p.ids) for p in prompts[:2]] == ref_prompts
+    # Text prompts go through the target's tokenizer; no prompt holds the drafter's mask
+    # token (500) or the stop token (2).
+    text = [p for p in prompts if p.category == "text"]
+    assert text and all(len(p.ids) > 5 for p in text)
+    for p in prompts:
+        assert all(0 <= t < 512 for t in p.ids) and 500 not in p.ids and 2 not in p.ids
+
+
+def test_default_set_is_package_data():
+    import tomllib
+
+    from conftest import ROOT
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    data = cfg["tool"]["setuptools"]["package-data"]
+    assert any("data/*.jsonl" in pattern for pattern in data.get("dspark_convert.evaluation", []))
+
+
+def test_both_forms_ids_and_categories(tmp_path):
+    path = _write(tmp_path, '{"id": "a", "prompt_ids": [1, 2, 3], "category": "x"}\n'
+                            '{"id": 7, "prompt": "hello world"}')       # no final newline
+    ps = load_prompt_set(path)
+    assert [r.key for r in ps.records] == ["a", "7"]
+    assert ps.lines == (1, 2)
+    assert ps.info().categories == {"x": 1, "": 1}
+    prompts = resolve_prompts(ps, target_dir=TARGET, vocab_size=512)
+    from tokenizers import Tokenizer
+
+    want = Tokenizer.from_file(str(TARGET / "tokenizer.json")).encode("hello world").ids
+    assert list(prompts[1].ids) == want
+
+
+@pytest.mark.parametrize("lines, line_no, words", [
+    (['{"id": "a", "prompt_ids": [1]}', '{"id": "b", "prompt_ids": [1], "extra": 1}'], 2, "unknown key"),
+    (['{"id": "a", "prompt_ids": ["1"]}'], 1, "prompt_ids"),
+    (['{"id": "a", "prompt_ids": [1.0]}'], 1, "prompt_ids"),
+    (['{"id": "a", "prompt_ids": [true]}'], 1, "prompt_ids"),
+    (['{"id": "a", "prompt_ids": [-1]}'], 1, "negative"),
+    (['{"id": "a", "prompt_ids": []}'], 1, "prompt_ids"),
+    (['{"id": "a", "prompt": ""}'], 1, "prompt"),
+    (['{"id": "a", "prompt": "x", "prompt_ids": [1]}'], 1, "exactly one"),
+    (['{"id": "a"}'], 1, "exactly one"),
+    (['{"prompt": "x"}'], 1, "id"),
+    (['{"id": true, "prompt": "x"}'], 1, "id"),
+    (['{"id": "", "prompt": "x"}'], 1, "empty"),
+    (['{"id": "a", "prompt": "x"}', '{"id": "a", "prompt": "y"}'], 2, "repeats line 1"),
+    (['{"id": "a", "prompt": "x"}', '{"id": "a", "id": "b", "prompt": "y"}'], 2, "duplicate key"),
+    (['{"id": "a", "prompt": "x"}', '', '{"id": "b", "prompt": "y"}'], 2, "blank line"),
+    (['{"id": "a", "prompt": "x"}', '[1, 2]'], 2, "JSON object"),
+    (['{"id": "a", "prompt": "x"', ], 1, "not valid JSON"),
+    (['{"id": "a", "prompt_ids": [NaN]}'], 1, "not valid JSON"),
+    (['{"id": "a", "prompt": "x", "category": 3}'], 1, "category"),
+])
+def test_bad_line_is_refused_with_its_number(tmp_path, lines, line_no, words):
+    path = _write(tmp_path, "\n".join(lines) + "\n")
+    with pytest.raises(PromptSetError) as info:
+        load_prompt_set(path)
+    msg = info.value.message
+    assert f"line {line_no}:" in msg and words in msg, msg
+    assert "\n" not in msg and info.value.exit_code == 90
+
+
+def test_file_level_refusals(tmp_path):
+    for text, words in (("", "no prompt"), (b"\xef\xbb\xbf" + b'{"id": 1, "prompt": "x"}\n', "byte-order"),
+                        (b'{"id": 1, "prompt": "\xff"}\n', "not UTF-8")):
+        with pytest.raises(PromptSetError, match=words):
+            load_prompt_set(_write(tmp_path, text))
+    with pytest.raises(PromptSetError, match="not found"):
+        load_prompt_set(tmp_path / "missing.jsonl")
+    with pytest.raises(PromptSetError, match="not a file"):
+        load_prompt_set(tmp_path)
+
+
+def test_control_characters_in_an_id_are_escaped(tmp_path):
+    path = _write(tmp_path, '{"id": "a\\u001b[31m", "prompt": "x"}\n{"id": "a\\u001b[31m", "prompt": "y"}\n')
+    with pytest.raises(PromptSetError) as info:
+        load_prompt_set(path)
+    assert "\x1b" not in info.value.message and "\\x1b" in info.value.message
+
+
+def test_tokens_are_checked_against_the_target(tmp_path):
+    ps = load_prompt_set(_write(tmp_path, '{"id": "a", "prompt_ids": [1]}\n{"id": "b", "prompt_ids": [1, 512]}\n'))
+    with pytest.raises(PromptSetError, match=r"line 2: token id 512 is outside the vocabulary 0\.\.511"):
+        resolve_prompts(ps, target_dir=TARGET, vocab_size=512)
+    text = load_prompt_set(_write(tmp_path, '{"id": "a", "prompt": "hi"}\n', name="t.jsonl"))
+    with pytest.raises(PromptSetError, match="line 1: a text prompt needs the target's tokenizer"):
+        resolve_prompts(text, target_dir=tmp_path, vocab_size=512)
