@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .. import __version__
 from ..hashing import sha256_file, weights_digest
+from ..text import shown
 
 
 class TargetIdentity(BaseModel):
@@ -55,7 +56,7 @@ def target_identity(directory: str | os.PathLike, model) -> TargetIdentity:
     weights = weights_digest([(p.name, sha256_file(p)) for p in files.weights])
     tokenizer = directory / "tokenizer.json"
     cfg = model.config
-    return TargetIdentity(path=str(directory), config_sha256=sha256_file(files.config),
+    return TargetIdentity(path=shown(directory), config_sha256=sha256_file(files.config),
                           weights_sha256=weights,
                           tokenizer_sha256=sha256_file(tokenizer) if tokenizer.is_file() else None,
                           embed_sha256=model.embed_sha256, lm_head_sha256=model.lm_head_sha256,
@@ -93,13 +94,13 @@ def describe_environment(device, requested: str, dtype: str) -> Environment:
     import torch
 
     if device is None:
-        name, shown = "none", "none"
+        name, label = "none", "none"
     elif device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        name, shown = torch.cuda.get_device_name(index), f"cuda:{index}"
+        name, label = torch.cuda.get_device_name(index), f"cuda:{index}"
     else:
-        name, shown = _cpu_name(), str(device)
-    return Environment(device=shown, device_requested=requested, device_name=name, dtype=dtype,
+        name, label = _cpu_name(), str(device)
+    return Environment(device=label, device_requested=requested, device_name=name, dtype=dtype,
                        torch_version=torch.__version__, cuda_version=torch.version.cuda,
                        torch_threads=torch.get_num_threads(),
                        python_version=sys.version.split()[0], platform=platform.platform(),

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from ..errors import PromptSetError
 from ..strict_json import json_error_text, loads_strict
+from ..text import shown
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "golden_prompts.jsonl"
 MAX_PROMPT_FILE_BYTES = 256 * 1024 * 1024   # a bound, not a target: prompts are read whole
@@ -83,7 +84,7 @@ class PromptSet:
         categories: dict[str, int] = {}
         for r in self.records:
             categories[r.category or ""] = categories.get(r.category or "", 0) + 1
-        return PromptSetInfo(path=str(self.path), sha256=self.sha256, count=len(self.records),
+        return PromptSetInfo(path=shown(self.path), sha256=self.sha256, count=len(self.records),
                              default=self.path == DEFAULT_PROMPTS, categories=categories)
 
 
@@ -116,8 +117,8 @@ def _first_error(exc: ValidationError, obj: dict) -> str:
             bad = found[loc[1]]
             return (f"prompt_ids[{loc[1]}]: expected an integer token id, found "
                     f"{json.dumps(bad)[:40]}")
-        shown = json.dumps(found)[:40] if not isinstance(found, (list, dict)) else type(found).__name__
-        return f"{key}: expected {_EXPECTED[key]}, found {shown}"
+        value = json.dumps(found)[:40] if not isinstance(found, (list, dict)) else type(found).__name__
+        return f"{key}: expected {_EXPECTED[key]}, found {value}"
     return str(err.get("msg", "invalid")).removeprefix("Value error, ")
 
 

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..atomic import atomic_directory, write_error
+from ..text import shown
 from .calibration import CalibrationFile
 from .environment import Environment, TargetIdentity
 from .metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
@@ -182,10 +183,8 @@ def _mib(mem: PeakMemory | None) -> str:
 
 
 def _md_cell(text: object) -> str:
-    """A value from the inputs as a table cell: escaped, no pipe or newline."""
-    shown = str(text)
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
-    return shown.replace("|", "\\|")
+    """A value from the inputs as a table cell: escaped (text.shown), no pipe."""
+    return shown(text).replace("|", "\\|")
 
 
 def _run_label(r: RunReport) -> str:

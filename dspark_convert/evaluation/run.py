@@ -35,6 +35,7 @@ from typing import Sequence
 from ..errors import DeviceUnavailableError, EvalInputError
 from ..hashing import sha256_file
 from ..progress import NoProgress, Progress
+from ..text import shown
 from .calibration import CalibrationSplit, calibrate as fit_calibration, split_prompts
 from .environment import describe_environment, target_identity
 from .metrics import MemoryProbe, acceptance, confidence_data, confidence_report, spread
@@ -435,7 +436,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                         and r.temperature == temps[0] and r.confidence_threshold == 0.0), None)
         cal, held_raw, held_cal = calibrations.get(art.name, (None, None, None))
         artifacts_out.append(ArtifactReport(
-            name=art.name, path=str(art.path), drafter_gguf_sha256=art.sha256,
+            name=art.name, path=shown(art.path), drafter_gguf_sha256=art.sha256,
             block_size=art.block_size, markov_head=art.markov, confidence_head=art.has_confidence,
             validate_warnings=art.warnings, confidence=primary.confidence if primary else None,
             calibration=cal, calibration_file=f"calibration-{art.name}.json" if cal else None,
@@ -469,7 +470,7 @@ def _calibrate(art: _Artifact, steps: dict[str, list] | None, prompts: list[Prom
                            stop_token_ids=stops)
     if len(fit.lengths) == 0:
         return "the calibration split has no verify step with draft tokens"
-    cal = fit_calibration(fit, held, artifact=str(art.path), drafter_gguf_sha256=art.sha256,
+    cal = fit_calibration(fit, held, artifact=shown(art.path), drafter_gguf_sha256=art.sha256,
                           target=identity, prompt_set_sha256=prompt_set.sha256,
                           split=CalibrationSplit(seed=seed, held_out=held_out,
                                                  calibration_ids=fit_keys, held_out_ids=held_keys),
@@ -488,7 +489,7 @@ def _no_device_report(reason: str, arts: list[_Artifact], plan, settings: EvalSe
                            confidence_threshold=0.0, reason=reason) for a in arts]
     out = []
     for a in arts:
-        out.append(ArtifactReport(name=a.name, path=str(a.path), drafter_gguf_sha256=a.sha256,
+        out.append(ArtifactReport(name=a.name, path=shown(a.path), drafter_gguf_sha256=a.sha256,
                                   block_size=a.block_size, markov_head=a.markov,
                                   confidence_head=a.has_confidence, validate_warnings=a.warnings,
                                   confidence=None, calibration=None, calibration_file=None,
