@@ -1,0 +1,716 @@
+"""Which engine can do what with an artifact: reports by stage (issue 13, docs/ENGINES.md).
+
+Three consumers, each judged by re-deriving the rules its own code applies (cited per rule
+in docs/ENGINES.md; no engine code is copied):
+
+- ``strata.open``: Strata's DFlash loader, ``DFlashArtifact::open`` (src/core/dflash.cpp,
+  the build that reads quantized matrices, Strata commit 40c92fc): metadata, bounds, the
+  DSpark/DFlash2 refusals, the 58-tensor inventory with its type and shape rules.
+- ``strata.run``: what the runtime then demands, ``DFlashArtifact::validate_supported``
+  (the one drafter geometry its fast path implements: the published Flash-Next drafter)
+  and the fixed rms eps of src/core/dflash_runtime.cpp; everything ``strata.open``
+  refuses is refused here first.
+- ``llama.cpp``: how llama.cpp's DFlash/DSpark loader would read the file (REFERENCE.md §6:
+  llama.cpp 0c1e570; src/llama-model.cpp, src/models/dflash.cpp, src/llama-vocab.cpp,
+  src/llama-model-loader.cpp): its required keys with their exact GGUF types, the
+  ``target_layers`` convention, the embedded tokenizer, the vanilla-only Markov head and
+  the exact tensor count.
+
+Every function here is pure: it reads a metadata mapping (key -> value), the GGUF type of
+each key (key -> ``"UINT32"``, ``"STRING"``, ``"ARRAY[UINT32]"`` ...: llama.cpp's rules
+depend on exact types) and the tensor list ``(name, ggml type name, GGUF shape)``. An
+engine's report lists every refusal its rules find, in the order the engine meets them,
+so its ``reason`` (the first) is what the engine itself would say first. Each refusal has
+a kind:
+
+- ``load_error``: the engine stops loading the file (a broken or foreign artifact);
+- ``unsupported``: a drafter the engine does not implement (DSpark heads in Strata today,
+  any geometry but Flash-Next in Strata's runtime, a gated/rnn head in llama.cpp);
+- ``misread``: the engine loads it but reads something else than the drafter means (a
+  tap convention, a default rope base, a fixed rms eps): it would run, wrongly.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..tensor_table import TENSOR_RULES, eval_dim, expand_rule
+
+ENGINES: tuple[str, ...] = ("strata.open", "strata.run", "llama.cpp")
+Kind = Literal["load_error", "unsupported", "misread"]
+TensorRow = tuple[str, str, Sequence[int]]          # (name, ggml type name, GGUF shape)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    rule: str           # stable id: "<engine>/<rule>"
+    kind: Kind
+    message: str        # in the engine's own terms
+
+
+@dataclass(frozen=True)
+class EngineReport:
+    engine: str
+    refusals: tuple[Refusal, ...]
+
+    @property
+    def accepts(self) -> bool:
+        return not self.refusals
+
+    @property
+    def reason(self) -> str | None:
+        """The first refusal: what the engine itself would report first."""
+        return self.refusals[0].message if self.refusals else None
+
+    def to_dict(self) -> dict:
+        """The form ``validate --json`` reports: ``{"accepts": bool, "reason": str|None}``."""
+        return {"accepts": self.accepts, "reason": self.reason}
+
+
+# --- the artifact as the rules see it ----------------------------------------------------------
+
+_INTEGER_TYPES = {"UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64"}
+_NUMERIC_TYPES = _INTEGER_TYPES | {"FLOAT32", "FLOAT64", "BOOL"}
+
+
+@dataclass
+class _View:
+    kv: Mapping[str, object]
+    types: Mapping[str, str]
+    tensors: tuple[tuple[str, str, tuple[int, ...]], ...]
+    path: str
+    found: dict = field(default_factory=dict)      # what earlier rules parsed (geometry ...)
+
+    def type_of(self, key: str) -> str | None:
+        return self.types.get(key)
+
+    @property
+    def names(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        return {n: (t, s) for n, t, s in self.tensors}
+
+
+def _view(kv: Mapping[str, object], types: Mapping[str, str],
+          tensors: Iterable[TensorRow], path: str) -> _View:
+    rows = tuple((str(n), str(t), tuple(int(d) for d in s)) for n, t, s in tensors)
+    return _View(kv=kv, types=types, tensors=rows, path=path)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: ``check(view)`` returns the refusal message, or None. Rules run in order;
+    ``needs`` names what earlier rules must have parsed (``view.found``) for it to apply."""
+    id: str
+    kind: Kind
+    check: Callable[[_View], str | None]
+    needs: tuple[str, ...] = ()
+
+
+def _run(engine: str, rules: Sequence[Rule], view: _View) -> tuple[Refusal, ...]:
+    out = []
+    for rule in rules:
+        if any(view.found.get(need) is None for need in rule.needs):
+            continue
+        message = rule.check(view)
+        if message is not None:
+            out.append(Refusal(f"{engine}/{rule.id}", rule.kind, message))
+    return tuple(out)
+
+
+# --- strata.open: DFlashArtifact::open (src/core/dflash.cpp) ----------------------------------
+
+STRATA_QUANT_TYPES = ("Q8_0", "Q5_0", "Q4_0")       # GGML types 8, 6, 2 in `require`
+STRATA_MAX_LAYERS = 64
+STRATA_MAX_BLOCK_SIZE = 128
+STRATA_MAX_TAPS = 64                                # "the reader keeps a 64-item sample"
+# Substrings of a tensor name that mark a DFlash2/DSpark extension Strata refuses today.
+STRATA_EXTENSION_PARTS = ("selector", "conv_base", "conv_proj", "markov", "conf_proj", "d2t")
+STRATA_OWN_EMBEDDING = ("token_embd.weight", "output.weight")
+
+# (geometry field, metadata keys in the order Strata looks them up, required): the `nums`
+# table of DFlashArtifact::open. The first key present wins, even when it is not a number.
+STRATA_NUMBERS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("hidden", ("dflash.embedding_length", "qwen3.embedding_length",
+                "qwen3_dflash.embedding_length"), True),
+    ("layers", ("dflash.block_count", "qwen3.block_count", "qwen3_dflash.block_count"), True),
+    ("n_head", ("dflash.attention.head_count", "qwen3.attention.head_count"), True),
+    ("n_head_kv", ("dflash.attention.head_count_kv", "qwen3.attention.head_count_kv"), True),
+    ("intermediate", ("dflash.feed_forward_length", "qwen3.feed_forward_length"), True),
+    ("vocab", ("dflash.vocab_size", "qwen3.vocab_size"), True),
+    ("block_size", ("dflash.block_size",), True),
+    ("head_dim", ("dflash.attention.key_length", "qwen3.attention.key_length"), False),
+    ("mask_token_id", ("dflash.mask_token_id",), False),
+    ("markov_rank", ("dflash.markov_rank",), False),
+    ("selector_top_k", ("dflash.selector_top_k",), False),
+)
+STRATA_DEFAULTS = {"head_dim": 0, "mask_token_id": -1, "markov_rank": 0, "selector_top_k": 0}
+STRATA_ROPE_KEYS = ("dflash.rope.frequency_base", "qwen3.rope.frequency_base")
+# (flag, keys, default): meta_flag reads "true"/"1" strings and non-zero numbers.
+STRATA_FLAGS = (("sample_from_anchor", ("dflash.sample_from_anchor",), True),
+                ("causal", ("dflash.attention.causal", "dflash.causal"), False),
+                ("confidence_head", ("dflash.has_confidence_head",), False))
+STRATA_TAP_KEYS = ("dflash.target_layers", "target_layers")
+
+
+def _first_key(view: _View, keys: Sequence[str]) -> str | None:
+    return next((k for k in keys if k in view.kv), None)
+
+
+def _is_num(view: _View, key: str) -> bool:
+    value = view.kv[key]
+    # GGUF BOOL is a number to Strata's MetaValue (a u8); a string or array is not.
+    return view.type_of(key) in _NUMERIC_TYPES and isinstance(value, numbers.Real)
+
+
+def _c_int(value: numbers.Real) -> int:
+    """(int64_t) of a number, as C converts it: toward zero."""
+    return int(value)
+
+
+def _strata_parse_numbers(view: _View) -> str | None:
+    geom = {}
+    for name, keys, required in STRATA_NUMBERS:
+        key = _first_key(view, keys)
+        if key is None or not _is_num(view, key):
+            if required:
+                many = len(keys) > 1
+                return (f"dflash: missing metadata key{' (any of' if many else ''} {keys[0]}"
+                        f"{'...)' if many else ''} in {view.path}")
+            geom[name] = STRATA_DEFAULTS[name]
+            continue
+        geom[name] = _c_int(view.kv[key])
+    view.found["numbers"] = geom
+    return None
+
+
+def _strata_head_dim(view: _View) -> str | None:
+    g = view.found["numbers"]
+    if g["head_dim"] <= 0:
+        if g["hidden"] <= 0 or g["n_head"] <= 0 or g["hidden"] % g["n_head"]:
+            return "dflash: cannot derive the head dim from embedding_length / attention.head_count"
+        g["head_dim"] = g["hidden"] // g["n_head"]
+    return None
+
+
+def _strata_flag(view: _View, keys: Sequence[str], default: bool) -> bool:
+    key = _first_key(view, keys)
+    if key is None:
+        return default
+    value = view.kv[key]
+    if view.type_of(key) == "STRING":
+        return value in ("true", "1")
+    if _is_num(view, key):
+        return value != 0
+    return default
+
+
+def _strata_parse_rest(view: _View) -> str | None:
+    """rope theta and the flags: read without refusing (meta_f64 / meta_flag)."""
+    key = _first_key(view, STRATA_ROPE_KEYS)
+    view.found["rope_theta"] = float(view.kv[key]) if key and _is_num(view, key) else 0.0
+    view.found["flags"] = {name: _strata_flag(view, keys, default)
+                           for name, keys, default in STRATA_FLAGS}
+    return None
+
+
+def _strata_taps(view: _View) -> str | None:
+    key = _first_key(view, STRATA_TAP_KEYS)
+    if key is None:
+        return "dflash: missing dflash.target_layers (the taps this drafter was trained against)"
+    value, gtype = view.kv[key], view.type_of(key) or ""
+    if not gtype.startswith("ARRAY") or gtype == "ARRAY[STRING]" or not isinstance(value, list):
+        return "dflash: target_layers must be an integer array"
+    if len(value) > STRATA_MAX_TAPS:
+        return "dflash: implausibly long target_layers array"
+    if not all(isinstance(x, numbers.Real) for x in value):
+        return "dflash: target_layers must be an integer array"
+    view.found["taps"] = [_c_int(x) for x in value]
+    return None
+
+
+def _strata_bounds(view: _View) -> str | None:
+    g = view.found["numbers"]
+    sane = (g["hidden"] > 0 and 0 < g["layers"] <= STRATA_MAX_LAYERS and g["n_head"] > 0
+            and g["n_head_kv"] > 0 and g["head_dim"] > 0 and g["intermediate"] > 0
+            and g["vocab"] > 0 and 0 < g["block_size"] <= STRATA_MAX_BLOCK_SIZE)
+    if not sane:
+        return (f"dflash: implausible geometry (hidden={g['hidden']} layers={g['layers']} "
+                f"heads={g['n_head']}/{g['n_head_kv']} head_dim={g['head_dim']} "
+                f"intermediate={g['intermediate']} vocab={g['vocab']} "
+                f"block_size={g['block_size']})")
+    view.found["geometry"] = g
+    return None
+
+
+def _strata_tap_order(view: _View) -> str | None:
+    taps = view.found["taps"]
+    if any(t < 0 for t in taps) or any(b <= a for a, b in zip(taps, taps[1:])):
+        return (f"dflash: target_layers must be strictly increasing and non-negative, got "
+                f"[{taps[0]}, ..., {taps[-1]}]")
+    return None
+
+
+def _strata_anchor(view: _View) -> str | None:
+    if not view.found["flags"]["sample_from_anchor"]:
+        return ("dflash: this artifact declares the generic 1+N fill-in layout "
+                "(dflash.sample_from_anchor=false); this implementation supports only the "
+                "DeepSpec anchor layout (query_zero_predicts_next)")
+    return None
+
+
+def _strata_causal(view: _View) -> str | None:
+    if view.found["flags"]["causal"]:
+        return ("dflash: this artifact declares causal block attention; the DeepSpec drafter "
+                "is trained non-causal (dflash.attention.causal=false)")
+    return None
+
+
+def _strata_dspark(view: _View) -> str | None:
+    if view.found["numbers"]["markov_rank"] > 0 or view.found["flags"]["confidence_head"]:
+        return ("dflash: this artifact carries DSpark extras (Markov head / confidence gate); "
+                "this implementation supports plain DeepSpec DFlash only")
+    return None
+
+
+def _strata_selector(view: _View) -> str | None:
+    top_k = view.found["numbers"]["selector_top_k"]
+    if top_k > 0:
+        return (f"dflash: this artifact carries a DFlash2 selector (dflash.selector_top_k="
+                f"{top_k}); DFlash2 is out of scope")
+    return None
+
+
+def _strata_own_embedding(view: _View) -> str | None:
+    for name, _t, _s in view.tensors:
+        if name in STRATA_OWN_EMBEDDING:
+            return (f"dflash: the artifact ships its own '{name}'; the DeepSpec drafter strips "
+                    "both and binds them from the target at load")
+    return None
+
+
+def _strata_extension_tensor(view: _View) -> str | None:
+    for name, _t, _s in view.tensors:
+        if name not in STRATA_OWN_EMBEDDING and any(p in name for p in STRATA_EXTENSION_PARTS):
+            return (f"dflash: unexpected tensor '{name}' (DFlash2/DSpark extension); this "
+                    "implementation reads plain DeepSpec DFlash artifacts")
+    return None
+
+
+def _strata_canon(hf_name: str) -> str:
+    # Strata's canonical names are the HF names without ".weight" ("layers.0.self_attn.q_proj").
+    return hf_name.removesuffix(".weight")
+
+
+def strata_inventory(geometry: Mapping[str, int],
+                     taps: int) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]:
+    """(canonical name, names Strata accepts, GGUF shape) of every tensor Strata requires, in
+    the order `open` resolves them: fc, hidden_norm, norm, then layer by layer. Names and
+    shapes come from our own tensor table (the same 58 tensors for 5 layers)."""
+    symbols = {"H": geometry["hidden"], "I": geometry["intermediate"], "nh": geometry["n_head"],
+               "nkv": geometry["n_head_kv"], "d": geometry["head_dim"], "m": taps,
+               "V": geometry["vocab"], "r": 0, "rc": 0}
+    rules = [r for r in TENSOR_RULES if r.when == "always" and r.gguf is not None]
+    out = []
+
+    def add(hf: str, gguf: str, shape_expr: tuple[str, ...]) -> None:
+        names = (gguf,) if gguf == hf else (gguf, hf)
+        shape = tuple(eval_dim(e, symbols) for e in reversed(shape_expr))
+        out.append((_strata_canon(hf), names, shape))
+
+    for rule in rules:
+        if not rule.per_layer:
+            add(rule.source, rule.gguf, rule.shape)
+    for layer in range(geometry["layers"]):
+        for rule in rules:
+            if rule.per_layer:
+                add(rule.source.format(i=layer), rule.gguf.format(i=layer), rule.shape)
+    return out
+
+
+def _strata_require(view: _View) -> str | None:
+    """`DFlashArtifact::require` for every tensor, in order: one name only, present, a type
+    Strata reads for that tensor, the expected shape."""
+    g, taps = view.found["geometry"], view.found["taps"]
+    present = view.names
+    resolved = set()
+    for canon, names, shape in strata_inventory(g, len(taps)):
+        found = [n for n in names if n in present]
+        if len(found) > 1:
+            return (f"dflash: tensor '{canon}' is present under two names ('{found[0]}' and "
+                    f"'{found[1]}'); the artifact must pick one family")
+        if not found:
+            looked = "".join(f" '{n}'," for n in names)
+            return f"dflash: missing required tensor '{canon}' (looked for{looked} in {view.path})"
+        name = found[0]
+        gtype, gshape = present[name]
+        quant_ok = len(shape) == 2 and shape[0] % 32 == 0 and gtype in STRATA_QUANT_TYPES
+        if gtype != "BF16" and not quant_ok:
+            return (f"dflash: tensor '{name}' is {gtype}; expected BF16 norms and BF16, Q8_0, "
+                    "Q5_0 or Q4_0 matrices")
+        if tuple(gshape) != shape:
+            return (f"dflash: tensor '{name}' has shape {_shape(gshape)}, expected "
+                    f"{_shape(shape)} for '{canon}'")
+        resolved.add(name)
+    view.found["resolved"] = resolved
+    return None
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _strata_unknown(view: _View) -> str | None:
+    for name, _t, _s in view.tensors:
+        flagged = name in STRATA_OWN_EMBEDDING or any(p in name for p in STRATA_EXTENSION_PARTS)
+        if name not in view.found["resolved"] and not flagged:
+            return f"dflash: unknown tensor '{name}' in the artifact"
+    return None
+
+
+def _strata_architecture(view: _View) -> str | None:
+    if "general.architecture" not in view.kv:
+        return "dflash: missing general.architecture"
+    value = view.kv["general.architecture"]
+    text = value if isinstance(value, str) else ""
+    if text != "dflash":
+        return f"dflash: general.architecture is '{text}', a DFlash artifact declares 'dflash'"
+    return None
+
+
+STRATA_OPEN_RULES: tuple[Rule, ...] = (
+    Rule("architecture", "load_error", _strata_architecture),
+    Rule("metadata_numbers", "load_error", _strata_parse_numbers),
+    Rule("head_dim", "load_error", _strata_head_dim, ("numbers",)),
+    Rule("metadata_flags", "load_error", _strata_parse_rest),
+    Rule("target_layers", "load_error", _strata_taps),
+    Rule("geometry_bounds", "load_error", _strata_bounds, ("numbers",)),
+    Rule("target_layers_order", "load_error", _strata_tap_order, ("taps",)),
+    Rule("sample_from_anchor", "load_error", _strata_anchor, ("flags",)),
+    Rule("causal", "load_error", _strata_causal, ("flags",)),
+    Rule("dspark_extras", "unsupported", _strata_dspark, ("numbers", "flags")),
+    Rule("dflash2_selector", "unsupported", _strata_selector, ("numbers",)),
+    Rule("own_embedding", "load_error", _strata_own_embedding),
+    Rule("extension_tensor", "unsupported", _strata_extension_tensor),
+    Rule("tensor_inventory", "load_error", _strata_require, ("geometry", "taps")),
+    Rule("unknown_tensor", "load_error", _strata_unknown, ("resolved",)),
+)
+
+
+# --- strata.run: DFlashArtifact::validate_supported + the runtime's fixed rms eps --------------
+
+# (geometry field, Strata's name for it, the Flash-Next value): validate_supported's `fixed`.
+FLASH_NEXT: tuple[tuple[str, str, int], ...] = (
+    ("hidden", "embedding_length", 2560),
+    ("layers", "block_count", 5),
+    ("n_head", "attention.head_count", 24),
+    ("n_head_kv", "attention.head_count_kv", 2),
+    ("head_dim", "attention.key_length", 256),
+    ("intermediate", "feed_forward_length", 7680),
+)
+FLASH_NEXT_TAPS = 5
+STRATA_RUNTIME_RMS_EPS = 1e-6       # kEps, src/core/dflash_runtime.cpp
+
+
+def _fixed_rule(field_name: str, what: str, want: int) -> Rule:
+    def check(view: _View) -> str | None:
+        got = view.found["geometry"][field_name]
+        if got != want:
+            return (f"dflash: {what} = {got}; the runtime's geometry-specific fast path "
+                    f"implements the published Flash-Next drafter ({want}) only")
+        return None
+    return Rule(f"geometry.{what}", "unsupported", check, ("geometry",))
+
+
+def _run_taps(view: _View) -> str | None:
+    taps = view.found["taps"]
+    if len(taps) != FLASH_NEXT_TAPS:
+        return (f"dflash: target_layers holds {len(taps)} taps; the runtime implements "
+                "five-tap drafters only")
+    return None
+
+
+def _run_rope(view: _View) -> str | None:
+    if not view.found["rope_theta"] > 0:
+        return "dflash: rope.frequency_base missing or non-positive"
+    return None
+
+
+def _run_rms_eps(view: _View) -> str | None:
+    eps = view.kv.get("dflash.attention.layer_norm_rms_epsilon")
+    if isinstance(eps, numbers.Real) and not math.isclose(float(eps), STRATA_RUNTIME_RMS_EPS,
+                                                          rel_tol=1e-6):
+        return (f"Strata's runtime fixes the rms eps at 1e-6 (kEps) and reads no key for it; "
+                f"this drafter declares dflash.attention.layer_norm_rms_epsilon = {eps:g}: it "
+                "would run with the wrong epsilon")
+    return None
+
+
+STRATA_RUN_RULES: tuple[Rule, ...] = (
+    *(_fixed_rule(f, w, v) for f, w, v in FLASH_NEXT),
+    Rule("geometry.target_layers", "unsupported", _run_taps, ("taps",)),
+    Rule("rope_base", "unsupported", _run_rope, ("rope_theta",)),
+    Rule("rms_eps", "misread", _run_rms_eps),
+)
+
+
+# --- llama.cpp: llama_model::load_hparams, llama_model_dflash, llama_vocab ------------------------
+
+ARCH = "dflash"
+# ggml's names for the GGUF value types (gguf_type_name), as its "wrong type" error prints them.
+GGUF_TYPE_NAMES = {"UINT8": "u8", "INT8": "i8", "UINT16": "u16", "INT16": "i16", "UINT32": "u32",
+                   "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str",
+                   "ARRAY": "arr", "UINT64": "u64", "INT64": "i64", "FLOAT64": "f64"}
+LLAMA_DEFAULT_ROPE_BASE = 10000.0
+
+# (key, GGUF type, required), in the order llama.cpp reads them: the generic hparams of
+# llama_model::load_hparams, then llama_model_dflash::load_arch_hparams. get_key demands the
+# exact type (llama_model_loader GKV::get_kv: "key %s has wrong type %s but expected type %s");
+# feed_forward_length and head_count may also be per-layer arrays (get_key_or_arr).
+LLAMA_KEYS: tuple[tuple[str, str, bool], ...] = (
+    (f"{ARCH}.context_length", "UINT32", True),
+    (f"{ARCH}.embedding_length", "UINT32", True),
+    (f"{ARCH}.block_count", "UINT32", True),
+    (f"{ARCH}.feed_forward_length", "UINT32", True),
+    (f"{ARCH}.attention.head_count", "UINT32", True),
+    (f"{ARCH}.attention.head_count_kv", "UINT32", False),
+    (f"{ARCH}.rope.freq_base", "FLOAT32", False),
+    (f"{ARCH}.attention.key_length", "UINT32", False),
+    (f"{ARCH}.attention.causal", "BOOL", False),
+    (f"{ARCH}.attention.layer_norm_rms_epsilon", "FLOAT32", True),
+    (f"{ARCH}.block_size", "UINT32", False),
+)
+_PER_LAYER_OK = {f"{ARCH}.feed_forward_length", f"{ARCH}.attention.head_count"}
+LLAMA_TAP_KEY = f"{ARCH}.target_layers"
+LLAMA_TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
+LLAMA_MASK_KEY = "tokenizer.ggml.mask_token_id"
+
+
+def _key_rule(key: str, want: str, required: bool) -> Rule:
+    def check(view: _View) -> str | None:
+        if key not in view.kv:
+            return f"key not found in model: {key}" if required else None
+        got = view.type_of(key) or "?"
+        if got == want or (key in _PER_LAYER_OK and got.startswith("ARRAY")):
+            return None
+        return (f"key {key} has wrong type {GGUF_TYPE_NAMES.get(got.split('[')[0], got)} but "
+                f"expected type {GGUF_TYPE_NAMES[want]}")
+    return Rule(f"key.{key}", "load_error", check)
+
+
+def _llama_arch(view: _View) -> str | None:
+    arch = view.kv.get("general.architecture")
+    if arch != ARCH:
+        return f"unknown model architecture: '{arch}'"
+    return None
+
+
+def _llama_rope_base(view: _View) -> str | None:
+    if f"{ARCH}.rope.freq_base" in view.kv:
+        return None
+    theta = view.kv.get("dflash.rope.frequency_base")
+    if isinstance(theta, numbers.Real) and float(theta) == LLAMA_DEFAULT_ROPE_BASE:
+        return None
+    declared = f"{float(theta):g} (dflash.rope.frequency_base)" if isinstance(
+        theta, numbers.Real) else "unknown"
+    return (f"llama.cpp reads the rope base from {ARCH}.rope.freq_base (f32); it is absent, so "
+            f"llama.cpp would use its default {LLAMA_DEFAULT_ROPE_BASE:g} instead of the "
+            f"drafter's {declared}")
+
+
+def _llama_taps(view: _View) -> str | None:
+    if LLAMA_TAP_KEY not in view.kv:
+        return "DFlash model requires 'target_layers' in GGUF metadata"
+    gtype = view.type_of(LLAMA_TAP_KEY) or ""
+    if gtype not in ("ARRAY[INT32]", "ARRAY[UINT32]"):
+        return (f"array type mismatch for {LLAMA_TAP_KEY}: expected an INT32 or UINT32 array, "
+                f"found {gtype or 'unknown'}")
+    view.found["llama_taps"] = list(view.kv[LLAMA_TAP_KEY])
+    return None
+
+
+def _llama_tap_convention(view: _View) -> str | None:
+    """llama.cpp stores DeepSpec id + 1 (it taps the input of that layer, i.e. the output of
+    layer id); our format, like Strata, stores the id. A file of our format
+    (dspark.format_version present) read by llama.cpp taps one layer too early."""
+    if "dspark.format_version" not in view.kv:
+        return None
+    taps = view.found["llama_taps"]
+    wanted = [t + 1 for t in taps]
+    read_as = ", ".join("embeddings" if t == 0 else f"layer {t - 1}" for t in taps)
+    return (f"{LLAMA_TAP_KEY} holds DeepSpec ids {taps} (Strata's convention); llama.cpp reads "
+            f"id + 1 ({wanted} for this drafter) and would feed it the outputs of "
+            f"[{read_as}] instead of layers {taps}")
+
+
+def _llama_tokenizer(view: _View) -> str | None:
+    for key in LLAMA_TOKENIZER_KEYS:
+        if key not in view.kv:
+            return (f"key not found in model: {key} (llama.cpp loads the target's tokenizer "
+                    "from the drafter file; its converter embeds it from --target-model-dir)")
+    return None
+
+
+def _llama_mask(view: _View) -> str | None:
+    if LLAMA_MASK_KEY in view.kv:
+        return None
+    ours = view.kv.get("dflash.mask_token_id")
+    where = f" (this file records dflash.mask_token_id = {ours})" if ours is not None else ""
+    return (f"llama.cpp takes the DFlash mask token from {LLAMA_MASK_KEY}, which is absent"
+            f"{where}: it would not know the mask token")
+
+
+def _dim(view: _View, key: str) -> int | None:
+    value = view.kv.get(key)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def _llama_geometry(view: _View) -> str | None:
+    """Dimensions the tensor shapes are checked against (no refusal of its own: the key
+    rules above refuse missing or mistyped keys)."""
+    h, nh = _dim(view, f"{ARCH}.embedding_length"), _dim(view, f"{ARCH}.attention.head_count")
+    layers, ff = _dim(view, f"{ARCH}.block_count"), _dim(view, f"{ARCH}.feed_forward_length")
+    if None in (h, nh, layers, ff) or nh == 0 or "llama_taps" not in view.found:
+        return None
+    nkv = _dim(view, f"{ARCH}.attention.head_count_kv") or nh
+    d = _dim(view, f"{ARCH}.attention.key_length") or h // nh
+    vocab = _dim(view, "dflash.vocab_size")
+    if vocab is None and isinstance(view.kv.get("tokenizer.ggml.tokens"), list):
+        vocab = len(view.kv["tokenizer.ggml.tokens"])
+    if vocab is None:
+        return None
+    view.found["llama_geometry"] = {"H": h, "I": ff, "nh": nh, "nkv": nkv, "d": d, "V": vocab,
+                                    "m": len(view.found["llama_taps"]), "layers": layers}
+    return None
+
+
+def _llama_expected(view: _View) -> dict[str, tuple[int, ...]]:
+    """name -> GGUF shape of every tensor llama_model_dflash::load_arch_tensors creates for
+    this file: the backbone (required), the optional embedding/head, and the DSpark head
+    when markov_w1.weight is present (rank = its ne0; conf_proj optional, [H + r, 1])."""
+    g = view.found["llama_geometry"]
+    symbols = {**g, "r": 0, "rc": 0}
+    out: dict[str, tuple[int, ...]] = {}
+    for rule in TENSOR_RULES:
+        if rule.when == "always" and rule.gguf is not None:
+            for _src, gguf, _i in expand_rule(rule, g["layers"]):
+                out[gguf] = tuple(eval_dim(e, symbols) for e in reversed(rule.shape))
+    present = view.names
+    optional = {"token_embd.weight": (g["H"], g["V"]), "output.weight": (g["H"], g["V"])}
+    if "markov_w1.weight" in present:
+        r = present["markov_w1.weight"][1][0]
+        out["markov_w1.weight"] = (r, g["V"])
+        out["markov_w2.weight"] = (r, g["V"])
+        optional.update({"conf_proj.weight": (g["H"] + r, 1), "conf_proj.bias": (1,)})
+    out.update({name: shape for name, shape in optional.items() if name in present})
+    return out
+
+
+def _llama_shapes(view: _View) -> str | None:
+    present = view.names
+    for name, shape in _llama_expected(view).items():
+        if name not in present:
+            return f"check_tensor_dims: tensor '{name}' not found"
+        got = tuple(present[name][1])
+        if got != shape:
+            return (f"check_tensor_dims: tensor '{name}' has wrong shape; expected "
+                    f"{_lshape(shape)}, got {_lshape(got)}")
+    return None
+
+
+def _lshape(shape: Sequence[int]) -> str:
+    return ", ".join(f"{d:5d}" for d in shape)
+
+
+def _llama_count(view: _View) -> str | None:
+    expected = _llama_expected(view)
+    extra = [name for name, _t, _s in view.tensors if name not in expected]
+    if not extra:
+        return None
+    why = {"markov_gate": "llama.cpp implements only the vanilla Markov head",
+           "markov_joint": "llama.cpp implements only the vanilla Markov head",
+           "conf_proj": "llama.cpp reads conf_proj only beside a Markov head"}
+    reason = next((text for part, text in why.items() if extra[0].startswith(part)),
+                  "llama.cpp does not read it")
+    return (f"done_getting_tensors: wrong number of tensors; expected {len(view.tensors)}, got "
+            f"{len(view.tensors) - len(extra)} ('{extra[0]}' is not read: {reason})")
+
+
+LLAMA_RULES: tuple[Rule, ...] = (
+    Rule("architecture", "load_error", _llama_arch),
+    *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[:6]),
+    Rule("rope_base", "misread", _llama_rope_base),
+    *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[6:]),
+    Rule("target_layers", "load_error", _llama_taps),
+    Rule("target_layers_convention", "misread", _llama_tap_convention, ("llama_taps",)),
+    Rule("tokenizer", "load_error", _llama_tokenizer),
+    Rule("mask_token", "misread", _llama_mask),
+    Rule("geometry", "load_error", _llama_geometry),
+    Rule("tensor_shapes", "load_error", _llama_shapes, ("llama_geometry",)),
+    Rule("tensor_count", "unsupported", _llama_count, ("llama_geometry",)),
+)
+
+
+# --- the reports -------------------------------------------------------------------------------
+
+def strata_open(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iterable[TensorRow],
+                *, path: str = "drafter.gguf") -> EngineReport:
+    view = _view(kv, types, tensors, path)
+    return EngineReport("strata.open", _run("strata.open", STRATA_OPEN_RULES, view))
+
+
+def strata_run(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iterable[TensorRow],
+               *, path: str = "drafter.gguf") -> EngineReport:
+    """Open's refusals first (the runtime never sees a file the loader refused), then the
+    geometry gate and the fixed eps, evaluated on what open could parse."""
+    view = _view(kv, types, tensors, path)
+    opened = _run("strata.open", STRATA_OPEN_RULES, view)
+    return EngineReport("strata.run", opened + _run("strata.run", STRATA_RUN_RULES, view))
+
+
+def llama_cpp(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iterable[TensorRow],
+              *, path: str = "drafter.gguf") -> EngineReport:
+    view = _view(kv, types, tensors, path)
+    return EngineReport("llama.cpp", _run("llama.cpp", LLAMA_RULES, view))
+
+
+def engine_reports(kv: Mapping[str, object], types: Mapping[str, str],
+                   tensors: Iterable[TensorRow], *, path: str = "drafter.gguf"
+                   ) -> dict[str, EngineReport]:
+    """engine name -> its report, in ENGINES order."""
+    tensors = list(tensors)
+    return {"strata.open": strata_open(kv, types, tensors, path=path),
+            "strata.run": strata_run(kv, types, tensors, path=path),
+            "llama.cpp": llama_cpp(kv, types, tensors, path=path)}
+
+
+def gguf_type_name(value_type, sub_type=None) -> str:
+    """"UINT32", "STRING", "ARRAY[UINT32]" from gguf-py's GGUFValueType members."""
+    name = value_type.name
+    return f"{name}[{sub_type.name}]" if sub_type is not None else name
+
+
+def gguf_inputs(gguf) -> tuple[dict[str, object], dict[str, str], list[TensorRow]]:
+    """(values, types, tensors) of a parsed ``gguf_reader.GGUFFile``."""
+    values = {k: v.value for k, v in gguf.kv.items()}
+    types = {k: gguf_type_name(v.type, v.sub_type) for k, v in gguf.kv.items()}
+    tensors = [(t.name, t.ggml_type.name, list(t.shape)) for t in gguf.tensors]
+    return values, types, tensors
+
+
+def format_types(kv: Mapping[str, object]) -> dict[str, str]:
+    """The GGUF type of every key of our format, as the writer emits it (for a report made
+    before the file exists, e.g. convert's summary from ``expected_metadata``)."""
+    from ..artifact_format import KEYS_BY_NAME
+
+    return {k: gguf_type_name(KEYS_BY_NAME[k].type, KEYS_BY_NAME[k].sub_type)
+            for k in kv if k in KEYS_BY_NAME}
+
+
+def reports_for_gguf(gguf, *, path: str | None = None) -> dict[str, EngineReport]:
+    values, types, tensors = gguf_inputs(gguf)
+    return engine_reports(values, types, tensors, path=path or str(gguf.path))
