@@ -1,0 +1,385 @@
+"""`dspark quantize`: a quantized artifact from a BF16 one (ARTIFACT_SPEC.md, Quantized
+artifacts; issue 13).
+
+What Strata's ``tools/dflash_quantize.py`` (``export``) does to a BF16 DFlash GGUF, with the
+project's guarantees around it:
+
+- the parent must pass ``validate_artifact`` and be BF16 (never a quantized artifact, never
+  a checkpoint);
+- 2-D backbone matrices (``fc``, ``blk.N.attn_q/k/v/output``, ``blk.N.ffn_gate/up/down``)
+  are quantized with gguf-py's quantizers from their BF16 values widened to float32
+  (formats/quants.py: the same arithmetic as Strata's tool, so the same bytes); every 1-D
+  tensor (norms, biases) is copied BF16; the Markov and confidence matrices are copied
+  BF16 unless ``heads`` names a type;
+- every key of the parent is kept, in order, then ``strata.dflash.quantization`` and
+  ``strata.dflash.source_sha256`` are appended, as Strata's tool appends them;
+- one streaming pass over the parent's drafter.gguf in row chunks (memory: a few chunks of
+  4 MiB, whatever the model's size), hashing the parent as it is read (it must still be
+  the file that validated); the header is laid out by gguf-py (convert.gguf_header) and
+  the data written by offset, like convert;
+- drafter.gguf is re-read: its tensor table against the plan, its SHA-256 and each
+  tensor's for manifest.json, which names the parent (its drafter.gguf and manifest.json
+  SHA-256), the type, and per quantized tensor its error against the BF16 values;
+- atomic (atomic_directory) and byte-reproducible: no paths, no timestamps; the
+  quantizer's version is recorded because its arithmetic defines the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+
+from .. import CONVERTER_NAME, __version__
+from ..artifact_format import ALIGNMENT, GGUF_FILE, MANIFEST_FILE
+from ..atomic import atomic_directory, check_output, refuse_overlap, write_error
+from ..convert import gguf_header, manifest_json, pwrite_all
+from ..errors import (
+    GGUFFormatError,
+    IntegrityError,
+    InternalError,
+    ParentArtifactError,
+    QuantizedParentError,
+)
+from ..formats import quants
+from ..gguf_reader import GGUFFile, read_gguf
+from ..hashing import hash_file_and_spans, read_blocks
+from ..manifest import (
+    ArtifactRecord,
+    CheckRecord,
+    ConverterRecord,
+    FileRecord,
+    Manifest,
+    ParentRecord,
+    QuantErrorRecord,
+    QuantizationRecord,
+    TensorRecord,
+)
+from ..progress import NoProgress, Progress
+
+READ_BLOCK = 8 * 1024 * 1024
+# The contract's tensor rules whose matrices are the DSpark heads (quantized only with heads=).
+HEAD_RULES = ("markov", "gated", "rnn", "confidence")
+# Significant digits of the recorded errors: enough to compare precisions, few enough that a
+# numpy release changing a float64 summation order does not change manifest.json's bytes.
+ERROR_DIGITS = 6
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    output: Path
+    manifest: Manifest
+    gguf_size: int
+    gguf_sha256: str
+
+
+@dataclass(frozen=True)
+class _Planned:
+    name: str
+    type: str                      # "BF16" or a quantization type
+    torch_shape: list[int]
+    gguf_shape: list[int]
+    nbytes: int                    # in the output
+    source: str                    # the HF name (manifest)
+    parent_offset: int             # absolute, in the parent file
+    parent_nbytes: int
+    offset: int = 0                # absolute, in the output file
+
+
+def _rounded(x: float) -> float:
+    return float(f"{x:.{ERROR_DIGITS}g}")
+
+
+def _gguf_version() -> str:
+    try:
+        return importlib.metadata.version("gguf")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - installed with us
+        return "unknown"
+
+
+def _validated_parent(parent: Path, progress: Progress):
+    """The parent's report, refused unless it passes every check."""
+    from ..validate import validate_artifact  # validate imports the whole checking stack
+
+    report = validate_artifact(parent, progress=progress)
+    failure = report.first_failure
+    if failure is not None:
+        raise ParentArtifactError(
+            f"{parent}: the parent artifact does not validate: {failure.name}: {failure.detail}; "
+            "expected an artifact that passes `dspark validate`", path=str(parent),
+            expected="a valid BF16 artifact", found=f"{failure.name} failed ({failure.error})")
+    return report
+
+
+def _plan(gguf: GGUFFile, manifest: Manifest, qtype: str, heads: str | None,
+          label: str) -> list[_Planned]:
+    """Each tensor of the parent, in file order, with the type it gets."""
+    specs = {s.gguf_name: s for s in manifest.contract.written_tensors}
+    sources = {t.name: t.source for t in manifest.artifact.tensors}
+    whens = _rule_whens(manifest)
+    plan = []
+    for info in gguf.tensors:
+        spec = specs[info.name]          # validate proved the inventory matches the contract
+        if info.ggml_type.name != "BF16":
+            raise QuantizedParentError(
+                f"{label}: tensor '{info.name}' is {info.ggml_type.name}; expected a BF16 "
+                "parent (quantize from the BF16 artifact, not from a quantized one)",
+                path=label, tensor=info.name, expected="BF16", found=info.ggml_type.name)
+        target = "BF16"
+        if spec.kind == "matrix" and len(info.shape) == 2:
+            target = heads if whens[info.name] in HEAD_RULES else qtype
+            target = target or "BF16"
+        if target != "BF16":
+            quants.check_row_width(info.shape[0], target, tensor=info.name, label=label)
+        nbytes = info.nbytes if target == "BF16" else quants.tensor_nbytes(info.shape, target)
+        plan.append(_Planned(info.name, target, list(spec.shape), list(info.shape), nbytes,
+                             sources[info.name], info.data_offset, info.nbytes))
+    return plan
+
+
+def _rule_whens(manifest: Manifest) -> dict[str, str]:
+    """GGUF name -> the tensor table's condition ("always", "markov", ...)."""
+    from ..tensor_table import TENSOR_RULES, expand_rule
+
+    layers = manifest.contract.geometry.num_draft_layers
+    return {gguf: rule.when for rule in TENSOR_RULES if rule.gguf
+            for _s, gguf, _i in expand_rule(rule, layers)}
+
+
+def _layout(plan: list[_Planned], data_start: int) -> tuple[list[_Planned], int]:
+    out, offset = [], data_start
+    for t in plan:
+        out.append(replace(t, offset=offset))
+        offset += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
+    return out, offset
+
+
+def _header(kv: dict, plan: list[_Planned], qtype: str, parent_sha: str, scratch: Path) -> bytes:
+    values = {**kv, "strata.dflash.quantization": qtype, "strata.dflash.source_sha256": parent_sha}
+    tensors = [(t.name, t.torch_shape, t.nbytes, GGMLQuantizationType[t.type]) for t in plan]
+    return gguf_header(values, tensors, scratch)
+
+
+class _Pass:
+    """The one read of the parent: hashed whole, each tensor copied or quantized to its
+    place in the output."""
+
+    def __init__(self, parent_gguf: GGUFFile, plan: list[_Planned], fd: int, label: str,
+                 shown: Path, progress: Progress) -> None:
+        self.gguf, self.plan, self.fd = parent_gguf, plan, fd
+        self.label, self.shown, self.progress = label, shown, progress
+        self.errors: dict[str, quants.QuantError] = {}
+
+    def _shrank(self):
+        return GGUFFormatError(f"{self.label}: the parent's drafter.gguf shrank while it was "
+                               "quantized; expected it unchanged", path=self.label)
+
+    def _write(self, data, offset: int) -> None:
+        try:
+            pwrite_all(self.fd, data, offset)
+        except OSError as exc:
+            raise write_error(exc, self.shown) from None
+
+    def run(self) -> str:
+        digest = hashlib.sha256()
+        largest_row = max((2 * t.gguf_shape[0] for t in self.plan), default=0)
+        buffer = memoryview(bytearray(max(READ_BLOCK, largest_row)))
+        advance = self.progress.advance
+        with open(self.gguf.path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size != self.gguf.file_size:
+                raise self._shrank()
+            for t in sorted(self.plan, key=lambda p: p.parent_offset):
+                for _ in read_blocks(fh, t.parent_offset - fh.tell(), buffer, [digest], advance,
+                                     self._shrank):
+                    pass
+                if t.type == "BF16":
+                    self._copy(fh, t, buffer, digest)
+                else:
+                    self._quantize(fh, t, buffer, digest)
+            for _ in read_blocks(fh, self.gguf.file_size - fh.tell(), buffer, [digest], advance,
+                                 self._shrank):
+                pass
+            if fh.read(1):
+                raise GGUFFormatError(f"{self.label}: the parent's drafter.gguf grew while it "
+                                      "was quantized; expected it unchanged", path=self.label)
+        return digest.hexdigest()
+
+    def _copy(self, fh, t: _Planned, buffer: memoryview, digest) -> None:
+        done = 0
+        for block in read_blocks(fh, t.parent_nbytes, buffer, [digest], self.progress.advance,
+                                 self._shrank):
+            self._write(block, t.offset + done)
+            done += len(block)
+
+    def _quantize(self, fh, t: _Planned, buffer: memoryview, digest) -> None:
+        ne0 = t.gguf_shape[0]
+        row_bytes = 2 * ne0
+        view = buffer[:quants.rows_per_chunk(ne0) * row_bytes]
+        quantizer = quants.TensorQuantizer(t.gguf_shape, t.type, tensor=t.name, label=self.label)
+        written = 0
+        for block in read_blocks(fh, t.parent_nbytes, view, [digest], self.progress.advance,
+                                 self._shrank):
+            # read_blocks fills the view but for the tensor's last chunk: whole rows always,
+            # since the view holds whole rows and the tensor is whole rows.
+            packed = quantizer.feed(np.frombuffer(block, dtype="<u2"))
+            self._write(packed, t.offset + written)
+            written += packed.nbytes
+        self.errors[t.name] = quantizer.finish()
+        if written != t.nbytes:  # the plan and gguf-py disagree on a size: a bug
+            raise InternalError(f"{self.label}: tensor '{t.name}': wrote {written} bytes, "
+                                f"planned {t.nbytes}")
+
+
+def _read_back(path: Path, plan: list[_Planned], progress: Progress,
+               shown: Path) -> tuple[str, dict[str, str], int]:
+    """Re-read the output: its tensor table must be the plan (names, types, shapes,
+    offsets), every block scale on disk finite; returns its SHA-256, each tensor's, its size."""
+    written = read_gguf(path)
+    table = [(t.name, t.ggml_type.name, list(t.shape), t.data_offset) for t in written.tensors]
+    if table != [(t.name, t.type, t.gguf_shape, t.offset) for t in plan]:
+        raise InternalError(f"{shown}: the tensor table read back differs from the plan")
+    scanners = {t.name: quants.ScaleScanner(t.type) for t in plan if t.type != "BF16"}
+
+    def scan(name: str, block, done: int) -> None:
+        if name in scanners:
+            scanners[name].feed(block)
+
+    def shrank():
+        return InternalError(f"{shown}: the file shrank while it was hashed")
+
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        progress.start(f"hash {GGUF_FILE}", size)
+        try:
+            file_sha, digests = hash_file_and_spans(
+                fh, size, [(t.name, t.offset, t.nbytes) for t in plan], READ_BLOCK,
+                progress.advance, shrank, inspect=scan)
+        finally:
+            progress.finish()
+    for name, scanner in scanners.items():
+        if scanner.first_bad is not None:   # quantize_bf16 refused these: a bug if seen
+            raise InternalError(f"{shown}: tensor '{name}': block {scanner.first_bad} has a "
+                                "non-finite scale on disk")
+    return file_sha, digests, size
+
+
+def _manifest(parent_manifest: Manifest, plan: list[_Planned], errors: dict[str, quants.QuantError],
+              size: int, sha: str, digests: dict[str, str], parent_files: list[FileRecord],
+              qtype: str, heads: str | None, checks_passed: int) -> Manifest:
+    records = []
+    for t in plan:
+        error = errors.get(t.name)
+        records.append(TensorRecord(
+            name=t.name, type=t.type, shape=t.gguf_shape, sha256=digests[t.name], source=t.source,
+            error=None if error is None else QuantErrorRecord(
+                max_abs=_rounded(error.max_abs), rel_rms=_rounded(error.rel_rms))))
+    counts = {}
+    for t in plan:
+        counts[t.type] = counts.get(t.type, 0) + 1
+    kept = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    worst = max(errors.items(), key=lambda kv: kv[1].rel_rms, default=None)
+    checks = [
+        CheckRecord(name="parent.validate", status="passed",
+                    detail=f"the BF16 parent passes dspark validate ({checks_passed} checks, "
+                           "none failed)"),
+        CheckRecord(name="quantize.tensors", status="passed",
+                    detail=f"{len(plan)} tensors: {kept}; 1-D tensors kept BF16"
+                           + ("" if heads else "; Markov/confidence matrices kept BF16")),
+        CheckRecord(name="quantize.values", status="passed",
+                    detail="every BF16 value finite; every block scale finite in F16"
+                           + (f"; largest relative RMS error {_rounded(worst[1].rel_rms)} "
+                              f"({worst[0]})" if worst else "")),
+        CheckRecord(name="quantize.readback", status="passed",
+                    detail=f"{GGUF_FILE} re-read: names, types, shapes and offsets as planned"),
+    ]
+    return Manifest(
+        format=parent_manifest.format, format_version=parent_manifest.format_version,
+        converter=ConverterRecord(name=CONVERTER_NAME, version=__version__),
+        source=parent_manifest.source, target=parent_manifest.target,
+        contract=parent_manifest.contract,
+        artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=sha, tensors=records),
+        checks=checks,
+        parent=ParentRecord(files=parent_files),
+        quantization=QuantizationRecord(
+            type=qtype, heads=heads,
+            tool=f"gguf-py {_gguf_version()} gguf.quants.quantize, from BF16 widened to float32"),
+    )
+
+
+def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtype: str,
+                      heads: str | None = None, force: bool = False,
+                      progress: Progress | None = None) -> QuantizeResult:
+    """Quantize the BF16 artifact ``parent`` into ``output`` (refused if it exists, unless
+    ``force``). ``qtype``: "q8_0", "q5_0" or "q4_0" (any case) for the backbone matrices;
+    ``heads``: the same for the Markov and confidence matrices, None to keep them BF16.
+    Raises a DSparkError subclass for every refusal and writes nothing then."""
+    progress = progress or NoProgress()
+    qtype = quants.quant_type(qtype)
+    heads = quants.quant_type(heads) if heads is not None else None
+    parent, out = Path(parent), Path(output)
+    check_output(out, force=force)
+    refuse_overlap(out, [(parent, "the parent artifact")])
+    report = _validated_parent(parent, progress)
+
+    label = str(parent / GGUF_FILE)
+    gguf = read_gguf(parent / GGUF_FILE)
+    kv = {k: v.value for k, v in gguf.kv.items()}
+    already = kv.get("strata.dflash.quantization")
+    if already is not None:
+        raise QuantizedParentError(
+            f"{label}: metadata key 'strata.dflash.quantization' is {already!r}; expected a "
+            "BF16 parent (quantize from the BF16 artifact, not from a quantized one)",
+            path=label, field="strata.dflash.quantization", expected="absent", found=str(already))
+    try:
+        manifest_bytes = (parent / MANIFEST_FILE).read_bytes()
+    except OSError as exc:
+        raise ParentArtifactError(f"{parent / MANIFEST_FILE}: cannot read: {exc.strerror or exc}",
+                                  path=str(parent / MANIFEST_FILE)) from None
+    parent_manifest = Manifest.model_validate(json.loads(manifest_bytes))
+    parent_sha = parent_manifest.artifact.sha256     # validated against the file just now
+    plan = _plan(gguf, parent_manifest, qtype, heads, label)
+
+    with atomic_directory(out, force=force) as tmp:
+        path, shown = tmp / GGUF_FILE, out / GGUF_FILE
+        try:
+            header = _header(kv, plan, qtype, parent_sha, tmp / f"{GGUF_FILE}.header")
+            plan, total = _layout(plan, len(header))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            raise write_error(exc, shown) from None
+        try:
+            try:
+                os.ftruncate(fd, total)     # padding between tensors: zeros
+                pwrite_all(fd, header, 0)
+            except OSError as exc:
+                raise write_error(exc, shown) from None
+            progress.start(f"quantize {GGUF_FILE} to {qtype}", gguf.file_size)
+            try:
+                passed = _Pass(gguf, plan, fd, label, shown, progress)
+                read_sha = passed.run()
+            finally:
+                progress.finish()
+        finally:
+            os.close(fd)
+        if read_sha != parent_sha:
+            raise IntegrityError(f"{label}: SHA-256 is {read_sha} while it was quantized; it "
+                                 f"validated as {parent_sha} (the parent changed meanwhile)",
+                                 path=label, expected=parent_sha, found=read_sha)
+        sha, digests, size = _read_back(path, plan, progress, shown)
+        parent_files = [FileRecord(path=GGUF_FILE, size=gguf.file_size, sha256=parent_sha),
+                        FileRecord(path=MANIFEST_FILE, size=len(manifest_bytes),
+                                   sha256=hashlib.sha256(manifest_bytes).hexdigest())]
+        manifest = _manifest(parent_manifest, plan, passed.errors, size, sha, digests,
+                             parent_files, qtype, heads, len(report.checks))
+        try:
+            (tmp / MANIFEST_FILE).write_text(manifest_json(manifest))
+        except OSError as exc:
+            raise write_error(exc, out / MANIFEST_FILE) from None
+    return QuantizeResult(output=out, manifest=manifest, gguf_size=size, gguf_sha256=sha)
