@@ -7,6 +7,7 @@ a file against the same function; the docs are generated from the table.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from gguf.constants import GGUFValueType
 
 from . import CONVERTER_NAME, __version__
 from .contract import ARCHITECTURE, FeatureContract, build_contract, parse_config
-from .errors import ConfigError, ContractViolation, DSparkError, MetadataError
+from .errors import ConfigError, ContractViolation, DSparkError, GeometryLimitError, MetadataError
 
 FORMAT_VERSION = 1
 ARCHITECTURE_NAME = "dflash"
@@ -156,11 +157,79 @@ def expected_metadata(contract: FeatureContract, prov: Provenance) -> dict[str, 
 
 
 def as_float32(value: float) -> float:
-    """The value a FLOAT32 key holds once written (for comparisons with what is read)."""
-    return struct.unpack("<f", struct.pack("<f", value))[0]
+    """The value a FLOAT32 key holds once written (for comparisons with what is read).
+    A value beyond the float32 range becomes infinity, as a float32 cast makes it (struct
+    itself refuses to pack it)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+# The values a GGUF integer type can hold.
+_INT_RANGES = {T.UINT8: (0, 2**8 - 1), T.INT8: (-2**7, 2**7 - 1), T.UINT16: (0, 2**16 - 1),
+               T.INT16: (-2**15, 2**15 - 1), T.UINT32: (0, 2**32 - 1),
+               T.INT32: (-2**31, 2**31 - 1), T.UINT64: (0, 2**64 - 1),
+               T.INT64: (-2**63, 2**63 - 1)}
+
+
+def _storable(value: object, vtype: GGUFValueType) -> str | None:
+    """Why ``value`` cannot be written as ``vtype`` (None when it can)."""
+    if vtype in _INT_RANGES:
+        low, high = _INT_RANGES[vtype]
+        if not low <= value <= high:
+            return f"{value} does not fit {vtype.name} ({low}..{high})"
+    elif vtype == T.FLOAT32:
+        stored = as_float32(value)
+        if not math.isfinite(stored):
+            return f"{value} is beyond the FLOAT32 range (it would be stored as {stored})"
+        if value != 0 and stored == 0:
+            return f"{value} is below the FLOAT32 range (it would be stored as 0.0)"
+    elif vtype == T.FLOAT64 and not math.isfinite(value):
+        return f"{value} is not a finite FLOAT64"
+    return None
+
+
+def check_storable(contract: FeatureContract, *, path: str) -> None:
+    """Every value the contract puts in the metadata, against its key's GGUF type, before
+    anything is written: gguf-py would fail on a u32 of 2**32 (exit 1 once), and a float32
+    rms eps of 1e-50 would be written as 0.0 (and refused by our own validate)."""
+    placeholder = Provenance(name="", repository=None, revision=LOCAL_REVISION,
+                             source_sha256="0" * 64, embed_sha256=None, lm_head_sha256=None)
+    fields = {key: field for field, key in CONFIG_FIELD_KEYS.items()}
+    for key, value in expected_metadata(contract, placeholder).items():
+        spec = KEYS_BY_NAME[key]
+        items = value if spec.type == T.ARRAY else [value]
+        vtype = spec.sub_type if spec.type == T.ARRAY else spec.type
+        for item in items:
+            why = None if isinstance(item, str) else _storable(item, vtype)
+            if why is not None:
+                field = fields.get(key, key)
+                raise GeometryLimitError(f"{path}: field '{field}': {why}; the artifact stores "
+                                         f"it as {key}", path=path, field=field,
+                                         expected=f"a value {vtype.name} can hold", found=item)
 
 
 # --- reading metadata back ----------------------------------------------------------------
+
+def read_metadata(gguf, *, path: str) -> dict[str, object]:
+    """The metadata of a parsed drafter.gguf (gguf_reader.GGUFFile) as {key: value}, every
+    key known to the format and of its exact GGUF type (MetadataError otherwise). The one
+    reader of an artifact's metadata: validate, inspect and the runtime go through it, so
+    no rule ever sees a value of the wrong type (a scalar where an array belongs, a string
+    for a count)."""
+    for key, value in gguf.kv.items():
+        spec = KEYS_BY_NAME.get(key)
+        if spec is None:
+            raise MetadataError(f"{path}: metadata key '{key}' is not part of the format",
+                                path=path, field=key, expected="absent", found=value.type.name)
+        if value.type != spec.type or value.sub_type != spec.sub_type:
+            want = spec.type.name + (f"[{spec.sub_type.name}]" if spec.sub_type else "")
+            got = value.type.name + (f"[{value.sub_type.name}]" if value.sub_type else "")
+            raise MetadataError(f"{path}: metadata key '{key}': expected type {want}, found {got}",
+                                path=path, field=key, expected=want, found=got)
+    return {key: value.value for key, value in gguf.kv.items()}
+
 
 def _get(kv: dict, key: str, path: str):
     if key not in kv:

@@ -68,7 +68,7 @@ from .hub import HubOptions, hub_cache_dir, looks_like_hub_spec, open_hub_source
 from .progress import NoProgress, Progress
 from .safetensors_reader import TensorEntry
 from .source import Source, open_source
-from .strata_rules import strata_findings
+from .strata_rules import strata_checks
 from .text import shown
 
 if TYPE_CHECKING:
@@ -481,12 +481,7 @@ def _checks(source: Source, records: list[TensorRecord], stripped: list[Stripped
                     detail="BF16 bytes copied unchanged" if source.dtype == "BF16"
                     else f"{source.dtype} source rounded to BF16 (nearest-even)"),
     ]
-    kv = expected_metadata(source.contract, prov)
-    for finding in strata_findings(kv, [(r.name, "BF16", r.shape) for r in records]):
-        checks.append(CheckRecord(name=f"strata.{finding.rule}",
-                                  status="passed" if finding.level == "ok" else finding.level,
-                                  detail=finding.message))
-    return checks
+    return checks + strata_checks(expected_metadata(source.contract, prov), records)
 
 
 def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, prov: Provenance,

@@ -12,13 +12,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .artifact_format import GGUF_FILE, contract_from_metadata
+from .artifact_format import GGUF_FILE, contract_from_metadata, read_metadata
 from .contract import FeatureContract
 from .errors import DSparkError, HeadConfigMismatchError, InventoryError, SourceNotFoundError
 from .paths import check_path
 from .gguf_reader import read_gguf
 from .safetensors_reader import read_checkpoint
 from .source import check_checkpoint_inventory, load_config
+
+MAX_UNEXPECTED_ROWS = 50
 
 RowStatus = Literal["ok", "stripped", "absent", "missing", "unexpected", "shape", "dtype"]
 
@@ -43,6 +45,9 @@ class InspectResult(BaseModel):
     rows: list[TensorRow]
     problem: dict | None            # the error convert/validate would raise, as a dict
     problem_exit_code: int | None
+    # Rows for unexpected tensors beyond MAX_UNEXPECTED_ROWS are counted, not listed: a
+    # hostile header of tens of thousands of tensors must not become a table that long.
+    unexpected_not_listed: int = 0
 
 
 def _inspect_checkpoint(directory: Path) -> InspectResult:
@@ -63,10 +68,11 @@ def _inspect_checkpoint(directory: Path) -> InspectResult:
                               shape=list(entry.shape) if entry else None,
                               expected_shape=spec.shape, status=status))
     known = {s.source_name for s in contract.tensors}
-    for name, entry in found.items():
-        if name not in known:
-            rows.append(TensorRow(name=name, maps_to=None, dtype=entry.dtype, shape=list(entry.shape),
-                                  expected_shape=None, status="unexpected"))
+    unexpected = [name for name in found if name not in known]
+    for name in unexpected[:MAX_UNEXPECTED_ROWS]:
+        entry = found[name]
+        rows.append(TensorRow(name=name, maps_to=None, dtype=entry.dtype, shape=list(entry.shape),
+                              expected_shape=None, status="unexpected"))
     problem = None
     try:
         check_checkpoint_inventory(checkpoint, cfg, contract)
@@ -74,19 +80,24 @@ def _inspect_checkpoint(directory: Path) -> InspectResult:
         problem = exc
     return InspectResult(kind="checkpoint", path=str(directory), contract=contract, rows=rows,
                          problem=problem.to_dict() if problem else None,
-                         problem_exit_code=problem.exit_code if problem else None)
+                         problem_exit_code=problem.exit_code if problem else None,
+                         unexpected_not_listed=max(0, len(unexpected) - MAX_UNEXPECTED_ROWS))
 
 
 def _inspect_artifact(gguf_path: Path) -> InspectResult:
     from .validate import check_gguf_inventory  # the validator's own inventory rule
 
     gguf = read_gguf(gguf_path)
-    contract = contract_from_metadata({k: v.value for k, v in gguf.kv.items()}, path=gguf_path.name)
+    contract = contract_from_metadata(read_metadata(gguf, path=gguf_path.name), path=gguf_path.name)
     specs = {s.gguf_name: s for s in contract.written_tensors}
     rows = []
+    unexpected = 0
     for info in gguf.tensors:
         spec = specs.get(info.name)
         if spec is None:
+            unexpected += 1
+            if unexpected > MAX_UNEXPECTED_ROWS:
+                continue
             status = "unexpected"
         elif list(info.shape) != spec.gguf_shape:
             status = "shape"
@@ -109,7 +120,8 @@ def _inspect_artifact(gguf_path: Path) -> InspectResult:
         problem = exc
     return InspectResult(kind="artifact", path=str(gguf_path.parent), contract=contract, rows=rows,
                          problem=problem.to_dict() if problem else None,
-                         problem_exit_code=problem.exit_code if problem else None)
+                         problem_exit_code=problem.exit_code if problem else None,
+                         unexpected_not_listed=max(0, unexpected - MAX_UNEXPECTED_ROWS))
 
 
 def inspect_path(path: str | os.PathLike) -> InspectResult:

@@ -21,7 +21,8 @@ from .contract import (
 )
 from .errors import ConfigError, SourceNotFoundError
 from .safetensors_reader import Checkpoint, read_checkpoint
-from .strict_json import json_error_text, loads_strict
+from .artifact_format import check_storable
+from .strict_json import NotVerbatimError, check_verbatim, json_error_text, loads_strict
 from .text import shown
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -71,8 +72,19 @@ def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
                                   expected="config.json", found="missing")
     # Messages name the file as the user gave it, so that one among many is found.
     raw = read_json_strict(config_path, label=str(config_path))
+    # The manifest keeps the config verbatim (source.config): refuse what JSON lets through
+    # but could not be written back unchanged, before anything is written.
+    try:
+        check_verbatim(raw)
+    except NotVerbatimError as exc:
+        raise ConfigError(f"{config_path}: field '{exc.where}': {exc.why}; expected JSON that "
+                          "manifest.json can keep verbatim", path=str(config_path),
+                          field=exc.where, expected="verbatim JSON", found=exc.why) from None
     cfg = parse_config(raw, path=str(config_path))
-    return raw, cfg, build_contract(cfg, path=str(config_path))
+    contract = build_contract(cfg, path=str(config_path))
+    # Every value the metadata will hold, against its GGUF type (u32, f32 ...).
+    check_storable(contract, path=str(config_path))
+    return raw, cfg, contract
 
 
 def check_checkpoint_inventory(checkpoint: Checkpoint, cfg: DSparkConfig,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .artifact_format import as_float32
+from .manifest import CheckRecord
 from .tensor_table import FORBIDDEN_GGUF_NAMES, TENSOR_RULES, expand_rule
 
 STRATA_MAX_BLOCK_COUNT = 64
@@ -156,3 +157,12 @@ def strata_findings(kv: dict, tensors: Iterable[tuple[str, str, list[int]]]) -> 
         findings.append(Finding("current_loader", "passed",
                                 "a plain DFlash drafter: Strata's current loader accepts it"))
     return findings
+
+
+def strata_checks(kv: dict, tensors: Iterable) -> list[CheckRecord]:
+    """The strata.* check records for metadata ``kv`` and tensors (objects with ``name``,
+    ``type`` (type name) and ``shape`` (GGUF order), e.g. manifest TensorRecords): what
+    convert records in the manifest and validate re-derives, from one function."""
+    findings = strata_findings(kv, [(t.name, t.type, list(t.shape)) for t in tensors])
+    return [CheckRecord(name=f"strata.{f.rule}", status=f.level, detail=f.message)
+            for f in findings]

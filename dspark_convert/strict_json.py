@@ -46,3 +46,54 @@ def json_error_text(exc: BaseException) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg} (line {exc.lineno} column {exc.colno})"
     return " ".join(str(exc).split())
+
+
+# A config nests two or three levels (rope_parameters, quantization_config); the cap is far
+# above any real file and far below what the manifest writer (pydantic) can serialize.
+MAX_VERBATIM_DEPTH = 64
+
+
+class NotVerbatimError(ValueError):
+    """A parsed JSON value that cannot be written back as the same JSON: ``where`` is its
+    path (``a.b[2]``), ``why`` what is wrong with it."""
+
+    def __init__(self, where: str, why: str):
+        if len(where) > 80:       # a path hundreds of levels deep: its start says enough
+            where = where[:77] + "..."
+        super().__init__(f"{where}: {why}")
+        self.where, self.why = where, why
+
+
+def check_verbatim(value: object, where: str = "", depth: int = 0) -> None:
+    """Refuse what JSON parses but cannot be written back unchanged: a number too large
+    for a double (``1e400`` parses to infinity, which JSON cannot hold and pydantic writes
+    as null), a string or key that is not Unicode text (a lone ``\\ud800`` escape), or
+    nesting deeper than MAX_VERBATIM_DEPTH. Everything else is kept exactly: objects in
+    their key order, arrays, strings, integers of any size, finite floats (as the double
+    they parse to), booleans and null."""
+    if depth > MAX_VERBATIM_DEPTH:
+        raise NotVerbatimError(where or "<root>",
+                               f"nested more than {MAX_VERBATIM_DEPTH} levels deep")
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise NotVerbatimError(where or "<root>", "a number too large for a double "
+                                   "(it would be recorded as null)")
+    elif isinstance(value, str):
+        _check_text(value, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{where}.{key}" if where else str(key)
+            _check_text(key, inner)
+            check_verbatim(item, inner, depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_verbatim(item, f"{where}[{i}]", depth + 1)
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotVerbatimError(where.encode("utf-8", "backslashreplace").decode() or "<root>",
+                               "a string that is not Unicode text (a lone UTF-16 surrogate "
+                               "escape)") from None

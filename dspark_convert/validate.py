@@ -24,7 +24,6 @@ from . import CONVERTER_NAME
 from .artifact_format import (
     ALIGNMENT,
     GGUF_FILE,
-    KEYS_BY_NAME,
     LOCAL_REVISION,
     MANIFEST_FILE,
     Provenance,
@@ -32,8 +31,9 @@ from .artifact_format import (
     contract_from_metadata,
     expected_metadata,
     provenance_from_metadata,
+    read_metadata,
 )
-from .contract import FeatureContract, build_contract, parse_config
+from .contract import FeatureContract, build_contract, config_dtype, parse_config
 from .errors import (
     ContractViolation,
     DSparkError,
@@ -59,7 +59,7 @@ from .text import shown
 from .progress import NoProgress, Progress
 from .numerics import non_finite_error
 from .source import read_json_strict
-from .strata_rules import strata_findings
+from .strata_rules import strata_checks
 
 # "info": a fact the reader should know that is not a risk (today's Strata loader refuses
 # DSpark heads); unlike "warning", --strict does not fail it.
@@ -123,23 +123,6 @@ class _Checks:
         return ValidationReport(artifact=str(root), ok=not failed, failed=failed,
                                 warnings=sum(c.status == "warning" for c in self.items),
                                 checks=self.items)
-
-
-def _kv_values(gguf: GGUFFile) -> dict[str, object]:
-    return {k: v.value for k, v in gguf.kv.items()}
-
-
-def _check_metadata_types(gguf: GGUFFile, label: str) -> None:
-    for key, value in gguf.kv.items():
-        spec = KEYS_BY_NAME.get(key)
-        if spec is None:
-            raise MetadataError(f"{label}: metadata key '{key}' is not part of the format",
-                                path=label, field=key, expected="absent", found=value.type.name)
-        if value.type != spec.type or value.sub_type != spec.sub_type:
-            want = spec.type.name + (f"[{spec.sub_type.name}]" if spec.sub_type else "")
-            got = value.type.name + (f"[{value.sub_type.name}]" if value.sub_type else "")
-            raise MetadataError(f"{label}: metadata key '{key}': expected type {want}, found {got}",
-                                path=label, field=key, expected=want, found=got)
 
 
 def _same_value(key: str, want: object, got: object) -> bool:
@@ -311,8 +294,10 @@ def _load_manifest(path: Path) -> Manifest:
                             field=where) from None
 
 
-def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: dict[str, str],
-                                 file_sha: str, kv: dict, label: str) -> None:
+def _check_manifest_layout(manifest: Manifest, gguf: GGUFFile, label: str) -> None:
+    """What manifest.json says of the file that needs no read of its data: the size and
+    the tensor list (names, types, shapes). Checked before the long read, so an artifact
+    whose file is not the one recorded (a 40 GB sparse file, say) is refused at once."""
     art = manifest.artifact
     listed = [(t.name, t.type, t.shape) for t in art.tensors]
     actual = [(t.name, t.ggml_type.name, list(t.shape)) for t in gguf.tensors]
@@ -323,21 +308,40 @@ def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: di
         raise ManifestMismatchError(f"{MANIFEST_FILE}: artifact.tensors[{diff}] is {want}; "
                                     f"{label} holds {got}", path=MANIFEST_FILE,
                                     field=f"artifact.tensors[{diff}]", expected=str(got), found=str(want))
+    if art.size != gguf.file_size:
+        raise IntegrityError(f"{label}: size is {gguf.file_size} bytes; manifest.json records "
+                             f"{art.size}", path=label, expected=art.size, found=gguf.file_size)
+
+
+def _check_manifest_hashes(manifest: Manifest, digests: dict[str, str], file_sha: str,
+                           label: str) -> None:
+    art = manifest.artifact
     # Per-tensor digests first, so that changed bytes are reported with the tensor's name.
     for record in art.tensors:
         if digests[record.name] != record.sha256:
             raise IntegrityError(f"{label}: tensor '{record.name}' SHA-256 is {digests[record.name]}; "
                                  f"manifest.json records {record.sha256}", path=label,
                                  tensor=record.name, expected=record.sha256, found=digests[record.name])
-    if art.size != gguf.file_size:
-        raise IntegrityError(f"{label}: size is {gguf.file_size} bytes; manifest.json records "
-                             f"{art.size}", path=label, expected=art.size, found=gguf.file_size)
     if art.sha256 != file_sha:
         raise IntegrityError(f"{label}: SHA-256 is {file_sha}; manifest.json records {art.sha256}",
                              path=label, expected=art.sha256, found=file_sha)
+
+
+def _mismatch(field: str, found: object, expected: object, because: str) -> ManifestMismatchError:
+    return ManifestMismatchError(f"{MANIFEST_FILE}: field '{field}' is {found!r}; {because} "
+                                 f"{expected!r}", path=MANIFEST_FILE, field=field,
+                                 expected=expected, found=found)
+
+
+def _check_manifest_record(manifest: Manifest, kv: dict, label: str) -> None:
+    """Every field of manifest.json that the GGUF (through the contract its metadata
+    rebuilds) can confirm, confirmed: the contract, source.config, the provenance keys,
+    each tensor's source name, the stripped tensors, the source dtype, the recorded checks,
+    the Hub record and the target's geometry."""
     label_cfg = f"{MANIFEST_FILE} source.config"
     try:
-        rebuilt = build_contract(parse_config(manifest.source.config, path=label_cfg), path=label_cfg)
+        source_cfg = parse_config(manifest.source.config, path=label_cfg)
+        rebuilt = build_contract(source_cfg, path=label_cfg)
     except ContractViolation as exc:
         raise ManifestMismatchError(f"{exc.message} (the manifest's source.config no longer passes "
                                     "the conversion rules)", path=MANIFEST_FILE,
@@ -356,13 +360,102 @@ def _check_manifest_against_gguf(manifest: Manifest, gguf: GGUFFile, digests: di
                                     field="source.weights_sha256")
     _compare_metadata(kv, expected_metadata(manifest.contract, _manifest_provenance(manifest)),
                       label, error=ManifestMismatchError, against="manifest.json")
+    contract = manifest.contract
+    specs = {t.gguf_name: t for t in contract.written_tensors}
+    for i, record in enumerate(manifest.artifact.tensors):
+        want = specs[record.name].source_name
+        if record.source != want:
+            raise _mismatch(f"artifact.tensors[{i}].source", record.source, want,
+                            f"the contract maps {record.name} from")
+    _check_source_dtype(manifest, source_cfg, label_cfg)
+    for i, stripped in enumerate(manifest.source.stripped):
+        spec = contract.tensor(stripped.name)
+        if spec is None or spec.gguf_name is not None:
+            raise _mismatch(f"source.stripped[{i}].name", stripped.name,
+                            [t.source_name for t in contract.tensors if t.gguf_name is None],
+                            "the contract strips only")
+        if stripped.shape != spec.shape:
+            raise _mismatch(f"source.stripped[{i}].shape", stripped.shape, spec.shape,
+                            "the contract's shape is")
+        if stripped.dtype != manifest.source.dtype:
+            raise _mismatch(f"source.stripped[{i}].dtype", stripped.dtype, manifest.source.dtype,
+                            "every source tensor has source.dtype")
+    for where_, checks in (("checks", manifest.checks),
+                           ("target.checks", manifest.target.checks if manifest.target else [])):
+        for i, check in enumerate(checks):
+            if check.status == "failed":
+                raise _mismatch(f"{where_}[{i}].status", "failed", "passed",
+                                f"an artifact is written only when {check.name} has")
+    recorded = {c.name: c for c in manifest.checks if c.name.startswith("strata.")}
+    for record in strata_checks(kv, manifest.artifact.tensors):
+        got = recorded.get(record.name)
+        if got is None or (got.status, got.detail) != (record.status, record.detail):
+            raise _mismatch(f"checks[{record.name}]", None if got is None else got.status,
+                            record.status, f"Strata's rules applied to {label} give")
+    _check_hub_record(manifest)
+    if manifest.target is not None:
+        _check_target_geometry(manifest)
+
+
+def _check_source_dtype(manifest: Manifest, cfg, label_cfg: str) -> None:
+    src = manifest.source
+    if src.rounded_to_bf16 != (src.dtype != "BF16"):
+        raise _mismatch("source.rounded_to_bf16", src.rounded_to_bf16, src.dtype != "BF16",
+                        f"a {src.dtype} source is rounded to BF16 exactly when it is not BF16:")
+    declared = config_dtype(cfg, path=label_cfg)
+    if declared is not None and declared != src.dtype:
+        raise _mismatch("source.dtype", src.dtype, declared, "source.config declares the dtype")
+
+
+def _check_hub_record(manifest: Manifest) -> None:
+    src, hub = manifest.source, manifest.source.hub
+    if hub is None:
+        if src.repo is not None:
+            raise _mismatch("source.hub", None, "a Hub record", f"a source from {src.repo} has")
+        return
+    for field, got, want in (("source.hub.repo", hub.repo, src.repo),
+                             ("source.hub.commit", hub.commit, src.revision)):
+        if got != want:
+            raise _mismatch(field, got, want, "source says")
+    by_path = {f.path: f for f in hub.files}
+    for i, f in enumerate(src.files):
+        verified = by_path.get(f.path)
+        if verified is None or (verified.size, verified.sha256) != (f.size, f.sha256):
+            raise _mismatch(f"source.files[{i}]", f.path, "the same size and SHA-256",
+                            "source.hub.files records")
+
+
+def _check_target_geometry(manifest: Manifest) -> None:
+    """The target's config record against the contract: the pairing checked them equal."""
+    cfg, g, taps = manifest.target.config, manifest.contract.geometry, manifest.contract.taps
+    for field, got, want in (("hidden_size", cfg.hidden_size, g.hidden_size),
+                             ("vocab_size", cfg.vocab_size, g.vocab_size),
+                             ("num_hidden_layers", cfg.num_hidden_layers, taps.num_target_layers),
+                             ("rope_theta", cfg.rope_theta, g.rope_theta),
+                             ("rms_norm_eps", cfg.rms_norm_eps, g.rms_norm_eps)):
+        if got != want:
+            raise _mismatch(f"target.config.{field}", got, want,
+                            "the pairing checked it equal to the contract's")
+    roles = {t.role: t for t in manifest.target.tensors}
+    if set(roles) != {"embedding", "head"}:
+        raise _mismatch("target.tensors", sorted(roles), ["embedding", "head"], "a target records")
+    for role, t in roles.items():
+        if t.shape != [g.vocab_size, g.hidden_size]:
+            raise _mismatch(f"target.tensors[{role}].shape", t.shape, [g.vocab_size, g.hidden_size],
+                            "the contract's [vocab_size, hidden_size] is")
+    if cfg.tie_word_embeddings and roles["head"] != roles["embedding"].model_copy(update={"role": "head"}):
+        raise _mismatch("target.tensors[head]", roles["head"].name, roles["embedding"].name,
+                        "a tied head is the embedding:")
 
 
 def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = None,
                       target: str | os.PathLike | None = None) -> ValidationReport:
     """Every check, in order; ``progress`` is told of the one long read. With ``target``
     (a model directory, or an open ``target.Target``), the pairing checks are re-run
-    against it (pairing.py: geometry, tokenizer and the recorded fingerprint, identity)."""
+    against it (pairing.py: geometry, tokenizer and the recorded fingerprint, identity).
+    The long read (every byte hashed and checked finite) happens only once the structure,
+    the metadata, the inventory and the size recorded in the manifest agree: an earlier
+    failure makes it moot, and the file may be anything (a 40 GB sparse file)."""
     progress = progress or NoProgress()
     root = Path(path)
     checks = _Checks()
@@ -384,7 +477,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
             f"{root}: {missing[0]} is missing (or not a regular file); expected {GGUF_FILE} "
             f"and {MANIFEST_FILE}", path=str(root / missing[0])))
         return checks.report(root)
-    extra = sorted(p.name for p in root.iterdir() if p.name not in (GGUF_FILE, MANIFEST_FILE))
+    extra = sorted(shown(p.name) for p in root.iterdir() if p.name not in (GGUF_FILE, MANIFEST_FILE))
     if extra:
         checks.warning("artifact.files", f"unexpected file(s) in the artifact: {', '.join(extra)}")
     else:
@@ -410,10 +503,10 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
         return checks.report(root)
 
     # 4. metadata: types, the rebuilt contract, the contract rules, values
-    kv = _kv_values(gguf)
+    kv: dict | None = None
     contract = None
     try:
-        _check_metadata_types(gguf, label)
+        kv = read_metadata(gguf, path=label)
         contract = contract_from_metadata(kv, path=label)
         prov = provenance_from_metadata(kv, path=label)
         _check_provenance_values(prov, label)
@@ -422,8 +515,10 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
                       "from them follows the format's rules")
     except DSparkError as exc:
         checks.failed("gguf.metadata", exc)
+        contract = None
 
     # 5. the tensor inventory against the rebuilt contract
+    structural = contract is not None
     if contract is not None:
         try:
             check_gguf_inventory(gguf, contract, label)
@@ -431,69 +526,117 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
                           "names, order, BF16, shapes")
         except DSparkError as exc:
             checks.failed("gguf.inventory", exc)
+            structural = False
     else:
         checks.skipped("gguf.inventory", "no valid contract in the metadata")
 
-    # 6. values and hashes, in one read of the file
-    scan = None
-    try:
-        progress.start(f"validate {GGUF_FILE}", gguf.file_size)
+    # 6. the manifest's size and tensor list, before the long read
+    layout_ok = manifest is not None
+    if manifest is not None:
         try:
-            scan = scan_gguf(gguf, label, progress.advance)
-        finally:
-            progress.finish()
-        if scan.non_finite is not None:
-            checks.failed("gguf.values", scan.non_finite)
-        else:
-            checks.passed("gguf.values", f"every value of {len(gguf.tensors)} tensors is finite")
-    except DSparkError as exc:
-        checks.failed("gguf.values", exc)
-    except OSError as exc:
-        checks.failed("gguf.values", GGUFFormatError(f"{label}: cannot read: {exc}", path=label))
-
-    # 7. integrity and agreement with the manifest
-    if manifest is not None and scan is not None:
-        try:
-            _check_manifest_against_gguf(manifest, gguf, scan.tensor_sha256, scan.file_sha256,
-                                         kv, label)
-            checks.passed("integrity", f"file and {len(scan.tensor_sha256)} tensor SHA-256 match "
-                          "manifest.json; manifest contract, config and metadata agree")
+            _check_manifest_layout(manifest, gguf, label)
         except DSparkError as exc:
             checks.failed("integrity", exc)
+            layout_ok = structural = False
+
+    # 7. values and hashes, in one read of the file
+    scan = None
+    if not structural:
+        checks.skipped("gguf.values", "an earlier failure makes reading the tensor data moot")
     else:
+        try:
+            progress.start(f"validate {GGUF_FILE}", gguf.file_size)
+            try:
+                scan = scan_gguf(gguf, label, progress.advance)
+            finally:
+                progress.finish()
+            if scan.non_finite is not None:
+                checks.failed("gguf.values", scan.non_finite)
+            else:
+                checks.passed("gguf.values", f"every value of {len(gguf.tensors)} tensors is finite")
+        except DSparkError as exc:
+            checks.failed("gguf.values", exc)
+        except OSError as exc:
+            checks.failed("gguf.values", GGUFFormatError(f"{label}: cannot read: {exc}", path=label))
+
+    # 8. integrity and agreement with the manifest
+    if layout_ok and scan is not None:
+        try:
+            _check_manifest_hashes(manifest, scan.tensor_sha256, scan.file_sha256, label)
+            _check_manifest_record(manifest, kv, label)
+            checks.passed("integrity", f"file and {len(scan.tensor_sha256)} tensor SHA-256 match "
+                          "manifest.json; every manifest field the GGUF can confirm agrees")
+        except DSparkError as exc:
+            checks.failed("integrity", exc)
+    elif not any(c.name == "integrity" for c in checks.items):
         checks.skipped("integrity", "needs a valid manifest and readable tensors")
 
-    # 8. Strata's loader
-    findings = strata_findings(kv, [(t.name, t.ggml_type.name, list(t.shape)) for t in gguf.tensors])
-    for finding in findings:
-        name = f"strata.{finding.rule}"
-        if finding.level == "failed":
-            checks.failed(name, StrataRuleError(f"{label}: {finding.message}", path=label))
-        elif finding.level == "warning":
-            checks.warning(name, finding.message)
-        elif finding.level == "info":
-            checks.info(name, finding.message)
+    # 9. Strata's loader. It is laxer than the format about types (any integer type for a
+    # count), so its rules run on the raw values even when the metadata check failed: they
+    # must then take any value of any type without raising (tests/test_strata_rules.py).
+    raw_kv = {key: value.value for key, value in gguf.kv.items()}
+    for record in strata_checks(raw_kv, [_TensorView(t) for t in gguf.tensors]):
+        if record.status == "failed":
+            checks.failed(record.name, StrataRuleError(f"{label}: {record.detail}", path=label))
         else:
-            checks.passed(name, finding.message)
+            getattr(checks, record.status)(record.name, record.detail)
 
-    # 9. the target, when one is given
+    # 10. the target, when one is given
     if target is not None:
         _check_target(checks, target, contract, kv, manifest, label, progress)
     return checks.report(root)
 
 
-def _check_target(checks: _Checks, target, contract: FeatureContract | None, kv: dict,
+@dataclass(frozen=True)
+class _TensorView:
+    """A GGUF tensor info seen as a manifest tensor record (name, type name, shape)."""
+
+    info: object
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def type(self) -> str:
+        return self.info.ggml_type.name
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.info.shape)
+
+
+def _check_target(checks: _Checks, target, contract: FeatureContract | None, kv: dict | None,
                   manifest: Manifest | None, label: str, progress: Progress) -> None:
-    from .pairing import pair_artifact
+    from .pairing import pair_artifact, target_record
+    from .target import Target, hash_target_tensors, open_target
 
     if contract is None:
         checks.skipped("target", "needs a valid contract in the metadata")
         return
     try:
-        records = pair_artifact(contract, kv, manifest, target, label=label, progress=progress)
+        opened = target if isinstance(target, Target) else open_target(target, progress=progress)
+        records = pair_artifact(contract, kv, manifest, opened, label=label, progress=progress)
+        if manifest is not None and manifest.target is not None:
+            _compare_target_record(manifest, target_record(opened, hash_target_tensors(opened),
+                                                           []))
     except DSparkError as exc:
         checks.failed("target", exc)
         return
     for record in records:
         add = checks.warning if record.status == "warning" else checks.passed
         add(record.name, record.detail)
+
+
+def _compare_target_record(manifest: Manifest, actual) -> None:
+    """manifest.json's target record against the target given now: its config, tensors and
+    small files must be the ones recorded (the identity and tokenizer checks compare the
+    hashes the GGUF holds; this confirms the rest of the record)."""
+    recorded = manifest.target.model_dump(exclude={"checks", "repo", "revision", "path"})
+    now = actual.model_dump(exclude={"checks", "repo", "revision", "path"})
+    where = _first_difference(now, recorded)
+    if where is not None:
+        field, want, got = where
+        raise ManifestMismatchError(f"{MANIFEST_FILE}: field 'target.{field}' is {got!r}; the "
+                                    f"target given now has {want!r}", path=MANIFEST_FILE,
+                                    field=f"target.{field}", expected=want, found=got)

@@ -34,3 +34,32 @@ def test_rms_eps_other_than_strata_is_still_a_warning():
     got = findings(rms_norm_eps=1e-5, markov_rank=0, enable_confidence_head=False)
     assert got["rms_eps"][0] == "warning" and "1e-05" in got["rms_eps"][1]
     assert got["current_loader"][0] == "passed"
+
+
+# --- hostile metadata: Strata's rules run even when our metadata check failed ---------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                       lambda inner: st.lists(inner, max_size=4), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(expected_metadata(
+           build_contract(parse_config(synthetic_config())), PROV)) + ["dflash.selector_top_k"]),
+       _VALUES, max_size=12),
+       st.lists(st.tuples(st.text(max_size=20), st.sampled_from(["BF16", "F32", "Q8_0", "Q4_1"]),
+                          st.lists(st.integers(0, 2**40), max_size=3)), max_size=5))
+def test_any_value_of_any_type_gives_findings_never_an_exception(kv, tensors):
+    """A FLOAT64 rms eps of 1e300, a scalar for target_layers, a string for a count ... are
+    findings (or nothing), never a crash: validate runs these rules on raw values."""
+    for finding in strata_findings(kv, tensors):
+        assert finding.level in ("passed", "info", "warning", "failed")
+
+
+def test_an_rms_eps_beyond_float32_is_a_warning_not_a_crash():
+    contract = build_contract(parse_config(synthetic_config(markov_rank=0, enable_confidence_head=False)))
+    kv = {**expected_metadata(contract, PROV), "dflash.attention.layer_norm_rms_epsilon": 1e300}
+    got = {f.rule: f for f in strata_findings(kv, [])}
+    assert got["rms_eps"].level == "warning" and "1e+300" in got["rms_eps"].message

@@ -353,6 +353,8 @@ def _print_inspect(result) -> None:
                       escape(str(row.expected_shape)) if row.expected_shape is not None else "-",
                       f"[{style}]{row.status}[/]")
     out.print(table)
+    if result.unexpected_not_listed:
+        out.print(f"  ... and {result.unexpected_not_listed:,} more unexpected tensors (not listed)")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -592,6 +592,140 @@ CASES: list[Case] = [
 ]
 
 
+# --- round 2: numbers, verbatim configs, manifests the GGUF contradicts ----------------------
+
+TARGET_DIR = GOLDEN / "reference" / "target"
+
+
+def edit_artifact_with_target(edit: Callable[[Path], None]) -> Callable[[Path, Corpus], None]:
+    """An artifact converted with --target (its manifest has a target record), then edited."""
+    def build(inp: Path, corpus: Corpus) -> None:
+        from dspark_convert.convert import convert
+
+        convert(DSPARK, inp, target=TARGET_DIR)
+        edit(inp)
+    return build
+
+
+def rewrite_gguf_key(key: str, value: object, vtype) -> Callable[[Path], None]:
+    """drafter.gguf written again by gguf-py with one key's value and type replaced (the
+    file's size changes, so this cannot be a byte patch); tensors copied unchanged."""
+    def edit(art: Path) -> None:
+        import numpy as np
+        from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+        reader = GGUFReader(art / GGUF)
+        out = art / "rewritten.gguf"
+        writer = GGUFWriter(out, "dflash")
+        for field in reader.fields.values():
+            name = field.name
+            if name.startswith("GGUF.") or name == "general.architecture":
+                continue
+            if name == key:
+                writer.add_key_value(name, value, vtype)
+                continue
+            ftype = field.types[0]
+            if ftype == GGUFValueType.ARRAY:
+                writer.add_key_value(name, [int(field.parts[i][0]) for i in field.data],
+                                     ftype, sub_type=field.types[1])
+            elif ftype == GGUFValueType.STRING:
+                writer.add_key_value(name, bytes(field.parts[-1]).decode(), ftype)
+            else:
+                writer.add_key_value(name, field.parts[-1][0].item(), ftype)
+        for t in reader.tensors:   # BF16 only: raw 16-bit words in torch order [out, in]
+            words = np.frombuffer(t.data.tobytes(), dtype=np.uint16)
+            writer.add_tensor(t.name, words.reshape(list(reversed(t.shape.tolist()))),
+                              raw_dtype=t.tensor_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        out.replace(art / GGUF)
+    return edit
+
+
+def _manifest_set(*path_and_value) -> Callable[[dict], None]:
+    *path, value = path_and_value
+
+    def edit(m: dict) -> None:
+        node = m
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value(node[path[-1]]) if callable(value) else value
+    return edit
+
+
+def _unused_field(text: str) -> Callable[[str], str]:
+    return lambda t: t.rstrip().rstrip("}") + f', "unused_by_the_format": {text}}}\n'
+
+
+from gguf import GGUFValueType as _VT  # noqa: E402
+
+CASES += [
+    # Numbers that do not fit the GGUF type they are stored as (exit 1 before).
+    Case("cfg-num-target-layers-beyond-u32", "config", "convert", E.GeometryLimitError,
+         "num_target_layers 2^32 (dflash.target.num_layers is UINT32)",
+         set_field("num_target_layers", 2**32)),
+    Case("cfg-vocab-size-beyond-u32", "config", "convert", E.GeometryLimitError,
+         "vocab_size 2^32 (dflash.vocab_size is UINT32)", set_field("vocab_size", 2**32)),
+    Case("cfg-rms-eps-beyond-f32", "config", "convert", E.GeometryLimitError,
+         "rms_norm_eps 1e300 (FLOAT32 would hold inf)", set_field("rms_norm_eps", 1e300)),
+    Case("cfg-rms-eps-below-f32", "config", "convert", E.GeometryLimitError,
+         "rms_norm_eps 1e-50 (FLOAT32 would hold 0.0, which validate refuses)",
+         set_field("rms_norm_eps", 1e-50)),
+    # Config text that JSON allows but manifest.json could not keep verbatim.
+    Case("cfg-unused-lone-surrogate", "config", "convert", E.ConfigError,
+         'an unused field holding "\\ud800" (not Unicode text)',
+         config_text(_unused_field('"\\ud800"'))),
+    Case("cfg-unused-deeply-nested", "config", "convert", E.ConfigError,
+         "an unused field nested 300 levels deep",
+         config_text(_unused_field("[" * 300 + "]" * 300))),
+    Case("cfg-unused-number-beyond-double", "config", "convert", E.ConfigError,
+         "an unused field 1e400 (parses to infinity; would be recorded as null)",
+         config_text(_unused_field("1e400"))),
+    # Metadata of the wrong type where the rules would otherwise crash (exit 1 before).
+    Case("art-rms-eps-float64-huge", "artifact", "validate", E.MetadataError,
+         "layer_norm_rms_epsilon stored as FLOAT64 1e300",
+         edit_artifact(rewrite_gguf_key("dflash.attention.layer_norm_rms_epsilon", 1e300,
+                                        _VT.FLOAT64))),
+    Case("art-target-layers-scalar", "artifact", "validate", E.MetadataError,
+         "dflash.target_layers stored as a UINT32 scalar",
+         edit_artifact(rewrite_gguf_key("dflash.target_layers", 3, _VT.UINT32))),
+    Case("art-markov-rank-string", "artifact", "validate", E.MetadataError,
+         "dflash.markov_rank stored as the string '16'",
+         edit_artifact(rewrite_gguf_key("dflash.markov_rank", "16", _VT.STRING))),
+    # Manifests that contradict what the GGUF (or the target record's own contract) confirms.
+    Case("art-manifest-tensor-source-edited", "artifact", "validate", E.ManifestMismatchError,
+         "artifact.tensors[0].source names another source tensor",
+         edit_artifact(edit_manifest(_manifest_set("artifact", "tensors", 0, "source",
+                                                   "hidden_norm.weight")))),
+    Case("art-manifest-stripped-shape-edited", "artifact", "validate", E.ManifestMismatchError,
+         "source.stripped[0].shape transposed",
+         edit_artifact(edit_manifest(_manifest_set("source", "stripped", 0, "shape",
+                                                   lambda s: s[::-1])))),
+    Case("art-manifest-stripped-dtype-edited", "artifact", "validate", E.ManifestMismatchError,
+         "source.stripped[0].dtype F16",
+         edit_artifact(edit_manifest(_manifest_set("source", "stripped", 0, "dtype", "F16")))),
+    Case("art-manifest-source-dtype-edited", "artifact", "validate", E.ManifestMismatchError,
+         "source.dtype F32 (and rounded_to_bf16 true) for a config that declares bfloat16",
+         edit_artifact(edit_manifest(lambda m: (
+             _manifest_set("source", "dtype", "F32")(m),
+             _manifest_set("source", "rounded_to_bf16", True)(m),
+             [s.__setitem__("dtype", "F32") for s in m["source"]["stripped"]])))),
+    Case("art-manifest-check-failed", "artifact", "validate", E.ManifestMismatchError,
+         "checks[0] recorded as failed",
+         edit_artifact(edit_manifest(_manifest_set("checks", 0, "status", "failed")))),
+    Case("art-manifest-strata-check-edited", "artifact", "validate", E.ManifestMismatchError,
+         "the recorded strata.current_loader note says the loader accepts it",
+         edit_artifact(edit_manifest(lambda m: [c.update(status="passed", detail="accepted")
+                                                for c in m["checks"]
+                                                if c["name"] == "strata.current_loader"]))),
+    Case("art-manifest-target-hidden-size-edited", "artifact", "validate", E.ManifestMismatchError,
+         "target.config.hidden_size 65 (the artifact was converted with --target)",
+         edit_artifact_with_target(edit_manifest(_manifest_set("target", "config", "hidden_size",
+                                                               65)))),
+]
+
 def _replace_by_link(path: Path) -> None:
     outside = path.parent.parent / "outside.gguf"
     shutil.copy(path, outside)
