@@ -19,7 +19,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from dspark_convert.artifact.engines import reports_for_gguf
-from dspark_convert.artifact.quantize import quantize_artifact
+from dspark_convert.artifact.quantize import quantize_artifact, rule_whens, tensor_type
 from dspark_convert.convert import convert
 from dspark_convert.errors import (OutputExistsError, ParentArtifactError, QuantizedParentError,
                                    QuantRowWidthError, QuantScaleOverflowError, QuantTypeError)
@@ -147,6 +147,21 @@ def test_byte_reproducible_and_independent_of_the_chunk_size(converted, quantize
     rows = quantize_artifact(converted["reference"], tmp_path / "rows", "q5_0").output
     for name in ("drafter.gguf", "manifest.json"):
         assert (again / name).read_bytes() == (first / name).read_bytes() == (rows / name).read_bytes()
+
+
+def test_the_type_rule_validate_can_share(quantized):
+    """tensor_type is what quantize wrote, tensor by tensor (and BF16 everywhere for a BF16
+    artifact): the rule validate checks a quantized artifact's tensors by."""
+    manifest = quantized["Q4_0"].manifest
+    whens = rule_whens(manifest.contract)
+    written = {t.name: t.type for t in manifest.artifact.tensors}
+    for spec in manifest.contract.written_tensors:
+        ndim = len(spec.gguf_shape)
+        assert tensor_type(spec.kind, whens[spec.gguf_name], ndim, "Q4_0", None) == written[spec.gguf_name]
+        assert tensor_type(spec.kind, whens[spec.gguf_name], ndim, None, None) == "BF16"
+    assert tensor_type("matrix", "markov", 2, "Q8_0", "Q5_0") == "Q5_0"
+    assert tensor_type("norm", "always", 1, "Q8_0", "Q8_0") == "BF16"
+    assert tensor_type("bias", "gated", 1, "Q8_0", "Q8_0") == "BF16"
 
 
 # --- heads ------------------------------------------------------------------------------------

@@ -118,12 +118,24 @@ def _validated_parent(parent: Path, progress: Progress):
     return report
 
 
+def tensor_type(kind: str, when: str, ndim: int, qtype: str | None, heads: str | None) -> str:
+    """The type a tensor has in an artifact quantized to ``qtype`` (None: a BF16 artifact)
+    with ``heads`` for the head matrices: the one rule quantize writes by and validate can
+    check by. ``kind`` and ``when`` are the tensor table's (contract TensorSpec.kind,
+    tensor_table.TensorRule.when)."""
+    if qtype is None or kind != "matrix" or ndim != 2:
+        return "BF16"
+    if when in HEAD_RULES:
+        return heads or "BF16"
+    return qtype
+
+
 def _plan(gguf: GGUFFile, manifest: Manifest, qtype: str, heads: str | None,
           label: str) -> list[_Planned]:
     """Each tensor of the parent, in file order, with the type it gets."""
     specs = {s.gguf_name: s for s in manifest.contract.written_tensors}
     sources = {t.name: t.source for t in manifest.artifact.tensors}
-    whens = _rule_whens(manifest)
+    whens = rule_whens(manifest.contract)
     plan = []
     for info in gguf.tensors:
         spec = specs[info.name]          # validate proved the inventory matches the contract
@@ -132,10 +144,7 @@ def _plan(gguf: GGUFFile, manifest: Manifest, qtype: str, heads: str | None,
                 f"{label}: tensor '{info.name}' is {info.ggml_type.name}; expected a BF16 "
                 "parent (quantize from the BF16 artifact, not from a quantized one)",
                 path=label, tensor=info.name, expected="BF16", found=info.ggml_type.name)
-        target = "BF16"
-        if spec.kind == "matrix" and len(info.shape) == 2:
-            target = heads if whens[info.name] in HEAD_RULES else qtype
-            target = target or "BF16"
+        target = tensor_type(spec.kind, whens[info.name], len(info.shape), qtype, heads)
         if target != "BF16":
             quants.check_row_width(info.shape[0], target, tensor=info.name, label=label)
         nbytes = info.nbytes if target == "BF16" else quants.tensor_nbytes(info.shape, target)
@@ -144,11 +153,12 @@ def _plan(gguf: GGUFFile, manifest: Manifest, qtype: str, heads: str | None,
     return plan
 
 
-def _rule_whens(manifest: Manifest) -> dict[str, str]:
-    """GGUF name -> the tensor table's condition ("always", "markov", ...)."""
+def rule_whens(contract) -> dict[str, str]:
+    """GGUF name -> the tensor table's condition ("always", "markov", "gated", ...) for a
+    FeatureContract's tensors."""
     from ..tensor_table import TENSOR_RULES, expand_rule
 
-    layers = manifest.contract.geometry.num_draft_layers
+    layers = contract.geometry.num_draft_layers
     return {gguf: rule.when for rule in TENSOR_RULES if rule.gguf
             for _s, gguf, _i in expand_rule(rule, layers)}
 
