@@ -25,6 +25,7 @@ from dspark_convert.errors import (OutputExistsError, ParentArtifactError, Quant
                                    QuantRowWidthError, QuantScaleOverflowError, QuantTypeError)
 from dspark_convert.formats import quants
 from dspark_convert.gguf_reader import read_gguf
+from dspark_convert.strata_rules import strata_checks
 from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
 
 BACKBONE = ("fc.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
@@ -109,6 +110,12 @@ def test_manifest_names_the_parent_the_type_and_each_tensors_error(converted, qu
     parent_manifest = json.loads((converted["reference"] / "manifest.json").read_text())
     for key in ("source", "target", "contract"):
         assert manifest[key] == parent_manifest[key]
+    # Strata's loader rules, recorded for the quantized file as convert records them
+    kv = {k: v.value for k, v in read_gguf(out / "drafter.gguf").kv.items()}
+    want = [c.model_dump() for c in strata_checks(kv, result.manifest.artifact.tensors)]
+    assert [c for c in manifest["checks"] if c["name"].startswith("strata.")] == want
+    assert [c["name"] for c in manifest["checks"]][:4] == [
+        "parent.validate", "quantize.tensors", "quantize.values", "quantize.readback"]
 
     child, parent = tensors_of(out), tensors_of(converted["reference"])
     for record in manifest["artifact"]["tensors"]:

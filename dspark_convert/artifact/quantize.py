@@ -63,6 +63,7 @@ from ..manifest import (
     TensorRecord,
 )
 from ..progress import NoProgress, Progress
+from ..strata_rules import strata_checks
 
 READ_BLOCK = 8 * 1024 * 1024
 # The contract's tensor rules whose matrices are the DSpark heads (quantized only with heads=).
@@ -280,9 +281,10 @@ def _read_back(path: Path, plan: list[_Planned], progress: Progress,
     return file_sha, digests, size
 
 
-def _manifest(parent_manifest: Manifest, plan: list[_Planned], errors: dict[str, quants.QuantError],
-              size: int, sha: str, digests: dict[str, str], parent_files: list[FileRecord],
-              qtype: str, heads: str | None, checks_passed: int) -> Manifest:
+def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
+              errors: dict[str, quants.QuantError], size: int, sha: str, digests: dict[str, str],
+              parent_files: list[FileRecord], qtype: str, heads: str | None,
+              checks_passed: int) -> Manifest:
     records = []
     for t in plan:
         error = errors.get(t.name)
@@ -308,6 +310,9 @@ def _manifest(parent_manifest: Manifest, plan: list[_Planned], errors: dict[str,
                               f"({worst[0]})" if worst else "")),
         CheckRecord(name="quantize.readback", status="passed",
                     detail=f"{GGUF_FILE} re-read: names, types, shapes and offsets as planned"),
+        # Strata's loader rules on the quantized file, recorded as convert records them (and
+        # as validate re-derives them).
+        *strata_checks(kv, records),
     ]
     return Manifest(
         format=parent_manifest.format, format_version=parent_manifest.format_version,
@@ -386,7 +391,9 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
         parent_files = [FileRecord(path=GGUF_FILE, size=gguf.file_size, sha256=parent_sha),
                         FileRecord(path=MANIFEST_FILE, size=len(manifest_bytes),
                                    sha256=hashlib.sha256(manifest_bytes).hexdigest())]
-        manifest = _manifest(parent_manifest, plan, passed.errors, size, sha, digests,
+        out_kv = {**kv, "strata.dflash.quantization": qtype,
+                  "strata.dflash.source_sha256": parent_sha}
+        manifest = _manifest(parent_manifest, out_kv, plan, passed.errors, size, sha, digests,
                              parent_files, qtype, heads, len(report.checks))
         try:
             (tmp / MANIFEST_FILE).write_text(manifest_json(manifest))
