@@ -384,7 +384,7 @@ STRATA_OPEN_RULES: tuple[Rule, ...] = (
     Rule("architecture", "load_error", _strata_architecture),
     Rule("metadata_numbers", "load_error", _strata_parse_numbers),
     Rule("head_dim", "load_error", _strata_head_dim, ("numbers",)),
-    Rule("metadata_flags", "load_error", _strata_parse_rest),
+    Rule("metadata_flags", "load_error", _strata_parse_rest),        # a parse step: never refuses
     Rule("target_layers", "load_error", _strata_taps),
     Rule("geometry_bounds", "load_error", _strata_bounds, ("numbers",)),
     Rule("target_layers_order", "load_error", _strata_tap_order, ("taps",)),
@@ -649,7 +649,7 @@ LLAMA_RULES: tuple[Rule, ...] = (
     Rule("target_layers_convention", "misread", _llama_tap_convention, ("llama_taps",)),
     Rule("tokenizer", "load_error", _llama_tokenizer),
     Rule("mask_token", "misread", _llama_mask),
-    Rule("geometry", "load_error", _llama_geometry),
+    Rule("geometry", "load_error", _llama_geometry),                 # a parse step: never refuses
     Rule("tensor_shapes", "load_error", _llama_shapes, ("llama_geometry",)),
     Rule("tensor_count", "unsupported", _llama_count, ("llama_geometry",)),
 )
