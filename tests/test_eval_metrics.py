@@ -24,7 +24,9 @@ from dspark_convert.evaluation.metrics import (
     acceptance,
     confidence_data,
     confidence_report,
+    ece_sampling_floor,
     effective_length,
+    position_metrics,
     rank_auroc,
     spread,
 )
@@ -239,6 +241,16 @@ def test_spread_and_rank_auroc():
     want = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in pos for b in neg) / (len(pos) * len(neg))
     assert rank_auroc(scores, labels) == pytest.approx(want, abs=1e-12)  # exact arithmetic
     assert rank_auroc(scores, np.ones(200, dtype=bool)) is None
+
+
+def test_ece_sampling_floor_is_what_a_calibrated_head_shows():
+    """Labels drawn from the predictions themselves: the mean ECE over many draws is the
+    floor (normal approximation; within 10% at 300 samples)."""
+    rng = np.random.Generator(np.random.PCG64(11))
+    p = np.clip(rng.beta(2.0, 3.0, 300), 1e-8, 1 - 1e-8)
+    eces = [position_metrics(p, (rng.random(300) < p).astype(np.float64), 0).ece for _ in range(400)]
+    assert float(np.mean(eces)) == pytest.approx(ece_sampling_floor(p), rel=0.1)
+    assert ece_sampling_floor(np.zeros(0)) is None
 
 
 # --- peak memory --------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from .metrics import (
     ConfidenceData,
     bin_index,
     cumulative_predictions,
+    ece_sampling_floor,
     per_position,
     rank_auroc,
     summarize,
@@ -71,6 +72,8 @@ class CalibrationPosition(BaseModel):
     total_weight: float             # ... in the held-out split
     ece_before: float | None
     ece_after: float | None
+    ece_floor_before: float | None  # metrics.ece_sampling_floor: a calibrated head's ECE here
+    ece_floor_after: float | None
     auc_before: float | None        # DeepSpec's AUROC of the cumulative P_k (1000 bins)
     auc_after: float | None
     step_auc_before: float | None   # exact rank AUROC of the step confidence at k (unbinned)
@@ -99,6 +102,8 @@ class CalibrationFile(BaseModel):
     per_position: list[CalibrationPosition]
     ece_mean_before: float | None   # held-out, DeepSpec's weighted mean over positions
     ece_mean_after: float | None
+    ece_floor_mean_before: float | None   # the same mean of the sampling floors
+    ece_floor_mean_after: float | None
     improved: bool | None           # ece_mean_after < ece_mean_before
     note: str
 
@@ -146,6 +151,13 @@ def step_aurocs(data: ConfidenceData, temperatures: Sequence[float] | None = Non
     return [rank_auroc(step[observed[:, k], k], label[observed[:, k], k]) for k in range(B)]
 
 
+def ece_floors(data: ConfidenceData, temperatures: Sequence[float] | None = None
+               ) -> list[float | None]:
+    """Per position, ``metrics.ece_sampling_floor`` of the cumulative predictions."""
+    pred, _, observed = cumulative_predictions(data, temperatures)
+    return [ece_sampling_floor(pred[observed[:, k], k]) for k in range(data.block_size)]
+
+
 def fit_sts(data: ConfidenceData, grid: Sequence[float] = DEFAULT_GRID) -> list[float]:
     """One temperature per position, fitted in order (see the module docstring)."""
     if not grid or any(not (t > 0 and math.isfinite(t)) for t in grid):
@@ -173,6 +185,7 @@ def calibrate(data_fit: ConfidenceData, data_held: ConfidenceData, *, artifact: 
     fit_entries = per_position(data_fit)
     before, after = per_position(data_held), per_position(data_held, temps)
     step_before, step_after = step_aurocs(data_held), step_aurocs(data_held, temps)
+    floor_before, floor_after = ece_floors(data_held), ece_floors(data_held, temps)
     if step_before != step_after:
         # Cannot happen with positive temperatures: a bug, not an input problem.
         raise InternalError("STS changed the order of the step confidences: "
@@ -181,27 +194,39 @@ def calibrate(data_fit: ConfidenceData, data_held: ConfidenceData, *, artifact: 
                                 fit_weight=fit_entries[k].total_weight,
                                 total_weight=before[k].total_weight,
                                 ece_before=before[k].ece, ece_after=after[k].ece,
+                                ece_floor_before=floor_before[k], ece_floor_after=floor_after[k],
                                 auc_before=before[k].auc, auc_after=after[k].auc,
                                 step_auc_before=step_before[k], step_auc_after=step_after[k],
                                 brier_before=before[k].brier, brier_after=after[k].brier)
             for k in range(data_fit.block_size)]
     mean_before, mean_after = summarize(before).ece_mean, summarize(after).ece_mean
+    weights = [e.total_weight for e in before]
+
+    def weighted(values):
+        pairs = [(v, w) for v, w in zip(values, weights) if v is not None and w > 0]
+        total = sum(w for _, w in pairs)
+        return sum(v * w for v, w in pairs) / total if total else None
+
+    floor_mean_before, floor_mean_after = weighted(floor_before), weighted(floor_after)
     improved = None if mean_before is None or mean_after is None else mean_after < mean_before
+    steps = int(len(data_held.lengths))
     if improved is None:
         note = "the held-out split has no observed step: nothing to score"
-    elif improved:
-        note = (f"held-out ECE {100 * mean_before:.2f}% -> {100 * mean_after:.2f}% "
-                f"({100 * (mean_before - mean_after):.2f} points lower)")
     else:
-        note = (f"STS did not lower the held-out ECE: {100 * mean_before:.2f}% -> "
-                f"{100 * mean_after:.2f}% ({100 * (mean_after - mean_before):.2f} points higher "
-                "or equal); the temperatures were fitted on a split this small")
+        change = (f"{100 * mean_before:.2f}% -> {100 * mean_after:.2f}%, "
+                  f"{100 * abs(mean_before - mean_after):.2f} points "
+                  + ("lower" if improved else "higher" if mean_after > mean_before else "unchanged"))
+        floor = (f"a perfectly calibrated head would show about {100 * floor_mean_before:.2f}% "
+                 f"on these {steps} held-out steps (sampling floor)")
+        note = (f"held-out ECE {change}; {floor}" if improved
+                else f"STS did not lower the held-out ECE: {change}; {floor}")
     return CalibrationFile(artifact=artifact, drafter_gguf_sha256=drafter_gguf_sha256,
                            block_size=data_fit.block_size, target=target,
                            prompt_set_sha256=prompt_set_sha256, split=split,
                            decoding_temperature=decoding_temperature, grid=list(grid),
                            temperatures=temps, per_position=rows, ece_mean_before=mean_before,
-                           ece_mean_after=mean_after, improved=improved, note=note)
+                           ece_mean_after=mean_after, ece_floor_mean_before=floor_mean_before,
+                           ece_floor_mean_after=floor_mean_after, improved=improved, note=note)
 
 
 # --- using a calibration ------------------------------------------------------------------

@@ -315,6 +315,19 @@ def auroc_from_histograms(pos: np.ndarray, neg: np.ndarray) -> float | None:
     return pairs / (total_pos * total_neg)
 
 
+def ece_sampling_floor(p: np.ndarray) -> float | None:
+    """About the ECE a perfectly calibrated head would show on these predictions: with
+    labels drawn as Bernoulli(p), each bin's |sum(label - p)| is about
+    sqrt(2/pi x sum p(1-p)) (normal approximation), so the expected ECE is the sum of those
+    over the 20 bins divided by the count. An ECE near it is sampling noise, not
+    miscalibration. Not a DeepSpec metric."""
+    if len(p) == 0:
+        return None
+    b = bin_index(p, COARSE_BINS)
+    var = np.bincount(b, weights=p * (1.0 - p), minlength=COARSE_BINS)
+    return float(np.sqrt(2.0 / np.pi * var).sum() / len(p))
+
+
 def rank_auroc(scores: np.ndarray, labels: np.ndarray) -> float | None:
     """Exact AUROC (Mann-Whitney, ties one half) of ``scores`` against boolean ``labels``;
     None without both classes."""

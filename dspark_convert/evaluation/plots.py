@@ -26,12 +26,12 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig, path: Path, *, tight: bool = False) -> None:
     from ..atomic import write_error
 
     plt = _plt()
     try:
-        fig.savefig(path, format="png", dpi=100)
+        fig.savefig(path, format="png", dpi=100, bbox_inches="tight" if tight else None)
     except OSError as exc:
         raise write_error(exc, path) from None
     finally:
@@ -126,6 +126,10 @@ def reliability_plot(artifact, path: Path, held_out_raw=None, held_out_calibrate
             twin.set_yticks([])
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
+        if k % ncols == 0:
+            ax.set_ylabel("observed", fontsize=8)
+        if k + ncols >= B:
+            ax.set_xlabel("predicted", fontsize=8)
         auc = "-" if entry.auc is None else f"{entry.auc:.3f}"
         ax.set_title(f"k={k}  AUROC {auc}", fontsize=8)
         ax.legend(fontsize=6, loc="upper left")
@@ -153,16 +157,17 @@ def speed_plot(report, path: Path) -> bool:
         rows.append([_run_label(r).replace("\\|", "|"), f"{r.temperature:g}", tps, speed,
                      _ms(r.draft_seconds_per_step), _ms(r.verify_seconds_per_step),
                      _mib(r.peak_memory)])
-    fig, ax = plt.subplots(figsize=(10, 0.4 * (len(rows) + 2)))
+    fig, ax = plt.subplots(figsize=(8, 0.3 * (len(rows) + 2)))
     ax.axis("off")
     table = ax.table(cellText=rows, colLabels=header, loc="center", cellLoc="left")
     table.auto_set_font_size(False)
     table.set_fontsize(8)
     table.auto_set_column_width(list(range(len(header))))
-    ax.set_title(f"Speed on {report.environment.device} ({report.environment.device_name})",
-                 fontsize=9)
-    fig.tight_layout()
-    _save(fig, path)
+    table.scale(1.0, 1.3)
+    env = report.environment
+    ax.set_title(f"Speed on {env.device} ({env.device_name}), {env.dtype}, "
+                 f"{env.torch_threads} thread(s)", fontsize=9)
+    _save(fig, path, tight=True)
     return True
 
 

@@ -306,16 +306,23 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
                        f"{len(cal.split.held_out_ids)} held-out prompts (seed {cal.split.seed}); "
                        f"`{_md_cell(art.calibration_file)}`. {_md_cell(cal.note)}.")
             out.append("")
-            out.append("| position | T | held-out weight | ECE before | ECE after | AUROC before | "
-                       "AUROC after | Brier before | Brier after |")
-            out.append("|---|---|---|---|---|---|---|---|---|")
+            out.append("| position | T | held-out weight | ECE before | ECE after | ECE floor | "
+                       "AUROC before | AUROC after | Brier before | Brier after |")
+            out.append("|---|---|---|---|---|---|---|---|---|---|")
             for p in cal.per_position:
                 out.append(f"| {p.position} | {p.temperature:g} | {p.total_weight:g} | "
                            f"{_pct(p.ece_before, 2)} | {_pct(p.ece_after, 2)} | "
+                           f"{_pct(p.ece_floor_before, 2)} | "
                            f"{_f(p.auc_before, 3)} | {_f(p.auc_after, 3)} | "
                            f"{_f(p.brier_before, 4)} | {_f(p.brier_after, 4)} |")
             out.append(f"| mean | | | {_pct(cal.ece_mean_before, 2)} | {_pct(cal.ece_mean_after, 2)} "
-                       "| | | | |")
+                       f"| {_pct(cal.ece_floor_mean_before, 2)} | | | | |")
+            out.append("")
+            out.append("ECE floor: about the ECE a perfectly calibrated head would show on this many "
+                       "held-out steps (sampling noise of 20 bins; not a DeepSpec metric). AUROC "
+                       "is DeepSpec's, of the cumulative prediction: STS keeps the order of each "
+                       "position's own confidence (P_0 moves only by binning), but P_k for k > 0 "
+                       "multiplies positions scaled by different temperatures.")
             out.append("")
 
     if report.not_run:

@@ -337,7 +337,9 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
              progress: Progress | None = None) -> EvalReport:
     """Run the eval and return its report (see the module docstring). ``prompts``: a JSONL
     path, a loaded ``PromptSet`` or None (the package's golden prompt set). A threshold of
-    0 is the cutoff-off run, always made. Raises a DSparkError for a bad input (before any
+    0 is the cutoff-off run, always made. The per-artifact confidence metrics and
+    ``calibrate`` (STS, split by prompt with ``held_out`` and ``seed``) use the threshold-0
+    run at the first temperature; every threshold-0 run carries its own metrics. Raises a DSparkError for a bad input (before any
     run), EvalInterrupted on Ctrl-C once the runs have begun (a Ctrl-C while the inputs
     are checked and the models loaded is a plain KeyboardInterrupt: nothing to report)."""
     from ..runtime.drafter import DSparkDrafter
