@@ -38,7 +38,9 @@ class Proposal:
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(z / T); at temperature 0 a one-hot at the argmax (DeepSpec's convention)."""
+    """softmax(z / T) in float32 (bfloat16 logits are widened first, as the engines sample);
+    at temperature 0 a one-hot at the argmax (DeepSpec's convention)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature <= 0.0:
         out = torch.zeros_like(logits)
         out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
@@ -72,7 +74,8 @@ class DSparkDrafter:
         self.confidence = c.confidence_head.enabled
         self.confidence_with_markov = c.confidence_head.with_markov
         self.hidden_state_indices = list(c.taps.hidden_state_indices)
-        self.rope = Rope(g.head_dim, g.rope_theta, device)
+        self.dtype = embed.dtype           # the compute dtype, the target's
+        self.rope = Rope(g.head_dim, g.rope_theta, device, self.dtype)
         self.device = device
         self.reset()
 
@@ -164,8 +167,8 @@ class DSparkDrafter:
         else:
             rows = []
             prev = anchor
-            state = torch.zeros(self.contract.markov_head.rank, device=self.device) \
-                if self.markov == "rnn" else None
+            state = torch.zeros(self.contract.markov_head.rank, device=self.device,
+                                dtype=self.dtype) if self.markov == "rnn" else None
             for k in range(B):
                 bias, state = self._markov_bias(prev, hb[k], state)
                 z = base[k] + bias

@@ -1,9 +1,15 @@
-"""The Qwen3 building blocks shared by the target and the drafter, float32, batch 1.
+"""The Qwen3 building blocks shared by the target and the drafter, batch 1.
 
 They follow Hugging Face's Qwen3 arithmetic (RMSNorm in float32, default RoPE with
 ``inv_freq = 1 / theta^(2i/d)`` and the rotate-half layout, SiLU-gated MLP, attention scale
 ``d^-0.5``) so that the drafter sees the same hidden states DeepSpec trained it on.
 Tensors are laid out ``[tokens, features]``; attention works on ``[heads, tokens, d]``.
+
+In the compute dtype (float32, or bfloat16 as the engines run), with HF's two upcasts:
+the RMS statistic is taken in float32 and the normalised value cast back before the
+weight multiplies it (``Qwen3RMSNorm``), and the RoPE tables are computed in float32 and
+cast to the compute dtype (``Qwen3RotaryEmbedding``). In float32 both casts are no-ops,
+so the float32 path computes exactly what it did before bfloat16 existed.
 """
 
 from __future__ import annotations
@@ -12,8 +18,14 @@ import torch
 import torch.nn.functional as F
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """float32, or float64 when computing in float64 (the tests' exact reference)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    wide = x.to(_wide(x.dtype))
+    return weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -26,21 +38,23 @@ def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tenso
 
 
 class Rope:
-    """cos/sin tables of the default RoPE, grown on demand."""
+    """cos/sin tables of the default RoPE, grown on demand: computed in float32 (float64
+    for a float64 model) and stored in the compute dtype."""
 
     def __init__(self, head_dim: int, theta: float, device: torch.device,
                  dtype: torch.dtype = torch.float32) -> None:
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
+        self.table_dtype = _wide(dtype)
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(self.table_dtype) / head_dim
         self.inv_freq = (1.0 / (theta ** exponent)).to(device)
         self.device, self.dtype = device, dtype
         self._cos = torch.empty(0, head_dim, device=device, dtype=dtype)
         self._sin = torch.empty(0, head_dim, device=device, dtype=dtype)
 
     def _grow(self, length: int) -> None:
-        positions = torch.arange(length, device=self.device, dtype=self.dtype)
+        positions = torch.arange(length, device=self.device, dtype=self.table_dtype)
         freqs = positions[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        self._cos, self._sin = emb.cos(), emb.sin()
+        self._cos, self._sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Rotate ``x`` [heads, tokens, d] whose tokens sit at positions start, start+1, ..."""

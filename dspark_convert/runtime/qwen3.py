@@ -1,31 +1,46 @@
 """A minimal dense Qwen3 target read from its Hugging Face safetensors directory.
 
 No transformers dependency: ``config.json`` is read strictly, the weights through our strict
-safetensors header reader (single file or sharded with an index), BF16/F16/F32 widened to
-float32. ``forward`` runs new tokens against a KV cache and returns the logits of every new
-token and the hidden states in HF's ``output_hidden_states`` layout: index 0 is the
-embedding output, index i+1 the output of layer i, and the last one is after the final norm.
+safetensors header reader (single file or sharded with an index). Two steps:
+
+- ``plan_target``: config.json and the safetensors headers only, no tensor byte. Every
+  count config.json gives is checked against what the headers hold before anything is
+  sized by it (a config that claims 2**40 layers is refused here, in milliseconds), and
+  every tensor's shape and dtype against the config. The memory estimate and the context
+  check are made from the plan, before any weight is loaded.
+- ``Qwen3Target``: the weights, loaded once into the compute dtype on the compute device
+  (runtime/loading.py).
+
+``forward`` runs new tokens against a KV cache and returns the logits of the new tokens and
+the hidden states in HF's ``output_hidden_states`` layout: index 0 is the embedding output,
+index i+1 the output of layer i, and the last one is after the final norm.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
+import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..errors import DSparkError, RuntimeTargetError
-from ..safetensors_reader import TensorEntry, read_checkpoint
+from ..progress import NoProgress, Progress
+from ..safetensors_reader import read_checkpoint
 from ..source import read_json_strict
 from .layers import Rope, attention, linear, mlp, rms_norm, split_heads
+from .loading import STORED_DTYPES, StoredTensor, TensorLoader
 
-_NUMPY_DTYPES = {"BF16": "<u2", "F16": "<f2", "F32": "<f4"}
 EMBED = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
+# transformers' Qwen3Config default, used when config.json has no max_position_embeddings.
+DEFAULT_MAX_POSITION_EMBEDDINGS = 32768
+# A layer index in a tensor name. Bounded to 9 digits: int() of a hostile 5,000-digit
+# name would raise; such a name is simply not a layer (and the layer count then differs).
+_LAYER_NAME = re.compile(r"model\.layers\.(\d{1,9})\.")
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,7 @@ class Qwen3Config:
     rope_theta: float
     tie_word_embeddings: bool
     stop_token_ids: tuple[int, ...]   # generation_config.json's eos_token_id (else config's)
+    max_position_embeddings: int      # the context length: prompt + new tokens must fit
 
 
 def _int_field(cfg: dict, name: str, path: str) -> int:
@@ -101,6 +117,9 @@ def read_target_config(directory: Path) -> Qwen3Config:
     if ints["num_attention_heads"] % ints["num_key_value_heads"]:
         raise _refuse(label, "num_key_value_heads", "a divisor of num_attention_heads",
                       ints["num_key_value_heads"])
+    context = DEFAULT_MAX_POSITION_EMBEDDINGS
+    if "max_position_embeddings" in cfg:
+        context = _int_field(cfg, "max_position_embeddings", label)
     stops = _eos_ids(cfg.get("eos_token_id"))
     gen_path = directory / "generation_config.json"
     if gen_path.is_file():
@@ -109,25 +128,7 @@ def read_target_config(directory: Path) -> Qwen3Config:
             stops = _eos_ids(gen["eos_token_id"])
     return Qwen3Config(**ints, rms_norm_eps=float(eps), rope_theta=float(theta),
                        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                       stop_token_ids=stops)
-
-
-def _read_entry(entry: TensorEntry) -> tuple[np.ndarray, bytes]:
-    with open(entry.file, "rb") as fh:
-        fh.seek(entry.begin)
-        raw = fh.read(entry.nbytes)
-    if len(raw) != entry.nbytes:
-        raise RuntimeTargetError(f"target {entry.file}: tensor {entry.name!r} is truncated",
-                                 path=str(entry.file), tensor=entry.name)
-    return np.frombuffer(raw, dtype=_NUMPY_DTYPES[entry.dtype]), raw
-
-
-def _to_torch(array: np.ndarray, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    if dtype == "BF16":
-        value = torch.from_numpy(array.copy().view(np.int16)).view(torch.bfloat16)
-    else:
-        value = torch.from_numpy(array.copy())
-    return value.reshape(shape)
+                       stop_token_ids=stops, max_position_embeddings=context)
 
 
 @dataclass
@@ -155,78 +156,152 @@ class KVCache:
         self.values = [v[:, :length] for v in self.values]
 
 
+
+
+def tensor_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor a dense Qwen3 target must have, with its torch shape, in load order.
+    Sized by ``cfg.num_hidden_layers``: call it only once that count has been checked
+    against the checkpoint (``plan_target`` does)."""
+    H, I, V, d = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    shapes = {EMBED: (V, H), "model.norm.weight": (H,)}
+    if not cfg.tie_word_embeddings:
+        shapes[HEAD] = (V, H)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+            p + "self_attn.q_proj.weight": (nh * d, H), p + "self_attn.k_proj.weight": (nkv * d, H),
+            p + "self_attn.v_proj.weight": (nkv * d, H), p + "self_attn.o_proj.weight": (H, nh * d),
+            p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
+            p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+            p + "mlp.down_proj.weight": (H, I)})
+    return shapes
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """A target checked from its config and headers: what will be loaded, from where."""
+
+    directory: Path
+    config: Qwen3Config
+    tensors: dict[str, StoredTensor]      # tensor_shapes' order
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+def _check_layer_count(names: Collection[str], cfg: Qwen3Config, directory: Path) -> None:
+    """num_hidden_layers must be the number of layers the headers hold, before any table is
+    built by it. Distinct indices with len n and max n-1 are exactly 0..n-1, so no set of
+    n elements is ever built from the config's number."""
+    present = {int(m[1]) for name in names if (m := _LAYER_NAME.match(name))}
+    n = cfg.num_hidden_layers
+    if len(present) != n or (present and max(present) != n - 1):
+        found = (f"layers {min(present)}..{max(present)} ({len(present)} distinct)" if present
+                 else "no layers")
+        raise RuntimeTargetError(
+            f"target {directory / 'config.json'}: field 'num_hidden_layers': expected the "
+            f"{len(present)} layer(s) the safetensors headers hold ({found}), found {n}",
+            path=str(directory / "config.json"), field="num_hidden_layers",
+            expected=len(present), found=n)
+
+
+def plan_target(directory: str | os.PathLike) -> TargetPlan:
+    """Read and check config.json and the safetensors headers; no tensor byte is read."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise RuntimeTargetError(f"target {directory}: not a directory", path=str(directory),
+                                 expected="a Qwen3 HF directory", found="nothing")
+    cfg = read_target_config(directory)
+    try:
+        checkpoint = read_checkpoint(directory)
+    except RuntimeTargetError:
+        raise
+    except DSparkError as exc:
+        raise RuntimeTargetError(f"target {directory}: {exc.message}", path=exc.path,
+                                 tensor=exc.tensor) from None
+    entries = checkpoint.tensors
+    _check_layer_count(entries, cfg, directory)
+    tensors: dict[str, StoredTensor] = {}
+    for name, shape in tensor_shapes(cfg).items():
+        entry = entries.get(name)
+        if entry is None:
+            raise RuntimeTargetError(f"target {directory}: tensor {name!r} is missing",
+                                     path=str(directory), tensor=name, expected=list(shape),
+                                     found="absent")
+        if entry.shape != shape or entry.dtype not in STORED_DTYPES:
+            raise RuntimeTargetError(
+                f"target {entry.file}: tensor {name!r}: expected {list(shape)} BF16/F16/F32, "
+                f"found {list(entry.shape)} {entry.dtype}", path=str(entry.file), tensor=name,
+                expected=list(shape), found=list(entry.shape))
+        tensors[name] = StoredTensor(name=name, file=entry.file, offset=entry.begin,
+                                     nbytes=entry.nbytes, dtype=STORED_DTYPES[entry.dtype],
+                                     shape=shape)
+    return TargetPlan(directory=directory, config=cfg, tensors=tensors)
+
+
+def _truncated(spec: StoredTensor) -> RuntimeTargetError:
+    return RuntimeTargetError(f"target {spec.file}: tensor {spec.name!r} is truncated: the file "
+                              "is shorter than its header says (it changed while being read)",
+                              path=str(spec.file), tensor=spec.name)
+
+
 @dataclass(frozen=True)
 class TargetOutput:
-    logits: torch.Tensor                 # [S, V]
-    hidden_states: tuple[torch.Tensor, ...]   # HF layout, each [S, H]
+    logits: torch.Tensor                           # [S, V], or [1, V] with last_logits_only
+    hidden_states: tuple[torch.Tensor | None, ...]  # HF layout, each [S, H]; None: not kept
 
 
 class Qwen3Target:
-    """The target model. ``embed_sha256`` / ``lm_head_sha256``: SHA-256 of the raw bytes of
-    its embedding and head tensors (the head is the embedding when tied). Compute is float32
-    (``dtype`` float64 exists to measure float32's own error)."""
+    """The target model, its weights in ``dtype`` on ``device``. ``embed_sha256`` /
+    ``lm_head_sha256``: SHA-256 of the raw stored bytes of its embedding and head tensors
+    (the head is the embedding when tied), taken while they are loaded. ``dtype`` float64
+    exists only to measure float32's own error."""
 
     def __init__(self, directory: str | os.PathLike, *, device: torch.device,
-                 dtype: torch.dtype = torch.float32) -> None:
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise RuntimeTargetError(f"target {directory}: not a directory", path=str(directory),
-                                     expected="a Qwen3 HF directory", found="nothing")
-        self.directory = directory
-        self.config = cfg = read_target_config(directory)
-        self.device = device
-        try:
-            checkpoint = read_checkpoint(directory)
-        except RuntimeTargetError:
-            raise
-        except DSparkError as exc:
-            raise RuntimeTargetError(f"target {directory}: {exc.message}", path=exc.path,
-                                     tensor=exc.tensor) from None
-        entries = checkpoint.tensors
-        H, I, V, d = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
-        nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        shapes = {EMBED: (V, H), "model.norm.weight": (H,)}
-        if not cfg.tie_word_embeddings:
-            shapes[HEAD] = (V, H)
-        for i in range(cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
-            shapes.update({
-                p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-                p + "self_attn.q_proj.weight": (nh * d, H), p + "self_attn.k_proj.weight": (nkv * d, H),
-                p + "self_attn.v_proj.weight": (nkv * d, H), p + "self_attn.o_proj.weight": (H, nh * d),
-                p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
-                p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
-                p + "mlp.down_proj.weight": (H, I)})
+                 dtype: torch.dtype = torch.float32, plan: TargetPlan | None = None,
+                 progress: Progress | None = None) -> None:
+        plan = plan if plan is not None else plan_target(directory)
+        progress = progress or NoProgress()
+        self.directory = plan.directory
+        self.config = cfg = plan.config
+        self.device, self.dtype = device, dtype
         self.w: dict[str, torch.Tensor] = {}
-        digests: dict[str, str] = {}
-        for name, shape in shapes.items():
-            entry = entries.get(name)
-            if entry is None:
-                raise RuntimeTargetError(f"target {directory}: tensor {name!r} is missing",
-                                         path=str(directory), tensor=name, expected=list(shape),
-                                         found="absent")
-            if entry.shape != shape or entry.dtype not in _NUMPY_DTYPES:
-                raise RuntimeTargetError(
-                    f"target {entry.file}: tensor {name!r}: expected {list(shape)} BF16/F16/F32, "
-                    f"found {list(entry.shape)} {entry.dtype}", path=str(entry.file), tensor=name,
-                    expected=list(shape), found=list(entry.shape))
-            array, raw = _read_entry(entry)
-            if name in (EMBED, HEAD):
-                digests[name] = hashlib.sha256(raw).hexdigest()
-            self.w[name] = _to_torch(array, entry.dtype, shape).to(device=device, dtype=dtype)
+        digests: dict[str, str | None] = {}
+        progress.start("loading target", plan.stored_bytes)
+        try:
+            with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
+                              progress=progress) as loader:
+                for name, spec in plan.tensors.items():
+                    self.w[name], digests[name] = loader.load(spec, sha256=name in (EMBED, HEAD))
+        finally:
+            progress.finish()
         self.embed = self.w[EMBED]
         self.lm_head = self.w[EMBED] if cfg.tie_word_embeddings else self.w[HEAD]
         self.embed_sha256 = digests[EMBED]
         self.lm_head_sha256 = digests[EMBED] if cfg.tie_word_embeddings else digests[HEAD]
-        self.rope = Rope(d, cfg.rope_theta, device, dtype)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, device, dtype)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVCache) -> TargetOutput:
-        """Run ``ids`` [S] at positions cache.length, ...; the cache grows by S."""
+    def forward(self, ids: torch.Tensor, cache: KVCache, *, keep: Collection[int] | None = None,
+                last_logits_only: bool = False) -> TargetOutput:
+        """Run ``ids`` [S] at positions cache.length, ...; the cache grows by S.
+
+        ``keep``: the hidden-state indices to return (the others are None), so that a long
+        prompt does not hold every layer's output; None keeps all. ``last_logits_only``:
+        the logits of the last token only (a prefill needs no others; a 151,936-token
+        vocabulary costs 0.6 MB per token in float32)."""
         cfg, w = self.config, self.w
         start, eps = cache.length, cfg.rms_norm_eps
+        last = cfg.num_hidden_layers
         h = self.embed[ids]
-        hidden = [h]
+        hidden: list[torch.Tensor | None] = [h if keep is None or 0 in keep else None]
         nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -242,7 +317,10 @@ class Qwen3Target:
             x = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
             h = h + mlp(x, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
                         w[p + "mlp.down_proj.weight"])
-            hidden.append(h)
+            hidden.append(h if keep is None or i + 1 in keep else None)
         # HF replaces the last layer's output by its normalised form in hidden_states.
         hidden[-1] = rms_norm(h, w["model.norm.weight"], eps)
-        return TargetOutput(logits=linear(hidden[-1], self.lm_head), hidden_states=tuple(hidden))
+        final = hidden[-1][-1:] if last_logits_only else hidden[-1]
+        if keep is not None and last not in keep:
+            hidden[-1] = None
+        return TargetOutput(logits=linear(final, self.lm_head), hidden_states=tuple(hidden))

@@ -4,29 +4,52 @@ Nothing comes from the source checkpoint: the contract is rebuilt from the GGUF 
 (the same code ``dspark validate`` uses) and every tensor is read from the file. GGUF
 shapes are the reverse of torch shapes and BF16 values are stored as their raw 16 bits, so
 a BF16 tensor of GGUF shape ``[in, out]`` is the row-major torch tensor ``[out, in]``.
-Compute is float32 (BF16 widens exactly).
+
+Two steps, like the target's: ``plan_drafter`` parses the header and checks every tensor
+the contract needs (present, BF16, shape) without reading tensor data; the load then fills
+each tensor once, in the compute dtype on the compute device (runtime/loading.py; BF16
+widens to float32 exactly).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..artifact_format import GGUF_FILE, contract_from_metadata, provenance_from_metadata
 from ..contract import FeatureContract
 from ..errors import GGUFFormatError, TensorDtypeError, TensorShapeError
-from ..gguf_reader import read_gguf, tensor_data
+from ..gguf_reader import read_gguf
+from ..progress import NoProgress, Progress
+from .loading import StoredTensor, TensorLoader
+
+
+@dataclass(frozen=True)
+class DrafterPlan:
+    """An artifact checked from its GGUF header: the contract and where each tensor is."""
+
+    path: Path
+    contract: FeatureContract
+    tensors: dict[str, StoredTensor]   # by HF name, the contract's order
+    embed_sha256: str | None           # dflash.target.embed_sha256, when the GGUF records it
+    lm_head_sha256: str | None         # dflash.target.lm_head_sha256
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
 
 
 @dataclass(frozen=True)
 class DrafterWeights:
     """Everything the artifact says about the drafter, tensors keyed by their HF names
-    (``layers.0.self_attn.q_proj.weight``), float32 on ``device``."""
+    (``layers.0.self_attn.q_proj.weight``), in the compute dtype on ``device``."""
 
     contract: FeatureContract
     tensors: dict[str, torch.Tensor]
@@ -34,44 +57,62 @@ class DrafterWeights:
     lm_head_sha256: str | None    # dflash.target.lm_head_sha256
 
 
-def load_drafter_weights(artifact: str | os.PathLike, *, device: str | torch.device = "cpu"
-                         ) -> DrafterWeights:
-    """Read ``artifact/drafter.gguf`` into float32 torch tensors on ``device``."""
+def plan_drafter(artifact: str | os.PathLike) -> DrafterPlan:
+    """Parse ``artifact/drafter.gguf`` and check the tensors the contract names."""
     path = Path(artifact) / GGUF_FILE
-    gguf = read_gguf(path)
+    gguf = read_gguf(path)        # bounds every offset and size against the file
     kv = {key: value.value for key, value in gguf.kv.items()}
     label = GGUF_FILE
     contract = contract_from_metadata(kv, path=label)
     prov = provenance_from_metadata(kv, path=label)
     infos = {t.name: t for t in gguf.tensors}
+    tensors: dict[str, StoredTensor] = {}
+    for spec in contract.tensors:
+        if spec.gguf_name is None:       # embedding and head: bound from the target
+            continue
+        info = infos.get(spec.gguf_name)
+        if info is None:
+            raise GGUFFormatError(f"{label}: tensor {spec.gguf_name!r} is missing",
+                                  path=label, tensor=spec.gguf_name)
+        if info.ggml_type.name != "BF16":
+            raise TensorDtypeError(f"{label}: tensor {spec.gguf_name!r}: expected BF16, "
+                                   f"found {info.ggml_type.name}", path=label,
+                                   tensor=spec.gguf_name, expected="BF16",
+                                   found=info.ggml_type.name)
+        torch_shape = list(reversed(info.shape))
+        if torch_shape != list(spec.shape):
+            raise TensorShapeError(f"{label}: tensor {spec.gguf_name!r}: expected torch "
+                                   f"shape {list(spec.shape)}, found {torch_shape}",
+                                   path=label, tensor=spec.gguf_name,
+                                   expected=list(spec.shape), found=torch_shape)
+        tensors[spec.source_name] = StoredTensor(
+            name=spec.gguf_name, file=path, offset=info.data_offset, nbytes=info.nbytes,
+            dtype=torch.bfloat16, shape=tuple(torch_shape))
+    return DrafterPlan(path=path, contract=contract, tensors=tensors,
+                       embed_sha256=prov.embed_sha256, lm_head_sha256=prov.lm_head_sha256)
 
+
+def _truncated(spec: StoredTensor) -> GGUFFormatError:
+    return GGUFFormatError(f"{GGUF_FILE}: tensor {spec.name!r} is truncated: the file is "
+                           "shorter than its header says (it changed while being read)",
+                           path=str(spec.file), tensor=spec.name)
+
+
+def load_drafter_weights(artifact: str | os.PathLike, *, device: str | torch.device = "cpu",
+                         dtype: torch.dtype = torch.float32, plan: DrafterPlan | None = None,
+                         progress: Progress | None = None) -> DrafterWeights:
+    """Read ``artifact/drafter.gguf`` into ``dtype`` torch tensors on ``device``."""
+    plan = plan if plan is not None else plan_drafter(artifact)
+    progress = progress or NoProgress()
+    device = torch.device(device)
     tensors: dict[str, torch.Tensor] = {}
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        for spec in contract.tensors:
-            if spec.gguf_name is None:       # embedding and head: bound from the target
-                continue
-            info = infos.get(spec.gguf_name)
-            if info is None:
-                raise GGUFFormatError(f"{label}: tensor {spec.gguf_name!r} is missing",
-                                      path=label, tensor=spec.gguf_name)
-            if info.ggml_type.name != "BF16":
-                raise TensorDtypeError(f"{label}: tensor {spec.gguf_name!r}: expected BF16, "
-                                       f"found {info.ggml_type.name}", path=label,
-                                       tensor=spec.gguf_name, expected="BF16",
-                                       found=info.ggml_type.name)
-            torch_shape = list(reversed(info.shape))
-            if torch_shape != list(spec.shape):
-                raise TensorShapeError(f"{label}: tensor {spec.gguf_name!r}: expected torch "
-                                       f"shape {list(spec.shape)}, found {torch_shape}",
-                                       path=label, tensor=spec.gguf_name,
-                                       expected=list(spec.shape), found=torch_shape)
-            view = tensor_data(gguf, info, mm)
-            try:
-                bits = np.frombuffer(view, dtype="<u2").copy()
-            finally:
-                view.release()
-            value = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
-            tensors[spec.source_name] = value.reshape(torch_shape).to(device=device,
-                                                                      dtype=torch.float32)
-    return DrafterWeights(contract=contract, tensors=tensors, embed_sha256=prov.embed_sha256,
-                          lm_head_sha256=prov.lm_head_sha256)
+    progress.start("loading drafter", plan.stored_bytes)
+    try:
+        with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
+                          progress=progress) as loader:
+            for name, spec in plan.tensors.items():
+                tensors[name], _ = loader.load(spec)
+    finally:
+        progress.finish()
+    return DrafterWeights(contract=plan.contract, tensors=tensors,
+                          embed_sha256=plan.embed_sha256, lm_head_sha256=plan.lm_head_sha256)

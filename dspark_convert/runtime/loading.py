@@ -1,0 +1,168 @@
+"""Weights loaded once: from the file straight into the compute dtype on the compute device.
+
+Each tensor is allocated once, in its final dtype on its final device, and filled from the
+file in chunks of rows. Nothing holds a second host copy of the model:
+
+- CPU, stored dtype = compute dtype (BF16 into bfloat16): ``readinto`` writes the file's
+  bytes directly into the tensor's own memory. One copy, from the page cache.
+- CPU, another compute dtype (BF16 into float32): a chunk of rows is read into a small
+  staging buffer and converted into its rows of the tensor (``copy_`` converts while it
+  copies, on the CPU, without a temporary).
+- CUDA: the chunk is read into the same staging buffer (pinned, so the copy is a plain DMA)
+  and copied to the device. When the dtypes differ it is copied to the device first, in its
+  stored dtype, and converted there, so that no host buffer larger than a chunk exists. The
+  host RSS is the staging buffer, whatever the model's size; the weights live on the device.
+
+Reads are plain ``read()`` calls rather than a memory map: a mapped file's touched pages
+count in the process's RSS until it is unmapped, which for an 8 GB target would double the
+peak we are trying to bound. Files are read with their byte order as stored: little-endian,
+like every x86 and ARM host torch runs on.
+
+The caller names the error class to raise when a file is shorter than its header said (the
+target's is 70, the artifact's 41): the file changed after its layout was checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import DSparkError, SmokeInputError
+from ..progress import NoProgress, Progress
+
+# Compute dtypes of the runtime (`--dtype`). float32 is the reference for parity with
+# DeepSpec's traces; bfloat16 computes like the engines do. float64 exists only for tests
+# that measure float32's own error.
+COMPUTE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# Stored element types we read: safetensors' names and GGUF's BF16.
+STORED_DTYPES: dict[str, torch.dtype] = {"BF16": torch.bfloat16, "F16": torch.float16,
+                                         "F32": torch.float32}
+
+STAGING_BYTES = 32 * 1024 * 1024
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """``--dtype NAME`` -> torch dtype; SmokeInputError (73) for anything else."""
+    dtype = COMPUTE_DTYPES.get(name)
+    if dtype is None:
+        raise SmokeInputError(f"--dtype: expected one of {', '.join(COMPUTE_DTYPES)}, found "
+                              f"{name!r}", field="dtype", expected="|".join(COMPUTE_DTYPES),
+                              found=str(name))
+    return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """Where a tensor's bytes are: ``nbytes`` from ``offset`` of ``file``, row-major."""
+
+    name: str
+    file: Path
+    offset: int
+    nbytes: int
+    dtype: torch.dtype          # the stored element type
+    shape: tuple[int, ...]      # torch order
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class TensorLoader:
+    """Loads StoredTensors into ``dtype`` tensors on ``device``, reporting bytes read to
+    ``progress``. Use as a context manager: it keeps each file open until the end."""
+
+    def __init__(self, *, device: torch.device, dtype: torch.dtype,
+                 truncated: Callable[[StoredTensor], DSparkError],
+                 progress: Progress | None = None) -> None:
+        self.device, self.dtype = device, dtype
+        self.truncated = truncated
+        self.progress = progress or NoProgress()
+        self._files: dict[Path, object] = {}
+        self._staging: torch.Tensor | None = None
+        self._device_staging: torch.Tensor | None = None
+
+    def __enter__(self) -> TensorLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+        self._staging = self._device_staging = None
+
+    def _file(self, path: Path):
+        fh = self._files.get(path)
+        if fh is None:
+            fh = self._files[path] = open(path, "rb", buffering=0)
+        return fh
+
+    def _host_staging(self, nbytes: int) -> torch.Tensor:
+        if self._staging is None or self._staging.numel() < nbytes:
+            pin = self.device.type == "cuda"
+            self._staging = torch.empty(max(nbytes, STAGING_BYTES), dtype=torch.uint8,
+                                        pin_memory=pin)
+        return self._staging[:nbytes]
+
+    def _dev_staging(self, nbytes: int) -> torch.Tensor:
+        if self._device_staging is None or self._device_staging.numel() < nbytes:
+            self._device_staging = torch.empty(max(nbytes, STAGING_BYTES), dtype=torch.uint8,
+                                               device=self.device)
+        return self._device_staging[:nbytes]
+
+    def _read_into(self, spec: StoredTensor, fh, buffer: memoryview, digest) -> None:
+        """Fill ``buffer`` from the file's current position; a short read is a file that
+        shrank after its header was checked."""
+        done = 0
+        while done < len(buffer):
+            n = fh.readinto(buffer[done:])
+            if not n:
+                raise self.truncated(spec)
+            done += n
+        if digest is not None:
+            digest.update(buffer)
+        self.progress.advance(len(buffer))
+
+    def load(self, spec: StoredTensor, *, sha256: bool = False) -> tuple[torch.Tensor, str | None]:
+        """The tensor in the compute dtype on the device, and the SHA-256 of its stored
+        bytes when asked (the embedding and head are bound by their hashes)."""
+        itemsize = spec.dtype.itemsize
+        if spec.nbytes != spec.numel * itemsize:
+            raise self.truncated(spec)
+        digest = hashlib.sha256() if sha256 else None
+        dest = torch.empty(spec.shape, dtype=self.dtype, device=self.device)
+        fh = self._file(spec.file)
+        fh.seek(spec.offset)
+        rows = spec.shape[0] if len(spec.shape) > 1 else 1
+        row_bytes = spec.nbytes // rows if rows else 0
+        per_chunk = max(1, STAGING_BYTES // max(row_bytes, 1))
+        flat_dest = dest.view(rows, -1) if rows else dest
+        direct = self.device.type == "cpu" and spec.dtype == self.dtype
+        for first in range(0, rows, per_chunk):
+            count = min(per_chunk, rows - first)
+            nbytes = count * row_bytes
+            target_rows = flat_dest[first:first + count]
+            if direct:
+                # The tensor's own memory, as bytes: the file is read straight into it.
+                raw = target_rows.view(-1).view(torch.uint8).numpy()
+                self._read_into(spec, fh, memoryview(raw), digest)
+                continue
+            staging = self._host_staging(nbytes)
+            self._read_into(spec, fh, memoryview(staging.numpy()), digest)
+            chunk = staging.view(spec.dtype).view(count, -1)
+            if self.device.type == "cuda" and spec.dtype != self.dtype:
+                on_device = self._dev_staging(nbytes)
+                on_device.copy_(staging)
+                chunk = on_device.view(spec.dtype).view(count, -1)
+            # Synchronous: the staging buffer is reused by the next chunk.
+            target_rows.copy_(chunk)
+        return dest, None if digest is None else digest.hexdigest()
