@@ -109,3 +109,25 @@ def test_stop_tokens_end_both_the_same_way(golden_models, stop):
         assert run.output_ids == greedy.output_ids
         if stop in greedy.output_ids[len(prompt):]:
             assert run.output_ids[-1] == stop
+
+
+def test_cycles_carry_their_timing_but_the_trace_does_not(golden_models):
+    """Each cycle's draft_seconds (proposal + context update) and verify_seconds (the
+    target's verify forward), for `dspark eval`; the reference.json format is unchanged:
+    run_to_json writes exactly the keys it wrote before, so traces stay byte-stable."""
+    target, drafter = golden_models
+    ref = REF_RUNS[0]
+    run = speculative_generate(target, drafter, list(ref.prompt), max_new_tokens=24,
+                               stop_token_ids=target.config.stop_token_ids)
+    assert run.cycles and all(c.draft_seconds > 0 and c.verify_seconds > 0 for c in run.cycles)
+    # The run's drafter time is the cycles' plus the first context cells (in the prefill).
+    cycle_draft = sum(c.draft_seconds for c in run.cycles)
+    assert cycle_draft <= run.draft_seconds <= cycle_draft + run.prefill_seconds
+    assert cycle_draft + sum(c.verify_seconds for c in run.cycles) + run.prefill_seconds \
+        <= run.total_seconds
+    doc = run_to_json(run, max_new_tokens=24, target_greedy=None)
+    assert set(doc) == {"prompt", "output_ids", "acceptance_lengths", "cycles", "temperature",
+                        "confidence_threshold", "max_new_tokens"}
+    assert all(set(c) == {"proposed", "accepted", "next_token", "confidence_logits"}
+               for c in doc["cycles"])
+    compare_run(doc, ref, label="run", path=str(REFERENCE))

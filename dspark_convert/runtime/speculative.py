@@ -32,6 +32,10 @@ class Cycle:
     accepted: int
     next_token: int
     confidence_logits: tuple[float, ...] | None
+    # Wall time of this cycle (device-synchronised), for `dspark eval`; not in the trace
+    # (trace.run_to_json leaves them out: a trace is the same bytes on every run).
+    draft_seconds: float = 0.0    # the drafter: this proposal + the context cells it commits
+    verify_seconds: float = 0.0   # the target's verify forward over [anchor, drafts]
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class RunResult:
     seed: int | None
     draft_seconds: float                     # time in the drafter (proposals + context)
     total_seconds: float                     # the whole speculative generation
+    prefill_seconds: float = 0.0             # the target's prefill + the first context cells
 
     @property
     def new_tokens(self) -> int:
@@ -130,9 +135,11 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
     draft_seconds = 0.0
     cache = KVCache()
     drafter.reset()
+    taps = drafter.hidden_state_indices
     P = len(prompt)
     max_length = P + max_new_tokens
-    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache)
+    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache, keep=taps,
+                         last_logits_only=True)
     x = list(prompt) + [pick(out.logits[-1], temperature, generator)]
 
     cycles: list[Cycle] = []
@@ -141,7 +148,10 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
     if x[P] not in stop_token_ids:
         t0 = time.perf_counter()
         drafter.add_context(drafter.features(out.hidden_states))
+        _sync(device)
         draft_seconds += time.perf_counter() - t0
+    prefill_seconds = time.perf_counter() - t_begin
+    if x[P] not in stop_token_ids:
         while start < max_length:
             _sync(device)
             t0 = time.perf_counter()
@@ -150,10 +160,13 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
             L = proposal.length
             draft = proposal.tokens[:L].tolist()
             _sync(device)
-            draft_seconds += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            cycle_draft = t1 - t0
 
             verify_ids = torch.tensor([x[start], *draft], dtype=torch.long, device=device)
-            out = target.forward(verify_ids, cache)
+            out = target.forward(verify_ids, cache, keep=taps)
+            _sync(device)
+            cycle_verify = time.perf_counter() - t1
             p = probs_from_logits(out.logits, temperature)
             q = proposal.draft_probs(temperature) if L else None
             accepted, next_token, stopped = verify(p, q, draft, stop_token_ids=stop_token_ids,
@@ -161,22 +174,25 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
 
             conf = proposal.confidence_logits
             conf_list = tuple(float(c) for c in conf[:L].tolist()) if conf is not None and L else None
-            cycles.append(Cycle(proposed=tuple(draft), accepted=accepted, next_token=next_token,
-                                confidence_logits=conf_list))
             x.extend(draft[:accepted])     # x[start] is the anchor and x ends there
             if stopped:
                 acceptance.append(accepted)
                 start += accepted
-                break
-            x.append(next_token)
-            acceptance.append(accepted + 1)
-            start += accepted + 1
-            cache.crop(start)
-            # Context cells after verification: the anchor and the accepted tokens.
-            t0 = time.perf_counter()
-            drafter.add_context(drafter.features(out.hidden_states)[: accepted + 1])
-            draft_seconds += time.perf_counter() - t0
-            if next_token in stop_token_ids:
+            else:
+                x.append(next_token)
+                acceptance.append(accepted + 1)
+                start += accepted + 1
+                cache.crop(start)
+                # Context cells after verification: the anchor and the accepted tokens.
+                t0 = time.perf_counter()
+                drafter.add_context(drafter.features(out.hidden_states)[: accepted + 1])
+                _sync(device)
+                cycle_draft += time.perf_counter() - t0
+            draft_seconds += cycle_draft
+            cycles.append(Cycle(proposed=tuple(draft), accepted=accepted, next_token=next_token,
+                                confidence_logits=conf_list, draft_seconds=cycle_draft,
+                                verify_seconds=cycle_verify))
+            if stopped or next_token in stop_token_ids:
                 break
     _sync(device)
     total = time.perf_counter() - t_begin
@@ -185,7 +201,7 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
                      acceptance_lengths=tuple(acceptance), cycles=tuple(cycles),
                      temperature=temperature, confidence_threshold=confidence_threshold,
                      seed=seed if sampled else None, draft_seconds=draft_seconds,
-                     total_seconds=total)
+                     total_seconds=total, prefill_seconds=prefill_seconds)
 
 
 @dataclass(frozen=True)
@@ -202,13 +218,15 @@ def target_greedy(target: Qwen3Target, prompt: list[int], *, max_new_tokens: int
     _sync(device)
     t_begin = time.perf_counter()
     cache = KVCache()
-    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache)
+    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache, keep=(),
+                         last_logits_only=True)
     x = list(prompt)
     for _ in range(max_new_tokens):
         token = int(out.logits[-1].argmax())
         x.append(token)
         if token in stop_token_ids or len(x) >= len(prompt) + max_new_tokens:
             break
-        out = target.forward(torch.tensor([token], dtype=torch.long, device=device), cache)
+        out = target.forward(torch.tensor([token], dtype=torch.long, device=device), cache,
+                             keep=())
     _sync(device)
     return GreedyResult(output_ids=tuple(x), seconds=time.perf_counter() - t_begin)
