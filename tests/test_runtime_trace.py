@@ -10,10 +10,13 @@ import pytest
 from conftest import GOLDEN
 from dspark_convert.errors import ReferenceDivergenceError, ReferenceTraceError
 from dspark_convert.runtime.trace import (
+    Agreement,
+    agreement,
     compare_run,
     find_reference_run,
     implied_max_new_tokens,
     load_reference,
+    trace_to_json,
 )
 
 REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
@@ -79,3 +82,44 @@ def test_confidence_within_tolerance_and_extra_cycles():
     ours["cycles"].append(json.loads(json.dumps(ours["cycles"][-1])))
     with pytest.raises(ReferenceDivergenceError, match="13 cycles, the reference has 12"):
         compare_run(ours, ref, label="p", path="r")
+
+
+def test_the_trace_records_its_dtype(tmp_path):
+    doc = trace_to_json([load_reference(REFERENCE)[0].data], case="c", target="t", dtype="bfloat16")
+    assert doc["dtype"] == "bfloat16"
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(doc))
+    assert {r.dtype for r in load_reference(path)} == {"bfloat16"}
+    # DeepSpec's own traces carry no dtype: they are float32 runs.
+    assert "dtype" not in json.loads(REFERENCE.read_text())
+    assert {r.dtype for r in load_reference(REFERENCE)} == {"float32"}
+
+
+@pytest.mark.parametrize("dtype", ["float16", ["float32"], 32])
+def test_refuses_an_unknown_trace_dtype(tmp_path, dtype):
+    doc = json.loads(REFERENCE.read_text())
+    doc["dtype"] = dtype
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ReferenceTraceError, match="dtype: expected one of float32, bfloat16") as info:
+        load_reference(path)
+    assert info.value.exit_code == 77
+
+
+def test_agreement_counts_tokens_and_confidence_apart():
+    """What a bfloat16 run against a float32 trace reports: the leading cycles with the same
+    tokens (confidence logits may move more than the float32 tolerance), the leading new
+    tokens, the worst confidence difference over those cycles and the first difference."""
+    ref = load_reference(REFERENCE)[3]
+    ours = _as_ours(ref)
+    assert agreement(ours, ref, label="p", path="r") == Agreement(
+        reference_dtype="float32", identical=True, cycles=len(ref.data["cycles"]),
+        cycles_tokens_identical=len(ref.data["cycles"]), confidence_max_abs_difference=0.0,
+        new_tokens=24, new_tokens_identical=24, first_difference=None)
+    ours["cycles"][0]["confidence_logits"][1] += 0.01            # beyond the tolerance
+    ours["cycles"][3]["proposed"][0] += 1
+    ours["output_ids"][len(ref.prompt) + 5] += 1
+    a = agreement(ours, ref, label="p", path="r")
+    assert not a.identical and a.cycles_tokens_identical == 3 and a.new_tokens_identical == 5
+    assert a.confidence_max_abs_difference == pytest.approx(0.01)
+    assert a.first_difference.startswith("p vs reference r runs[3]: cycle 0: confidence_logits")

@@ -4,7 +4,8 @@ A trace is ``{"case", "target", "prompts", "runs": [...]}``; each run has ``prom
 ``output_ids`` (prompt included), ``acceptance_lengths``, ``cycles`` (``proposed``,
 ``accepted``, ``next_token``, ``confidence_logits``), ``temperature``,
 ``confidence_threshold`` and, at temperature 0, ``target_greedy``. We add ``seed`` and
-``max_new_tokens`` to a run; readers ignore keys they do not know.
+``max_new_tokens`` to a run and the compute ``dtype`` to the trace; readers ignore keys
+they do not know. A trace without ``dtype`` (DeepSpec's own) was computed in float32.
 
 The comparison is exact for token ids and counts. Confidence logits are compared within
 ``CONFIDENCE_ATOL``: DeepSpec rounds them to 6 decimals and computes in float32 with its
@@ -19,9 +20,11 @@ from pathlib import Path
 
 from ..errors import ReferenceDivergenceError, ReferenceTraceError
 from ..source import read_json_strict
+from .loading import COMPUTE_DTYPES
 from .speculative import RunResult
 
 CONFIDENCE_ATOL = 2e-3
+REFERENCE_DTYPE = "float32"   # DeepSpec's traces carry no dtype: they are float32 runs
 
 
 def run_to_json(run: RunResult, *, max_new_tokens: int, target_greedy: tuple[int, ...] | None) -> dict:
@@ -44,12 +47,12 @@ def run_to_json(run: RunResult, *, max_new_tokens: int, target_greedy: tuple[int
     return out
 
 
-def trace_to_json(runs: list[dict], *, case: str, target: str) -> dict:
+def trace_to_json(runs: list[dict], *, case: str, target: str, dtype: str) -> dict:
     prompts: list[list[int]] = []
     for run in runs:
         if run["prompt"] not in prompts:
             prompts.append(run["prompt"])
-    return {"case": case, "target": target, "prompts": prompts, "runs": runs}
+    return {"case": case, "target": target, "dtype": dtype, "prompts": prompts, "runs": runs}
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class ReferenceRun:
     temperature: float
     confidence_threshold: float
     data: dict
+    dtype: str = REFERENCE_DTYPE     # the trace's compute dtype
 
 
 def _is_int_list(value: object) -> bool:
@@ -81,6 +85,13 @@ def load_reference(path: str | Path) -> list[ReferenceRun]:
     if not isinstance(runs, list) or not runs:
         raise ReferenceTraceError(f"{label}: expected an object with a non-empty 'runs' list",
                                   path=str(path), field="runs")
+    dtype = data.get("dtype", REFERENCE_DTYPE)
+    if not isinstance(dtype, str) or dtype not in COMPUTE_DTYPES:
+        shown = dtype if isinstance(dtype, str) and dtype.isprintable() and len(dtype) < 40 \
+            else type(dtype).__name__
+        raise ReferenceTraceError(f"{label}: dtype: expected one of {', '.join(COMPUTE_DTYPES)}, "
+                                  f"found {shown!r}", path=str(path), field="dtype",
+                                  expected="|".join(COMPUTE_DTYPES), found=shown)
     out = []
     for i, run in enumerate(runs):
         where = f"{label}: runs[{i}]"
@@ -111,7 +122,8 @@ def load_reference(path: str | Path) -> list[ReferenceRun]:
                                           field=f"runs[{i}].cycles[{j}]")
         out.append(ReferenceRun(index=i, prompt=tuple(run["prompt"]),
                                 temperature=float(run["temperature"]),
-                                confidence_threshold=float(run["confidence_threshold"]), data=run))
+                                confidence_threshold=float(run["confidence_threshold"]), data=run,
+                                dtype=dtype))
     return out
 
 
@@ -136,30 +148,79 @@ def implied_max_new_tokens(ref: ReferenceRun, stop_token_ids: tuple[int, ...]) -
     return len(new)
 
 
-def compare_run(run: dict, ref: ReferenceRun, *, label: str, path: str) -> None:
-    """Raise ReferenceDivergenceError at the first difference: cycle by cycle (proposed,
-    accepted, next_token, confidence_logits), then acceptance_lengths and output_ids."""
+def first_divergence(run: dict, ref: ReferenceRun, *, label: str, path: str
+                     ) -> ReferenceDivergenceError | None:
+    """The first difference, cycle by cycle (proposed, accepted, next_token,
+    confidence_logits), then acceptance_lengths and output_ids; None when identical."""
     ref_cycles = ref.data["cycles"]
     where = f"{label} vs reference {path} runs[{ref.index}]"
     for j, (got, want) in enumerate(zip(run["cycles"], ref_cycles)):
         for key in ("proposed", "accepted", "next_token"):
             if got[key] != want[key]:
-                raise ReferenceDivergenceError(
+                return ReferenceDivergenceError(
                     f"{where}: cycle {j}: {key} differs: expected {want[key]}, found {got[key]}",
                     path=path, field=f"cycles[{j}].{key}", expected=want[key], found=got[key])
         a, b = got["confidence_logits"], want.get("confidence_logits")
         if (a is None) != (b is None) or (a is not None and (
                 len(a) != len(b) or any(abs(x - y) > CONFIDENCE_ATOL for x, y in zip(a, b)))):
-            raise ReferenceDivergenceError(
+            return ReferenceDivergenceError(
                 f"{where}: cycle {j}: confidence_logits differ beyond {CONFIDENCE_ATOL:g}: "
                 f"expected {b}, found {a}", path=path, field=f"cycles[{j}].confidence_logits",
                 expected=str(b), found=str(a))
     if len(run["cycles"]) != len(ref_cycles):
-        raise ReferenceDivergenceError(
+        return ReferenceDivergenceError(
             f"{where}: {len(run['cycles'])} cycles, the reference has {len(ref_cycles)}",
             path=path, field="cycles", expected=len(ref_cycles), found=len(run["cycles"]))
     for key in ("acceptance_lengths", "output_ids"):
         if run[key] != ref.data[key]:
-            raise ReferenceDivergenceError(
+            return ReferenceDivergenceError(
                 f"{where}: {key} differs: expected {ref.data[key]}, found {run[key]}",
                 path=path, field=key, expected=str(ref.data[key]), found=str(run[key]))
+    return None
+
+
+def compare_run(run: dict, ref: ReferenceRun, *, label: str, path: str) -> None:
+    """Raise ReferenceDivergenceError at the first difference (``first_divergence``)."""
+    divergence = first_divergence(run, ref, label=label, path=path)
+    if divergence is not None:
+        raise divergence
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How far a run agrees with a reference run computed in another dtype (a bfloat16 run
+    against DeepSpec's float32 trace): reported, not enforced. Tokens and confidence
+    logits are counted apart: bfloat16 moves every confidence logit by more than the
+    float32 tolerance while the tokens may still agree."""
+
+    reference_dtype: str
+    identical: bool                       # compare_run would pass
+    cycles: int                           # the reference's cycles
+    cycles_tokens_identical: int          # leading cycles with the same tokens and counts
+    confidence_max_abs_difference: float | None   # over those cycles
+    new_tokens: int                       # the reference's generated tokens
+    new_tokens_identical: int             # leading generated tokens equal
+    first_difference: str | None          # worded as compare_run raises it
+
+
+def agreement(run: dict, ref: ReferenceRun, *, label: str, path: str) -> Agreement:
+    divergence = first_divergence(run, ref, label=label, path=path)
+    ref_cycles = ref.data["cycles"]
+    same_cycles, deviation = 0, None
+    for got, want in zip(run["cycles"], ref_cycles):
+        if any(got[key] != want[key] for key in ("proposed", "accepted", "next_token")):
+            break
+        same_cycles += 1
+        a, b = got["confidence_logits"], want.get("confidence_logits")
+        if a is not None and b is not None and len(a) == len(b) and a:
+            worst = max(abs(x - y) for x, y in zip(a, b))
+            deviation = worst if deviation is None else max(deviation, worst)
+    P = len(ref.prompt)
+    ours, theirs = run["output_ids"][P:], ref.data["output_ids"][P:]
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                min(len(ours), len(theirs)))
+    return Agreement(reference_dtype=ref.dtype, identical=divergence is None,
+                     cycles=len(ref_cycles), cycles_tokens_identical=same_cycles,
+                     confidence_max_abs_difference=deviation, new_tokens=len(theirs),
+                     new_tokens_identical=same,
+                     first_difference=None if divergence is None else divergence.message)
