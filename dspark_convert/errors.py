@@ -375,6 +375,12 @@ class ReferenceTraceError(RuntimeRefusal):
     exit_code = 77
 
 
+class MemoryBudgetError(RuntimeRefusal):
+    """The run's memory estimate (weights in the compute dtype, caches, activations, the
+    runtime itself) exceeds what the device has available now, or --max-memory."""
+    exit_code = 78
+
+
 # --- `dspark quantize` (exit codes 80-84; dspark_convert/artifact/quantize.py) -------------
 
 class QuantizeError(DSparkError):

@@ -4,25 +4,40 @@
 binds the drafter to the target (geometry, and the embedding/head SHA-256 the GGUF records),
 runs the speculative loop on each prompt and returns a frozen ``SmokeResult``: tau (mean
 accepted+1 per verify step), acceptance rate by draft position, drafted and committed
-tokens per second. It fails loudly:
+tokens per second, the load time, the time per verify forward and per draft block, the
+memory estimate and the measured peak. It fails loudly:
 
-- temperature 0: the output must equal the target's own greedy output (losslessness;
-  ``LosslessnessError``), whatever the drafter;
+- temperature 0: the output must equal the target's own greedy output in the same dtype
+  (losslessness; ``LosslessnessError``), whatever the drafter;
 - ``reference``: every run is compared cycle by cycle with the run of the same prompt and
   settings in a DeepSpec reference.json (``ReferenceDivergenceError`` names run, cycle,
   field). At temperature > 0 this holds with the reference's seed: the random draws follow
-  DeepSpec's order (seed 7 reproduces the golden runs);
+  DeepSpec's order (seed 7 reproduces the golden runs). A reference computed in another
+  dtype (DeepSpec's traces are float32; a bfloat16 run differs by rounding) is compared
+  and the agreement reported per run (``reference_agreement``), not enforced;
 - ``min_tau``: tau below the floor (``AcceptanceFloorError``).
 
-The trace (reference.json format) and the PNG are written atomically before the verdict,
-so a failing run can be inspected.
+Before any weight is loaded: the target's config and headers and the artifact's tensor
+table are checked (plans), each prompt plus ``max_new_tokens`` must fit the target's
+context (``max_position_embeddings``), and the memory estimate must fit what the device
+has, or ``max_memory`` (``MemoryBudgetError``); ``on_estimate`` receives the estimate
+then, so that the CLI prints it before the load starts. The weights are then loaded once,
+in the compute dtype, on the compute device.
+
+The trace (reference.json format, with the dtype) and the PNG are written atomically
+before the verdict, so a failing run can be inspected.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import resource
 import secrets
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -36,12 +51,30 @@ from .errors import (
     DSparkError,
     InternalError,
     LosslessnessError,
+    MemoryBudgetError,
     OutputWriteError,
     ReferenceTraceError,
     SmokeInputError,
     TargetBindingError,
 )
 from .progress import NoProgress, Progress
+
+SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
+
+
+class ReferenceAgreement(BaseModel):
+    """A run against its reference run (runtime/trace.py ``Agreement``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reference_dtype: str
+    identical: bool                    # every cycle, acceptance length and token
+    cycles: int                        # the reference's cycles
+    cycles_tokens_identical: int       # leading cycles with the same tokens and counts
+    confidence_max_abs_difference: float | None   # over those cycles
+    new_tokens: int                    # the reference's generated tokens
+    new_tokens_identical: int          # leading generated tokens equal
+    first_difference: str | None
 
 
 class RunSummary(BaseModel):
@@ -53,7 +86,29 @@ class RunSummary(BaseModel):
     verify_steps: int
     tau: float
     lossless: bool | None              # temperature 0: equals the target's greedy output
-    reference_run: int | None          # index of the reference run it matched, cycle by cycle
+    reference_run: int | None          # index of the reference run it was compared with
+    reference_agreement: ReferenceAgreement | None   # enforced when the dtypes are the same
+
+
+class MemoryReport(BaseModel):
+    """The estimate made before loading, what the device had, and the measured peaks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: str
+    dtype: str
+    estimate_bytes: int                # the sum of the four below
+    target_weights_bytes: int
+    drafter_weights_bytes: int
+    activations_bytes: int             # caches at context_tokens + one forward's working set
+    runtime_bytes: int                 # the process itself (CPU) / allocator slack (CUDA)
+    context_tokens: int
+    available_bytes: int | None        # what the device had before loading
+    available_source: str
+    budget_bytes: int | None           # what the estimate was checked against
+    budget_source: str                 # "--max-memory" or available_source
+    peak_rss_bytes: int | None = None  # measured at the end (this process's max RSS)
+    cuda_max_allocated_bytes: int | None = None
 
 
 class SmokeResult(BaseModel):
@@ -62,6 +117,7 @@ class SmokeResult(BaseModel):
     artifact: str
     target: str
     device: str
+    dtype: str
     temperature: float
     confidence_threshold: float
     seed: int
@@ -75,6 +131,10 @@ class SmokeResult(BaseModel):
     drafted_tokens_per_second: float             # drafted tokens / time in the drafter
     committed_tokens_per_second: float           # new tokens / speculative wall time
     target_only_tokens_per_second: float | None  # the greedy baseline (temperature 0)
+    load_seconds: float                          # target + drafter weights, once
+    verify_seconds_per_cycle: float | None       # mean target verify forward
+    draft_seconds_per_cycle: float | None        # mean drafter proposal + context update
+    memory: MemoryReport
     lossless: bool | None
     reference: str | None
     min_tau: float | None
@@ -83,11 +143,16 @@ class SmokeResult(BaseModel):
     plot: str | None
 
 
+def _shown(value: int) -> str:
+    """An integer for a message: a huge one by its size (str() of a 5,000-digit int raises)."""
+    return str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+
+
 def _check_options(*, max_new_tokens: int, temperature: float, confidence_threshold: float,
-                   min_tau: float | None) -> None:
+                   min_tau: float | None, seed: int, max_memory: int | None) -> None:
     if max_new_tokens < 1:
-        raise SmokeInputError(f"--max-new-tokens: expected at least 1, found {max_new_tokens}",
-                              field="max_new_tokens", expected=">= 1", found=max_new_tokens)
+        raise SmokeInputError(f"--max-new-tokens: expected at least 1, found {_shown(max_new_tokens)}",
+                              field="max_new_tokens", expected=">= 1", found=_shown(max_new_tokens))
     if not 0.0 <= temperature <= 100.0:
         raise SmokeInputError(f"--temperature: expected 0..100, found {temperature}",
                               field="temperature", expected="0..100", found=temperature)
@@ -98,6 +163,33 @@ def _check_options(*, max_new_tokens: int, temperature: float, confidence_thresh
     if min_tau is not None and not min_tau >= 0.0:
         raise SmokeInputError(f"--min-tau: expected a non-negative number, found {min_tau}",
                               field="min_tau", expected=">= 0", found=min_tau)
+    if not 0 <= seed <= SEED_MAX:
+        raise SmokeInputError(f"--seed: expected 0..2^64-1 (a torch.Generator seed), found "
+                              f"{_shown(seed)}", field="seed", expected="0..2^64-1",
+                              found=_shown(seed))
+    if max_memory is not None and max_memory <= 0:
+        raise SmokeInputError(f"--max-memory: expected a positive size, found {_shown(max_memory)}",
+                              field="max_memory", expected="> 0", found=_shown(max_memory))
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?", re.IGNORECASE)
+
+
+def parse_memory_size(text: str) -> int:
+    """``--max-memory``: bytes, or a number with K, M, G, T (powers of 1000) or KiB, MiB,
+    GiB, TiB (powers of 1024), the B optional: ``20GB``, ``19.5G``, ``16GiB``."""
+    match = _SIZE.fullmatch(text.strip()) if len(text) < 40 else None
+    if match is None:
+        shown = text if len(text) < 40 and text.isprintable() else f"{len(text)} characters"
+        raise SmokeInputError(f"--max-memory: expected a size such as 20GB or 16GiB, found "
+                              f"{shown!r}", field="max_memory", expected="a size", found=shown)
+    number, unit, binary = match.groups()
+    power = " kmgt".index(unit.lower()) if unit else 0
+    value = int(float(number) * (1024 if binary else 1000) ** power)
+    if value <= 0:
+        raise SmokeInputError(f"--max-memory: expected a positive size, found {text!r}",
+                              field="max_memory", expected="> 0", found=text)
+    return value
 
 
 def resolve_device(device: str):
@@ -132,19 +224,24 @@ def _validate(artifact: Path, progress: Progress) -> list[str]:
     return [f"{c.name}: {c.detail}" for c in report.checks if c.status == "warning"]
 
 
-def bind_target(weights, target) -> None:
-    """The artifact must fit the target: geometry, layer count, and the embedding/head the
-    GGUF's hashes name (SHA-256 of the raw bytes of the target's tensors)."""
-    g, cfg = weights.contract.geometry, target.config
+def _bind_geometry(contract, cfg, directory: Path) -> None:
+    """The artifact's geometry and layer count must be the target's (config only)."""
+    g = contract.geometry
     pairs = [("hidden_size", g.hidden_size, cfg.hidden_size, "dflash.embedding_length"),
              ("vocab_size", g.vocab_size, cfg.vocab_size, "dflash.vocab_size"),
-             ("num_hidden_layers", weights.contract.taps.num_target_layers, cfg.num_hidden_layers,
+             ("num_hidden_layers", contract.taps.num_target_layers, cfg.num_hidden_layers,
               "dflash.target.num_layers")]
     for name, want, found, key in pairs:
         if want != found:
             raise TargetBindingError(f"target config.json: {name} is {found}; the drafter expects "
-                                     f"{want} ({key})", path=str(target.directory / "config.json"),
+                                     f"{want} ({key})", path=str(directory / "config.json"),
                                      field=name, expected=want, found=found)
+
+
+def bind_target(weights, target) -> None:
+    """The artifact must fit the target: geometry, layer count, and the embedding/head the
+    GGUF's hashes name (SHA-256 of the raw bytes of the target's tensors)."""
+    _bind_geometry(weights.contract, target.config, target.directory)
     for key, want, found, tensor in (
             ("dflash.target.embed_sha256", weights.embed_sha256, target.embed_sha256,
              "model.embed_tokens.weight"),
@@ -221,26 +318,57 @@ def _plot(path: Path, rates: list[float | None], tau: float, title: str) -> None
         plt.close(fig)
 
 
+def _check_context(ids: list[int], max_new_tokens: int, context: int, label: str,
+                   config: Path) -> None:
+    """Prompt + new tokens must fit the target's context: beyond max_position_embeddings
+    the target was never trained, and the caches and the run grow with the count."""
+    need = len(ids) + max_new_tokens
+    if need > context:
+        raise SmokeInputError(
+            f"{label}: expected prompt + --max-new-tokens within the target's context of "
+            f"{context} positions (max_position_embeddings, {config}), found {len(ids)} + "
+            f"{_shown(max_new_tokens)}", path=str(config), field="max_new_tokens",
+            expected=f"<= {context}", found=_shown(need))
+
+
+def _peak_rss() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024   # Linux: KiB
+
+
 def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
               prompts: list[list[int]] | None = None, prompt_text: str | None = None,
               max_new_tokens: int = 64, temperature: float = 0.0,
               confidence_threshold: float = 0.0, seed: int = 0, device: str = "auto",
+              dtype: str = "float32", max_memory: int | None = None,
               trace: str | os.PathLike | None = None, plot: str | os.PathLike | None = None,
               reference: str | os.PathLike | None = None, min_tau: float | None = None,
-              progress: Progress | None = None) -> SmokeResult:
-    """Run the artifact's drafter on ``target`` for each prompt and check the result."""
+              progress: Progress | None = None,
+              on_estimate: Callable[[MemoryReport], None] | None = None) -> SmokeResult:
+    """Run the artifact's drafter on ``target`` for each prompt and check the result.
+
+    ``dtype``: the compute dtype, float32 (the reference for DeepSpec's traces) or bfloat16.
+    ``max_memory``: bytes to check the memory estimate against instead of what the device
+    has available. ``on_estimate``: called with the estimate once it has passed, before
+    the weights are loaded."""
     progress = progress or NoProgress()
     _check_options(max_new_tokens=max_new_tokens, temperature=temperature,
-                   confidence_threshold=confidence_threshold, min_tau=min_tau)
+                   confidence_threshold=confidence_threshold, min_tau=min_tau, seed=seed,
+                   max_memory=max_memory)
     for out in (trace, plot):
         if out is not None and not Path(out).parent.is_dir():
             raise OutputWriteError(f"{out}: cannot write the output: the directory "
                                    f"{Path(out).parent} does not exist", path=str(out),
                                    expected="an existing directory", found="nothing")
+    import torch
+
     from .runtime.drafter import DSparkDrafter
-    from .runtime.qwen3 import Qwen3Target
+    from .runtime.loading import compute_dtype, dtype_name
+    from .runtime.memory import available_memory, estimate_memory, format_bytes as gb
+    from .runtime.qwen3 import Qwen3Target, plan_target
     from .runtime.speculative import speculative_generate, target_greedy
     from .runtime.trace import (
+        agreement,
         compare_run,
         find_reference_run,
         implied_max_new_tokens,
@@ -248,17 +376,20 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
         run_to_json,
         trace_to_json,
     )
-    from .runtime.weights import load_drafter_weights
+    from .runtime.weights import load_drafter_weights, plan_drafter
 
+    torch_dtype = compute_dtype(dtype)
+    dtype = dtype_name(torch_dtype)
     artifact, target_dir = Path(artifact), Path(target)
     dev = resolve_device(device)
     warnings = _validate(artifact, progress)
-    model = Qwen3Target(target_dir, device=dev)
-    weights = load_drafter_weights(artifact, device=dev)
-    bind_target(weights, model)
-    drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev)
-    vocab = model.config.vocab_size
-    stops = model.config.stop_token_ids
+
+    # Everything that can be checked without the weights, before loading them.
+    target_plan = plan_target(target_dir)
+    drafter_plan = plan_drafter(artifact)
+    cfg = target_plan.config
+    _bind_geometry(drafter_plan.contract, cfg, target_plan.directory)
+    vocab, stops = cfg.vocab_size, cfg.stop_token_ids
 
     ref_runs = load_reference(reference) if reference is not None else None
     all_prompts = [list(p) for p in prompts or []]
@@ -276,6 +407,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                                       path=str(reference), found="none")
     for i, ids in enumerate(all_prompts):
         _check_prompt(ids, vocab, f"prompt {i}")
+        _check_context(ids, max_new_tokens, cfg.max_position_embeddings, f"prompt {i}",
+                       target_plan.directory / "config.json")
     matched = []
     if ref_runs is not None:
         for ids in all_prompts:
@@ -289,8 +422,47 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                     found=max_new_tokens)
             matched.append(ref)
 
+    estimate = estimate_memory(target_plan, drafter_plan, dtype=torch_dtype, device=dev,
+                               longest_prompt=max(len(p) for p in all_prompts),
+                               max_new_tokens=max_new_tokens)
+    available, source = available_memory(dev)
+    budget, budget_source = (max_memory, "--max-memory") if max_memory is not None \
+        else (available, source)
+    memory = MemoryReport(
+        device=str(dev), dtype=dtype, estimate_bytes=estimate.total,
+        target_weights_bytes=estimate.target_weights,
+        drafter_weights_bytes=estimate.drafter_weights, activations_bytes=estimate.activations,
+        runtime_bytes=estimate.runtime, context_tokens=estimate.context_tokens,
+        available_bytes=available, available_source=source, budget_bytes=budget,
+        budget_source=budget_source)
+    if budget is not None and estimate.total > budget:
+        hint = "--dtype bfloat16, a shorter prompt or fewer new tokens, or --max-memory " \
+               "to override" if dtype == "float32" else "a shorter prompt or fewer new " \
+               "tokens, or --max-memory to override"
+        raise MemoryBudgetError(
+            f"memory: expected at most {gb(budget)} ({budget_source} on {dev}), found an "
+            f"estimate of {gb(estimate.total)} for {dtype} (weights {gb(estimate.weights)}, "
+            f"activations {gb(estimate.activations)}, runtime {gb(estimate.runtime)}); "
+            f"use {hint}", field="memory", expected=budget, found=estimate.total)
+    if on_estimate is not None:
+        on_estimate(memory)
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    t_load = time.perf_counter()
+    model = Qwen3Target(target_dir, device=dev, dtype=torch_dtype, plan=target_plan,
+                        progress=progress)
+    weights = load_drafter_weights(artifact, device=dev, dtype=torch_dtype, plan=drafter_plan,
+                                   progress=progress)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    load_seconds = time.perf_counter() - t_load
+    bind_target(weights, model)
+    drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev)
+
     runs_json, summaries, results, greedy_seconds = [], [], [], 0.0
     lossless_failure = None
+    enforced = []          # (run index, reference run): same dtype, compared exactly
     progress.start("smoke", len(all_prompts))
     try:
         for i, ids in enumerate(all_prompts):
@@ -305,13 +477,22 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                 if greedy != run.output_ids and lossless_failure is None:
                     lossless_failure = (i, run.output_ids, greedy)
             results.append(run)
-            runs_json.append(run_to_json(run, max_new_tokens=max_new_tokens, target_greedy=greedy))
+            run_json = run_to_json(run, max_new_tokens=max_new_tokens, target_greedy=greedy)
+            runs_json.append(run_json)
+            agreed = None
+            if matched:
+                ref = matched[i]
+                found = agreement(run_json, ref, label=f"prompt {i}", path=str(reference))
+                agreed = ReferenceAgreement(**found.__dict__)
+                if ref.dtype == dtype:
+                    enforced.append((i, ref))
             steps = len(run.acceptance_lengths)
             summaries.append(RunSummary(
                 prompt=ids, output_ids=list(run.output_ids), new_tokens=run.new_tokens,
                 verify_steps=steps, tau=sum(run.acceptance_lengths) / steps if steps else 0.0,
                 lossless=None if greedy is None else greedy == run.output_ids,
-                reference_run=matched[i].index if matched else None))
+                reference_run=matched[i].index if matched else None,
+                reference_agreement=agreed))
             progress.advance(1)
     finally:
         progress.finish()
@@ -329,38 +510,48 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     committed = sum(run.new_tokens for run in results)
     draft_s = sum(run.draft_seconds for run in results)
     total_s = sum(run.total_seconds for run in results)
+    cycles = [c for run in results for c in run.cycles]
     rates = [accepted_at[k] / proposed_at[k] if proposed_at[k] else None for k in range(B)]
 
     if trace is not None:
-        doc = trace_to_json(runs_json, case=artifact.name, target=str(target_dir))
+        doc = trace_to_json(runs_json, case=artifact.name, target=str(target_dir), dtype=dtype)
         _write_atomic(Path(trace), lambda fh: fh.write((json.dumps(doc, indent=1) + "\n").encode()))
     if plot is not None:
-        _plot(Path(plot), rates, tau, f"{artifact.name}: acceptance by draft position")
+        _plot(Path(plot), rates, tau, f"{artifact.name}: acceptance by draft position ({dtype})")
 
     if lossless_failure is not None:
         i, got, want = lossless_failure
         pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         raise LosslessnessError(
-            f"prompt {i}: temperature 0 output differs from the target's greedy output at position "
-            f"{pos}: expected {want[pos] if pos < len(want) else 'end'}, found "
+            f"prompt {i}: temperature 0 output differs from the target's greedy output ({dtype}) "
+            f"at position {pos}: expected {want[pos] if pos < len(want) else 'end'}, found "
             f"{got[pos] if pos < len(got) else 'end'}", field=f"runs[{i}].output_ids",
             expected=str(list(want)), found=str(list(got)))
-    for i, ref in enumerate(matched):
+    for i, ref in enforced:
         compare_run(runs_json[i], ref, label=f"prompt {i}", path=str(reference))
     if min_tau is not None and tau < min_tau:
         raise AcceptanceFloorError(f"tau (mean accepted+1 per verify step) is {tau:.3f}; "
                                    f"--min-tau is {min_tau:g}", field="tau", expected=f">= {min_tau}",
                                    found=round(tau, 6))
+    memory = memory.model_copy(update={
+        "peak_rss_bytes": _peak_rss(),
+        "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
+        else None})
     return SmokeResult(
-        artifact=str(artifact), target=str(target_dir), device=str(dev), temperature=temperature,
-        confidence_threshold=confidence_threshold, seed=seed, max_new_tokens=max_new_tokens,
-        block_size=B, runs=summaries, tau=tau, acceptance_by_position=rates,
-        drafted_tokens=drafted, committed_tokens=committed,
+        artifact=str(artifact), target=str(target_dir), device=str(dev), dtype=dtype,
+        temperature=temperature, confidence_threshold=confidence_threshold, seed=seed,
+        max_new_tokens=max_new_tokens, block_size=B, runs=summaries, tau=tau,
+        acceptance_by_position=rates, drafted_tokens=drafted, committed_tokens=committed,
         drafted_tokens_per_second=drafted / draft_s if draft_s > 0 else 0.0,
         committed_tokens_per_second=committed / total_s if total_s > 0 else 0.0,
         target_only_tokens_per_second=(committed / greedy_seconds
                                        if temperature == 0.0 and greedy_seconds > 0 else None),
-        lossless=None if temperature > 0 else lossless_failure is None,
+        load_seconds=load_seconds,
+        verify_seconds_per_cycle=(sum(c.verify_seconds for c in cycles) / len(cycles)
+                                  if cycles else None),
+        draft_seconds_per_cycle=(sum(c.draft_seconds for c in cycles) / len(cycles)
+                                 if cycles else None),
+        memory=memory, lossless=None if temperature > 0 else lossless_failure is None,
         reference=None if reference is None else str(reference), min_tau=min_tau,
         warnings=warnings, trace=None if trace is None else str(trace),
         plot=None if plot is None else str(plot))

@@ -43,3 +43,26 @@ def test_reference_traces_on_cuda(converted, threshold):
     result = run_smoke(converted["reference"], target=TARGET, max_new_tokens=24, device="cuda",
                        confidence_threshold=threshold, reference=REFERENCE)
     assert result.device.startswith("cuda") and result.lossless
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weights_are_placed_on_the_device(converted, dtype):
+    """Loaded straight onto the GPU in the compute dtype, equal to the stored values."""
+    cuda = torch.device("cuda")
+    target = Qwen3Target(TARGET, device=cuda, dtype=dtype)
+    weights = load_drafter_weights(converted["reference"], device=cuda, dtype=dtype)
+    for tensors in (target.w, weights.tensors):
+        assert {(t.device.type, t.dtype) for t in tensors.values()} == {("cuda", dtype)}
+    source = load_file(TARGET / "model.safetensors")
+    for name, value in source.items():
+        assert torch.equal(target.w[name].cpu(), value.to(dtype)), name
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.0, 0), (1.0, 7)])
+def test_bfloat16_smoke_on_cuda(converted, temperature, seed):
+    result = run_smoke(converted["reference"], target=TARGET, max_new_tokens=24, device="cuda",
+                       dtype="bfloat16", temperature=temperature, seed=seed, reference=REFERENCE)
+    assert result.device.startswith("cuda") and result.dtype == "bfloat16"
+    assert result.lossless is (True if temperature == 0 else None)
+    assert all(r.reference_agreement is not None for r in result.runs)
+    assert result.memory.cuda_max_allocated_bytes > 0

@@ -272,12 +272,19 @@ def smoke(
     confidence_threshold: Annotated[float, typer.Option(
         "--confidence-threshold", min=0.0, max=1.0,
         help="Cut the block at the first position whose confidence is below this (0: off).")] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed for temperature > 0.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed for temperature > 0 (0..2^64-1).")] = 0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="Compute dtype: float32 (the reference for DeepSpec's traces) or "
+        "bfloat16 (as the engines compute).")] = "float32",
+    max_memory: Annotated[Optional[str], typer.Option(
+        "--max-memory", metavar="SIZE", help="Check the memory estimate against SIZE (20GB, "
+        "16GiB) instead of what the device has available.")] = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the trace (reference.json format).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of acceptance by draft position.")] = None,
     reference: Annotated[Optional[Path], typer.Option(
-        "--reference", help="A reference.json: fail at the first cycle that differs.")] = None,
+        "--reference", help="A reference.json: fail at the first cycle that differs (in "
+        "another dtype: report the agreement).")] = None,
     min_tau: Annotated[Optional[float], typer.Option("--min-tau", help="Fail when tau is below this.")] = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
@@ -286,26 +293,49 @@ def smoke(
     output differs from the target's own (temperature 0) or from --reference."""
 
     def body() -> int:
-        from ..smoke import run_smoke
+        from ..runtime.memory import format_bytes as gb
+        from ..smoke import parse_memory_size, run_smoke
         from .progress import RichProgress
 
+        out = _out()
+
+        def show_estimate(m) -> None:
+            # Printed before the weights are loaded; the JSON report carries the same fields.
+            if not as_json:
+                out.print(escape(f"memory estimate {gb(m.estimate_bytes)} on {m.device} "
+                                 f"({m.dtype}): weights {gb(m.target_weights_bytes)} target + "
+                                 f"{gb(m.drafter_weights_bytes)} drafter, activations "
+                                 f"{gb(m.activations_bytes)} ({m.context_tokens} positions), "
+                                 f"runtime {gb(m.runtime_bytes)}; {gb(m.budget_bytes)} "
+                                 f"available ({m.budget_source})"))
+
+        budget = parse_memory_size(max_memory) if max_memory is not None else None
         result = run_smoke(artifact, target=target, prompts=prompt_ids, prompt_text=prompt,
                            max_new_tokens=max_new_tokens, temperature=temperature,
                            confidence_threshold=confidence_threshold, seed=seed, device=device,
-                           trace=trace, plot=plot, reference=reference, min_tau=min_tau,
-                           progress=RichProgress(enabled=not as_json))
+                           dtype=dtype, max_memory=budget, trace=trace, plot=plot,
+                           reference=reference, min_tau=min_tau,
+                           progress=RichProgress(enabled=not as_json), on_estimate=show_estimate)
         if as_json:
             print(json.dumps({"ok": True, **result.model_dump()}, indent=2))
             return 0
-        out = _out()
-        out.print(escape(f"smoke {artifact} on {target} ({result.device}, temperature "
-                         f"{result.temperature:g}, threshold {result.confidence_threshold:g})"))
+        out.print(escape(f"smoke {artifact} on {target} ({result.device}, {result.dtype}, "
+                         f"temperature {result.temperature:g}, threshold "
+                         f"{result.confidence_threshold:g})"))
         for i, one in enumerate(result.runs):
             checks = []
             if one.lossless is not None:
                 checks.append("= target greedy" if one.lossless else "DIFFERS from target greedy")
-            if one.reference_run is not None:
+            agreed = one.reference_agreement
+            if agreed is not None and agreed.identical:
                 checks.append(f"= reference run {one.reference_run}")
+            elif agreed is not None:
+                conf = agreed.confidence_max_abs_difference
+                checks.append(f"vs reference run {one.reference_run} ({agreed.reference_dtype}): "
+                              f"first {agreed.cycles_tokens_identical} of {agreed.cycles} cycles "
+                              f"and {agreed.new_tokens_identical} of {agreed.new_tokens} new "
+                              "tokens identical" + ("" if conf is None else
+                                                    f", confidence logits within {conf:.2g}"))
             out.print(escape(f"  prompt {i}: {one.new_tokens} new tokens in {one.verify_steps} "
                              f"verify steps, tau {one.tau:.2f}; " + ", ".join(checks)))
         rates = " ".join("-" if r is None else f"{r:.2f}" for r in result.acceptance_by_position)
@@ -315,6 +345,15 @@ def smoke(
         if result.target_only_tokens_per_second:
             speed += f" (target alone {result.target_only_tokens_per_second:,.0f} tok/s)"
         out.print(speed)
+        timing = f"  load {result.load_seconds:.2f} s"
+        if result.verify_seconds_per_cycle is not None:
+            timing += (f"; per cycle: verify forward {result.verify_seconds_per_cycle * 1e3:,.1f} ms, "
+                       f"draft block {result.draft_seconds_per_cycle * 1e3:,.1f} ms")
+        m = result.memory
+        timing += f"; peak RSS {gb(m.peak_rss_bytes)} (estimate {gb(m.estimate_bytes)})"
+        if m.cuda_max_allocated_bytes is not None:
+            timing += f", CUDA max allocated {gb(m.cuda_max_allocated_bytes)}"
+        out.print(timing)
         for path in (result.trace, result.plot):
             if path:
                 out.print(escape(f"  wrote {path}"))

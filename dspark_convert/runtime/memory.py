@@ -1,0 +1,159 @@
+"""How much memory a smoke run will take, from the plans alone, and what the device has.
+
+The estimate is made before any weight is loaded, from the tensor tables of the target
+and the drafter (runtime/qwen3.py ``plan_target``, runtime/weights.py ``plan_drafter``)
+and the longest prompt plus ``max_new_tokens``:
+
+- weights: every tensor's element count times the compute dtype's size: the loader
+  allocates each tensor once, in that dtype (runtime/loading.py), and holds no other copy;
+- activations: the largest working set of one forward (the prefill of the longest prompt
+  or one verify block) plus both caches at the full context: the target's KV cache, the
+  drafter's context K/V, the hidden states kept for the taps, one layer's attention
+  scores and MLP intermediates, the logits and the float32 probabilities of a block;
+- runtime: the process itself. On the CPU: the interpreter, torch and the libraries smoke
+  imports, measured (RUNTIME_CPU_BYTES) plus the loader's staging buffer. On CUDA the
+  check is on the device's memory: the caching allocator's slack and the staging buffer.
+
+``available_memory`` is what the device can give now: on the CPU the kernel's
+MemAvailable (and the cgroup's limit minus its usage when that is lower); on CUDA the
+driver's free memory (``torch.cuda.mem_get_info``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .loading import STAGING_BYTES
+from .qwen3 import TargetPlan
+from .weights import DrafterPlan
+
+MiB = 1024 * 1024
+# Peak RSS of `dspark smoke` on the 0.6 MB golden target with the 0.2 MB golden drafter
+# (Python 3.11, torch 2.13 CPU, tokenizers, numpy, gguf, pydantic, matplotlib imported):
+# 253 MiB measured; rounded up for the allocator's arenas.
+RUNTIME_CPU_BYTES = 300 * MiB
+# The CUDA caching allocator rounds blocks up and keeps freed ones: a margin on the device.
+CUDA_SLACK_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    device: str
+    dtype: str
+    target_weights: int       # bytes, in the compute dtype
+    drafter_weights: int
+    activations: int
+    runtime: int
+    context_tokens: int       # the positions the caches are sized for
+
+    @property
+    def weights(self) -> int:
+        return self.target_weights + self.drafter_weights
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations + self.runtime
+
+
+def estimate_memory(target: TargetPlan, drafter: DrafterPlan, *, dtype: torch.dtype,
+                    device: torch.device, longest_prompt: int, max_new_tokens: int
+                    ) -> MemoryEstimate:
+    es = dtype.itemsize
+    cfg = target.config
+    H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    nh, nkv, d, layers = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                          cfg.num_hidden_layers)
+    c = drafter.contract
+    g = c.geometry
+    B = c.block.block_size
+    taps = len(c.taps.hidden_state_indices)
+    T = longest_prompt + max_new_tokens + B        # a verify block may run past the end
+    S = max(longest_prompt, B)                      # rows of the largest forward
+
+    # Caches at the full context: target K/V per layer, drafter context K/V per draft layer.
+    caches = 2 * layers * nkv * d * T * es
+    caches += 2 * g.num_draft_layers * g.num_key_value_heads * g.head_dim * T * es
+    # One target layer on S rows: the residual and the kept taps, q/k/v before and after
+    # norm and RoPE, K/V repeated for the grouped heads, the attention scores and their
+    # softmax (float32 on the math path) and the boolean mask, the cache's concatenation,
+    # the MLP's gate, up and product.
+    layer = (taps + 3) * S * H * es
+    layer += 2 * S * (nh + 2 * nkv) * d * es
+    layer += 2 * nh * T * d * es
+    layer += _attention_scores(nh, S, T, d, es, device) + S * T
+    layer += 2 * nkv * T * d * es
+    layer += 3 * S * I * es
+    # The drafter on the prompt's context cells: features (taps x H) and fc's output.
+    context = S * (taps + 1) * H * es
+    # A block's logits: target verify logits and probabilities, drafter base and corrected
+    # logits and their probabilities (float32).
+    logits = B * V * (2 * es + 2 * 4) + V * es
+    activations = caches + max(layer, context) + logits
+
+    weights = (target.numel + drafter.numel) * es
+    if device.type == "cuda":
+        runtime = int(CUDA_SLACK_FRACTION * (weights + activations)) + 2 * STAGING_BYTES
+    else:
+        runtime = RUNTIME_CPU_BYTES + STAGING_BYTES
+    return MemoryEstimate(device=str(device), dtype=str(dtype).removeprefix("torch."),
+                          target_weights=target.numel * es, drafter_weights=drafter.numel * es,
+                          activations=activations, runtime=runtime, context_tokens=T)
+
+
+def _attention_scores(nh: int, S: int, T: int, d: int, es: int, device: torch.device) -> int:
+    """What scaled_dot_product_attention with a boolean mask holds for S queries over T keys.
+    Measured on the CPU (torch 2.13, 8 heads, S = T = 4000): float32 takes the math path,
+    scores and softmax materialised in float32: 1096 MiB for 488 MiB of scores, so 2.5x
+    the scores are counted; bfloat16 takes the blocked flash kernel: 21 MiB. On CUDA the
+    kernel choice depends on the build and the GPU: the scores are counted, twice."""
+    if device.type == "cpu":
+        if es >= 4:
+            return int(2.5 * nh * S * T * 4)
+        return 2 * nh * S * d * 4
+    return 2 * nh * S * T * es
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cgroup_available() -> int | None:
+    """cgroup v2: memory.max - memory.current of this process's cgroup, when limited."""
+    try:
+        rel = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
+        base = Path("/sys/fs/cgroup") / rel.lstrip("/")
+        limit = (base / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((base / "memory.current").read_text().strip()))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def available_memory(device: torch.device) -> tuple[int | None, str]:
+    """(bytes the device can give now, where that number comes from)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free), "free CUDA memory (cudaMemGetInfo)"
+    meminfo, cgroup = _meminfo_available(), _cgroup_available()
+    if cgroup is not None and (meminfo is None or cgroup < meminfo):
+        return cgroup, "the cgroup's memory.max minus memory.current"
+    return meminfo, "MemAvailable in /proc/meminfo"
+
+
+def format_bytes(nbytes: int | None) -> str:
+    """Decimal units, as the memory figures in the reports: 9.66 GB, 350 MB."""
+    if nbytes is None:
+        return "?"
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:.2f} GB"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes} bytes"

@@ -1,0 +1,222 @@
+"""The runtime in bfloat16 (`--dtype bfloat16`) on the golden drafter and target.
+
+- temperature 0: the speculative output equals the target's own greedy output computed in
+  bfloat16, for the golden drafter and for a deliberately broken one (any drafter is
+  lossless; only acceptance moves);
+- temperature 1: the accept / residual / bonus step fed with the bfloat16 models' own
+  distributions commits tokens distributed as the target's (chi-square), and the sampled
+  tau over seeds agrees with DeepSpec's float32 run;
+- the bfloat16 run's agreement with DeepSpec's float32 trace is reported per run, not
+  assumed, and a bfloat16 trace is enforced against a bfloat16 run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import GOLDEN
+from dspark_convert.errors import ReferenceDivergenceError
+from dspark_convert.runtime.drafter import DSparkDrafter, probs_from_logits
+from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
+from dspark_convert.runtime.speculative import speculative_generate, target_greedy, verify
+from dspark_convert.runtime.trace import load_reference
+from dspark_convert.runtime.weights import load_drafter_weights
+from dspark_convert.smoke import run_smoke
+
+TARGET = GOLDEN / "reference" / "target"
+REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
+PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
+CPU = torch.device("cpu")
+BF16 = torch.bfloat16
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def bf16_models(converted):
+    target = Qwen3Target(TARGET, device=CPU, dtype=BF16)
+    weights = load_drafter_weights(converted["reference"], dtype=BF16)
+    drafter = DSparkDrafter(weights, embed=target.embed, lm_head=target.lm_head, device=CPU)
+    return target, drafter, weights
+
+
+def test_weights_and_compute_are_bfloat16(bf16_models):
+    target, drafter, weights = bf16_models
+    assert {t.dtype for t in target.w.values()} == {BF16}
+    assert {t.dtype for t in weights.tensors.values()} == {BF16}
+    out = target.forward(torch.tensor(PROMPTS[0]), KVCache())
+    assert out.logits.dtype == BF16 and out.hidden_states[1].dtype == BF16
+    drafter.reset()
+    drafter.add_context(drafter.features(out.hidden_states))
+    proposal = drafter.propose(int(out.logits[-1].argmax()))
+    assert proposal.block_hidden.dtype == BF16 and proposal.corrected_logits.dtype == BF16
+    assert proposal.draft_probs(1.0).dtype == torch.float32      # sampled in float32
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["prompt0", "prompt1"])
+def test_greedy_is_lossless_in_bfloat16(bf16_models, prompt, threshold):
+    target, drafter, _ = bf16_models
+    stops = target.config.stop_token_ids
+    run = speculative_generate(target, drafter, prompt, max_new_tokens=48,
+                               confidence_threshold=threshold, stop_token_ids=stops)
+    greedy = target_greedy(target, prompt, max_new_tokens=48, stop_token_ids=stops)
+    assert run.output_ids == greedy.output_ids
+    assert len(run.cycles) < run.new_tokens        # the drafter did get tokens accepted
+
+
+def test_a_broken_drafter_is_still_lossless_in_bfloat16(bf16_models):
+    """One matrix transposed (as test_smoke's broken artifact): fewer tokens accepted, the
+    same output."""
+    target, good, weights = bf16_models
+    tensors = dict(weights.tensors)
+    name = "layers.1.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].t().contiguous()
+    broken = DSparkDrafter(replace(weights, tensors=tensors), embed=target.embed,
+                           lm_head=target.lm_head, device=CPU)
+    stops = target.config.stop_token_ids
+    for prompt in PROMPTS:
+        run = speculative_generate(target, broken, prompt, max_new_tokens=48, stop_token_ids=stops)
+        ref = speculative_generate(target, good, prompt, max_new_tokens=48, stop_token_ids=stops)
+        greedy = target_greedy(target, prompt, max_new_tokens=48, stop_token_ids=stops)
+        assert run.output_ids == greedy.output_ids == ref.output_ids
+        assert [c.proposed for c in run.cycles] != [c.proposed for c in ref.cycles]
+
+
+def _chi_square_critical(df: int) -> float:
+    """The chi-square quantile at p = 0.001 (Wilson-Hilferty; within 1% for df >= 3)."""
+    z = 3.090
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Over the most likely tokens with an expected count >= 5, the rest pooled in a bin."""
+    n = counts.sum()
+    order = probs.argsort(descending=True)
+    keep = [int(i) for i in order if probs[i] * n >= 5][:40]
+    rest = [i for i in range(len(probs)) if i not in set(keep)]
+    observed = torch.cat([counts[keep], counts[rest].sum().reshape(1)])
+    expected = torch.cat([probs[keep], probs[rest].sum().reshape(1)]) * n
+    return float(((observed - expected) ** 2 / expected).sum()), len(keep)
+
+
+def test_sampling_is_lossless_with_the_bfloat16_distributions(bf16_models):
+    """The verify step of REFERENCE.md §2 with the distributions the bfloat16 models give on
+    a golden prompt (q: the drafter's 7 rows, p: the target's 8 verify rows; bfloat16 logits
+    widened to float32): drafting from q and verifying against p commits token 0 ~ p_0 and,
+    when token 0 was an accepted draft, token 1 ~ p_1. Control: the same counts tested
+    against q_0 fail, so the test can tell the two distributions apart."""
+    target, drafter, _ = bf16_models
+    cache = KVCache()
+    out = target.forward(torch.tensor(PROMPTS[1]), cache)
+    anchor = int(out.logits[-1].argmax())
+    drafter.reset()
+    drafter.add_context(drafter.features(out.hidden_states))
+    gen = torch.Generator().manual_seed(2024)
+    proposal = drafter.propose(anchor, temperature=1.0, generator=gen)
+    draft = proposal.tokens.tolist()
+    q = proposal.draft_probs(1.0)
+    p = probs_from_logits(target.forward(torch.tensor([anchor, *draft]), cache).logits, 1.0)
+    assert p.dtype == q.dtype == torch.float32 and p.shape == (8, 512) and q.shape == (7, 512)
+
+    V, N = p.shape[1], 4000
+    first, second = torch.zeros(V), torch.zeros(V)
+    for _ in range(N):
+        drafted = [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(len(draft))]
+        accepted, nxt, _ = verify(p, q, drafted, generator=gen)
+        committed = drafted[:accepted] + [nxt]
+        first[committed[0]] += 1
+        if accepted >= 1:
+            second[committed[1]] += 1
+    stat, bins = _chi_square(first, p[0])
+    assert stat < _chi_square_critical(bins), (stat, bins)
+    assert second.sum() > 500
+    stat, bins = _chi_square(second, p[1])
+    assert stat < _chi_square_critical(bins), (stat, bins)
+    control, bins = _chi_square(first, q[0])
+    assert control > 3 * _chi_square_critical(bins), control
+
+
+def test_temperature_one_tau_over_seeds_in_bfloat16(bf16_models):
+    """DeepSpec's float32 run (one seed) lies within 3 standard deviations of our bfloat16
+    per-seed tau distribution, as it does in float32 (test_runtime_speculative)."""
+    target, drafter, _ = bf16_models
+    per_seed = []
+    for seed in range(100, 120):
+        steps = []
+        for prompt in PROMPTS:
+            run = speculative_generate(target, drafter, prompt, max_new_tokens=24, temperature=1.0,
+                                       stop_token_ids=target.config.stop_token_ids, seed=seed)
+            steps += run.acceptance_lengths
+        per_seed.append(sum(steps) / len(steps))
+    ref_steps = [a for r in load_reference(REFERENCE) if r.temperature == 1.0
+                 for a in r.data["acceptance_lengths"]]
+    ref_tau = sum(ref_steps) / len(ref_steps)
+    mean, sd = statistics.mean(per_seed), statistics.stdev(per_seed)
+    assert 0.1 < sd < 0.6, sd
+    assert abs(ref_tau - mean) <= 3 * sd, (ref_tau, mean, sd)
+    # The same seed gives the same run (the draws come from one CPU generator).
+    runs = [speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=24, temperature=1.0,
+                                 stop_token_ids=target.config.stop_token_ids, seed=100)
+            for _ in range(2)]
+    assert runs[0].output_ids == runs[1].output_ids
+    assert [(c.proposed, c.accepted, c.next_token) for c in runs[0].cycles] == \
+        [(c.proposed, c.accepted, c.next_token) for c in runs[1].cycles]
+
+
+def _leading_equal(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@pytest.mark.parametrize("temperature, threshold, seed", [(0.0, 0.0, 0), (0.0, 0.5, 0), (1.0, 0.0, 7)])
+def test_agreement_with_the_float32_trace_is_reported(converted, tmp_path, temperature,
+                                                      threshold, seed):
+    """A bfloat16 run against DeepSpec's float32 reference.json passes (the dtypes differ:
+    compared, not enforced) and reports, per run, how far it agrees; the numbers match the
+    outputs themselves. The float32 run of the same settings agrees completely."""
+    refs = {r.index: r for r in load_reference(REFERENCE)}
+    trace = tmp_path / "bf16.json"
+    bf16 = run_smoke(converted["reference"], target=TARGET, max_new_tokens=24, device="cpu",
+                     temperature=temperature, confidence_threshold=threshold, seed=seed,
+                     dtype="bfloat16", reference=REFERENCE, trace=trace)
+    assert bf16.dtype == "bfloat16" and bf16.memory.dtype == "bfloat16"
+    assert bf16.lossless is (True if temperature == 0 else None)
+    for run in bf16.runs:
+        a = run.reference_agreement
+        ref = refs[run.reference_run]
+        assert a is not None and a.reference_dtype == "float32"
+        P = len(run.prompt)
+        assert a.new_tokens == len(ref.data["output_ids"]) - P
+        assert a.new_tokens_identical == _leading_equal(run.output_ids[P:], ref.data["output_ids"][P:])
+        assert a.cycles == len(ref.data["cycles"]) and 0 <= a.cycles_tokens_identical <= a.cycles
+        assert (a.first_difference is None) == a.identical
+        if not a.identical:
+            assert a.first_difference.startswith(f"prompt {bf16.runs.index(run)} vs reference")
+    f32 = run_smoke(converted["reference"], target=TARGET, max_new_tokens=24, device="cpu",
+                    temperature=temperature, confidence_threshold=threshold, seed=seed,
+                    reference=REFERENCE)
+    for run in f32.runs:
+        a = run.reference_agreement
+        assert a.identical and a.cycles_tokens_identical == a.cycles
+        assert a.new_tokens_identical == a.new_tokens and a.confidence_max_abs_difference < 2e-3
+
+    # The bfloat16 trace records its dtype; against a bfloat16 run it is enforced.
+    doc = json.loads(trace.read_text())
+    assert doc["dtype"] == "bfloat16"
+    again = run_smoke(converted["reference"], target=TARGET, max_new_tokens=24, device="cpu",
+                      temperature=temperature, confidence_threshold=threshold, seed=seed,
+                      dtype="bfloat16", reference=trace)
+    assert all(r.reference_agreement.identical for r in again.runs)
+    doc["runs"][0]["cycles"][0]["accepted"] += 1
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(doc))
+    with pytest.raises(ReferenceDivergenceError, match=r"cycle 0: accepted differs"):
+        run_smoke(converted["reference"], target=TARGET, max_new_tokens=24, device="cpu",
+                  temperature=temperature, confidence_threshold=threshold, seed=seed,
+                  dtype="bfloat16", reference=edited)
