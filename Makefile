@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 REFERENCE := golden/reference/vanilla_conf_markov/draft
 
-.PHONY: install demo test schemas docs fixtures check-generated bench gate fuzz clean
+.PHONY: install demo test schemas docs fixtures check-generated bench bench-runtime gate fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,17 @@ fixtures: $(STAMP)
 # Writes bench/RESULTS.md (generated part) and bench/results.json.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+
+# The reference runtime at the released geometry (bench/runtime.py): all-zero Qwen3-4B and
+# Qwen3-8B targets and DSpark drafters as sparse files in BENCH_RUNTIME_DIR (the drafters
+# converted: 3.5 GB of disk, little RAM), then `dspark smoke` in bfloat16 and float32, one
+# process each, under the flock BIGMEM_LOCK (up to 20 GB of RAM); ~10 minutes on 2 cores.
+# Writes the runtime section of bench/RESULTS.md and bench/runtime_results.json.
+BENCH_RUNTIME_DIR ?= /tmp/dspark-runtime-bench
+BIGMEM_LOCK ?= /tmp/dspark-bigmem.lock
+bench-runtime: $(STAMP)
+	$(BIN)/python bench/runtime.py build --workdir $(BENCH_RUNTIME_DIR)
+	flock $(BIGMEM_LOCK) $(BIN)/python bench/runtime.py run --workdir $(BENCH_RUNTIME_DIR)
 
 # The pre-release gate, exactly as .github/workflows/gate.yml runs it: build the artifacts
 # release/artifacts.txt names, `dspark validate --strict --json` each; reports in build/gate/.
