@@ -1,4 +1,10 @@
-"""SHA-256 helpers, streamed in fixed-size blocks."""
+"""SHA-256 helpers, streamed in fixed-size blocks.
+
+Every block loop here reads through ``read_full``: a block is handed on only once it holds
+every byte asked for, so a file that shrinks while it is read is refused by the caller's
+``shrank()`` error, never seen as a short block (an odd-length block of BF16 values would
+make the numpy view of the finite check fail with an error that is not ours).
+"""
 
 from __future__ import annotations
 
@@ -35,6 +41,20 @@ def weights_digest(files: list[tuple[str, str]]) -> str:
 from .patterns import is_sha256 as is_sha256_hex  # noqa: E402
 
 
+def read_full(fh, view: memoryview) -> int:
+    """Fill ``view`` from ``fh``; return the bytes read, fewer than ``len(view)`` only at the
+    end of the file. ``readinto`` may return fewer bytes than asked without being at the end
+    (a raw or unbuffered file, a signal), so a short count is retried; only a read that
+    returns nothing (0, or None from a non-blocking file) ends it."""
+    done = 0
+    while done < len(view):
+        n = fh.readinto(view[done:])
+        if not n:
+            break
+        done += n
+    return done
+
+
 class ThreadedFileHash:
     """A whole-file SHA-256 fed on a worker thread, so that it runs beside the per-tensor
     work of the reader (a second hash, the finite check, a write): hashlib releases the
@@ -53,13 +73,14 @@ class ThreadedFileHash:
 
     def blocks(self, fh, count: int, advance, shrank):
         """Read ``count`` bytes of ``fh`` block by block, hash each into the file hash and
-        yield it (valid until the next block is requested). A short read raises
-        ``shrank()``: the file changed under us after its layout was checked."""
+        yield it (valid until the next block is requested). Every block is full: the end of
+        the file before ``count`` bytes raises ``shrank()`` (the file changed under us after
+        its layout was checked), before the caller sees any part of the short block."""
         while count:
             i, self.turn = self.turn, self.turn ^ 1
             self._wait(i)
-            n = fh.readinto(self.buffers[i][:min(count, self.block_size)])
-            if not n:
+            n = min(count, self.block_size)
+            if read_full(fh, self.buffers[i][:n]) != n:
                 raise shrank()
             block = self.buffers[i][:n]
             self.pending[i] = self.pool.submit(self.digest.update, block)
@@ -101,13 +122,15 @@ def hash_file_and_spans(fh, size: int, spans, block_size: int, advance, shrank,
             pass
         return file_hash.hexdigest(), digests
 
+
 def read_blocks(fh, count: int, view: memoryview, hashes, advance, shrank):
     """Read ``count`` bytes of ``fh`` into ``view`` block by block, feed each block to every
-    hash in ``hashes`` and to ``advance``, and yield it. A short read raises ``shrank()``:
-    the file changed under us after its layout was checked."""
+    hash in ``hashes`` and to ``advance``, and yield it. Every block is full: the end of the
+    file before ``count`` bytes raises ``shrank()`` (the file changed under us after its
+    layout was checked), before any part of the short block is hashed or yielded."""
     while count:
-        n = fh.readinto(view[:min(count, len(view))])
-        if not n:
+        n = min(count, len(view))
+        if read_full(fh, view[:n]) != n:
             raise shrank()
         block = view[:n]
         for digest in hashes:

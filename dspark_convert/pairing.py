@@ -35,11 +35,14 @@ from .contract import FeatureContract
 from .errors import (
     EmbeddingIdentityError,
     MaskTokenCollisionError,
+    SafetensorsFormatError,
+    SourceNotFoundError,
     TargetGeometryError,
     TargetLayerMismatchError,
     TargetVocabError,
     TokenizerMismatchError,
 )
+from .hashing import read_full
 from .manifest import CheckRecord, TargetRecord, TargetTensorRecord, TokenizerRecord
 from .progress import NoProgress, Progress
 from .safetensors_reader import TensorEntry
@@ -48,6 +51,8 @@ from .target import (
     Target,
     hash_target_tensors,
     open_target,
+    read_error,
+    shrank_error,
     tensor_sha256,
 )
 from .text import shown
@@ -318,26 +323,56 @@ def check_identity(drafter: Drafter, target: Target, target_tensors: list[Target
 
 def first_different_row(a: TensorEntry, b: TensorEntry) -> int | None:
     """The first row where two [rows, cols] tensors of one dtype differ, read a block of
-    rows at a time; None when they cannot be compared that way or do not differ."""
+    rows at a time; None when they cannot be compared that way or do not differ. ``a`` is
+    the drafter checkpoint's copy, ``b`` the target's: a file that shrank while it was read
+    is refused with its side's error (12 or 61) before any short block is compared."""
     if a.dtype != b.dtype or a.shape != b.shape or len(a.shape) != 2:
         return None
     row_bytes = a.nbytes // a.shape[0] if a.shape[0] else 0
     if not row_bytes:
         return None
     rows_per_block = max(1, (8 * 1024 * 1024) // row_bytes)
-    with open(a.file, "rb") as fa, open(b.file, "rb") as fb:
+    buffers = (bytearray(rows_per_block * row_bytes), bytearray(rows_per_block * row_bytes))
+    with _open_tensor(a, target=False) as fa, _open_tensor(b, target=True) as fb:
         for start in range(0, a.shape[0], rows_per_block):
             count = min(rows_per_block, a.shape[0] - start) * row_bytes
-            fa.seek(a.begin + start * row_bytes)
-            fb.seek(b.begin + start * row_bytes)
-            xa = np.frombuffer(fa.read(count), dtype=np.uint8).reshape(-1, row_bytes)
-            xb = np.frombuffer(fb.read(count), dtype=np.uint8).reshape(-1, row_bytes)
-            if xa.shape != xb.shape:
-                return None
-            differs = (xa != xb).any(axis=1)
+            xa = _read_rows(fa, a, start * row_bytes, memoryview(buffers[0])[:count], False)
+            xb = _read_rows(fb, b, start * row_bytes, memoryview(buffers[1])[:count], True)
+            differs = (xa.reshape(-1, row_bytes) != xb.reshape(-1, row_bytes)).any(axis=1)
             if differs.any():
                 return start + int(np.argmax(differs))
     return None
+
+
+def _open_tensor(entry: TensorEntry, *, target: bool):
+    try:
+        return open(entry.file, "rb")
+    except OSError as exc:
+        raise _read_error(entry, exc, target) from None
+
+
+def _read_rows(fh, entry: TensorEntry, offset: int, view: memoryview, target: bool) -> np.ndarray:
+    """``len(view)`` bytes of ``entry`` from ``offset`` into it, all of them or refused."""
+    try:
+        fh.seek(entry.begin + offset)
+        got = read_full(fh, view)
+    except OSError as exc:
+        raise _read_error(entry, exc, target) from None
+    if got != len(view):
+        if target:
+            raise shrank_error(entry)
+        raise SafetensorsFormatError(f"{entry.file}: the file shrank while '{entry.name}' was "
+                                     "read; expected it unchanged during conversion",
+                                     path=str(entry.file), tensor=entry.name)
+    return np.frombuffer(view, dtype=np.uint8)
+
+
+def _read_error(entry: TensorEntry, exc: OSError, target: bool):
+    if target:
+        return read_error(entry, exc)
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return SourceNotFoundError(f"{entry.file}: cannot read '{entry.name}': {reason}",
+                               path=str(entry.file), tensor=entry.name)
 
 
 def recorded_hashes(drafter_tensors: dict[str, tuple[str, str]],

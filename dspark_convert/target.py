@@ -47,7 +47,7 @@ from .safetensors_reader import (
     _check_openable,
     read_checkpoint,
 )
-from .source import read_json_strict
+from .source import MAX_CONFIG_BYTES, read_json_strict
 from .tokenizer_fingerprint import (
     TOKENIZER_FILE,
     TokenizerFingerprint,
@@ -63,6 +63,9 @@ TARGET_MODEL_TYPE = "qwen3"
 
 # A Hub spec: org/name@revision (the revision is required: targets are pinned like drafters).
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
+# A layer index longer than this is out of any range without converting it (int() refuses
+# more than 4300 digits, and a tensor name may be megabytes long).
+_MAX_LAYER_DIGITS = 18
 READ_BLOCK = 8 * 1024 * 1024
 
 # (repo, revision) -> (local snapshot directory, resolved 40-hex commit)
@@ -181,21 +184,31 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     embed = _tensor(checkpoint, EMBED_NAME, config, weights_label)
     head = embed if config.tie_word_embeddings else _tensor(checkpoint, HEAD_NAME, config,
                                                             weights_label, tied_hint=True)
-    files = tuple(FileRecord(path=p.name, size=len(data), sha256=hashlib.sha256(data).hexdigest())
-                  for p, data in ((config_path, _read(config_path)),
-                                  (tokenizer_path, _read(tokenizer_path))))
+    config_bytes = _read(config_path, MAX_CONFIG_BYTES)
+    # tokenizer.json as fingerprinted: the same bytes, not a second (unbounded) read.
+    files = (FileRecord(path=config_path.name, size=len(config_bytes),
+                        sha256=hashlib.sha256(config_bytes).hexdigest()),
+             FileRecord(path=tokenizer_path.name, size=tokenizer.record.size,
+                        sha256=tokenizer.record.sha256))
     return Target(spec=text, directory=directory, repo=repo, revision=revision, raw_config=raw,
                   config=config, checkpoint=checkpoint, embed=embed, head=head,
                   tokenizer=tokenizer, files=files)
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path, limit: int) -> bytes:
+    """The file's bytes, refusing more than ``limit`` (it grew since it was parsed)."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise TargetNotFoundError(f"target {path}: cannot read: {reason}", path=str(path),
                                   expected="a readable file", found=reason) from None
+    if len(data) > limit:
+        raise TargetFormatError(f"target {path}: file is more than {limit} bytes; expected at "
+                                f"most {limit}", path=str(path), expected=limit,
+                                found=f"> {limit}")
+    return data
 
 
 def _parse_config(raw: object, label: str) -> TargetConfigRecord:
@@ -241,15 +254,26 @@ def _parse_config(raw: object, label: str) -> TargetConfigRecord:
 def _check_layers(checkpoint: Checkpoint, config: TargetConfigRecord, weights_label: str,
                   config_label: str) -> None:
     """The weights must hold exactly the layers config.json counts: the pairing trusts
-    num_hidden_layers for the taps, so a config that lies about it must not pass."""
-    layers = {int(m[1]) for name in checkpoint.tensors if (m := _LAYER_NAME.match(name))}
-    want = set(range(config.num_hidden_layers))
-    if layers != want:
+    num_hidden_layers for the taps, so a config that lies about it must not pass.
+
+    Compared without building range(num_hidden_layers): the count comes from a 1 KB file
+    and may be 2**40. Distinct non-negative ids are exactly 0..n-1 when there are n of them
+    and the largest is n-1."""
+    layers = {_layer_index(m[1]) for name in checkpoint.tensors
+              if (m := _LAYER_NAME.match(name))}
+    n = config.num_hidden_layers
+    if len(layers) != n or (layers and max(layers) != n - 1):
         found = f"layers {min(layers)}..{max(layers)} ({len(layers)})" if layers else "no layers"
         raise TargetFormatError(f"{weights_label}: holds {found}; {config_label} says "
                                 f"num_hidden_layers = {config.num_hidden_layers}",
                                 path=weights_label, field="num_hidden_layers",
                                 expected=config.num_hidden_layers, found=len(layers))
+
+
+def _layer_index(digits: str) -> int:
+    """The layer id a tensor name holds; beyond 18 digits, a stand-in larger than any
+    layer count a config can pass with (the weights cannot hold 10**18 layers)."""
+    return int(digits) if len(digits) <= _MAX_LAYER_DIGITS else 10**_MAX_LAYER_DIGITS
 
 
 def _tensor(checkpoint: Checkpoint, name: str, config: TargetConfigRecord, label: str,
@@ -288,23 +312,30 @@ def tensor_sha256(entry: TensorEntry, *, as_dtype: str | None = None,
     # Whole elements per block, so that a conversion never splits one.
     view = memoryview(bytearray(READ_BLOCK - READ_BLOCK % 4))
 
-    def shrank():
-        return TargetFormatError(f"target {entry.file}: the file shrank while '{entry.name}' was "
-                                 "read; expected it unchanged", path=str(entry.file),
-                                 tensor=entry.name)
-
     try:
         with open(entry.file, "rb") as fh:
             fh.seek(entry.begin)
             for block in read_blocks(fh, entry.nbytes, view, [] if convert else [digest],
-                                     progress.advance, shrank):
+                                     progress.advance, lambda: shrank_error(entry)):
                 if convert:
                     digest.update(_cast(block, entry.dtype, as_dtype))
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise TargetNotFoundError(f"target {entry.file}: cannot read '{entry.name}': {reason}",
-                                  path=str(entry.file), tensor=entry.name) from None
+        raise read_error(entry, exc) from None
     return digest.hexdigest()
+
+
+def shrank_error(entry: TensorEntry) -> TargetFormatError:
+    """A target weights file that ended before ``entry``'s bytes: it shrank after its header
+    was read (the header proved the bytes were there)."""
+    return TargetFormatError(f"target {entry.file}: the file shrank while '{entry.name}' was "
+                             "read; expected it unchanged", path=str(entry.file),
+                             tensor=entry.name)
+
+
+def read_error(entry: TensorEntry, exc: OSError) -> TargetNotFoundError:
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return TargetNotFoundError(f"target {entry.file}: cannot read '{entry.name}': {reason}",
+                               path=str(entry.file), tensor=entry.name)
 
 
 def _cast(block, src: str, dst: str) -> bytes:
