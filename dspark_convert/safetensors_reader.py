@@ -23,6 +23,14 @@ Why our own parser instead of the ``safetensors`` library:
   sorted, contiguous and covering the data section exactly, which is what this module does
   before any tensor byte is touched.
 
+Memory stays bounded by the declared sizes, not by the Python objects a header could make
+``json`` build: the header is at most MAX_HEADER_BYTES, and before it is parsed the
+characters that open a JSON value (``{``, ``[`` and ``,``: every value and key follows one)
+are counted against MAX_HEADER_ITEMS (MAX_INDEX_ITEMS for an index), so a header of
+millions of empty tensors or empty arrays is refused in a fraction of a second instead of
+growing to gigabytes; the text it decodes to is bounded by MAX_HEADER_TEXT_BYTES. A header
+may then hold at most MAX_HEADER_TENSORS tensors.
+
 Pickle files (``*.bin``, ``*.pt``, ``*.pth``, ``*.pkl``, ``*.pickle``, ``*.ckpt``) are
 never opened: unpickling runs arbitrary code. They are only listed as ``ignored``.
 """
@@ -38,10 +46,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SafetensorsFormatError, SourceLayoutError, SourceNotFoundError
+from .hashing import read_full
 from .strict_json import DuplicateKeyError, json_error_text, loads_strict
 
 __all__ = [
     "MAX_HEADER_BYTES",
+    "MAX_HEADER_TENSORS",
+    "MAX_HEADER_ITEMS",
+    "MAX_INDEX_ITEMS",
+    "MAX_HEADER_TEXT_BYTES",
+    "json_items",
     "DTYPE_SIZES",
     "TensorEntry",
     "SafetensorsHeader",
@@ -57,6 +71,38 @@ __all__ = [
 # 100_000_001). We use the same cap so that we never accept a file the library refuses, any
 # file it writes passes here, and a hostile length cannot make us allocate gigabytes.
 MAX_HEADER_BYTES = 100_000_000
+
+# Most tensors in one safetensors file. The largest real checkpoints hold about 10^4 tensors
+# per shard (a drafter a few dozen, a Qwen3 dense target under a thousand); 65536 is the
+# GGUF reader's MAX_TENSORS too. The library has no such cap: a header of two million
+# empty tensors (95 MB, under the byte cap) is a valid file to it, and would otherwise cost
+# us gigabytes of Python objects before the inventory refuses it.
+MAX_HEADER_TENSORS = 65536
+
+# Most '{', '[' and ',' characters in a header, counted on the raw bytes before json parses
+# them (those inside strings count too: an upper bound). Each JSON value and key follows one
+# of these characters, so this bounds the objects json can build (an empty array or object
+# costs ~60 bytes, 20-30 times its text) whatever their shape. A tensor entry takes 6 plus
+# its number of dimensions; 16 per tensor leaves room for shapes of up to 8 dimensions, for
+# metadata, and for commas inside names.
+MAX_HEADER_ITEMS = 16 * MAX_HEADER_TENSORS
+
+# The same bound for model.safetensors.index.json, whose weight_map takes one comma per
+# tensor of the whole checkpoint: the largest real indexes (MoE models with per-expert
+# tensors) list about 10^5 tensors.
+MAX_INDEX_ITEMS = 2**18
+
+# Most memory the header (or index) text may take once decoded. CPython stores a string at
+# 1, 2 or 4 bytes per character, whichever its widest character needs, so 95 MB of ASCII
+# holding one emoji decodes to 380 MB, and json then copies the long string out of it. The
+# bound is checked before decoding, from the UTF-8 lead bytes present; an ASCII or Latin-1
+# header always passes (it is at most MAX_HEADER_BYTES).
+MAX_HEADER_TEXT_BYTES = MAX_HEADER_BYTES
+# UTF-8 lead bytes by the storage width of the character they start: C4..EF start U+0100..
+# U+FFFF (2 bytes), F0..FF characters beyond U+FFFF (4 bytes; F5..FF are invalid and refused
+# by the decoder anyway). Everything else (ASCII, continuation bytes, C0..C3) is 0.
+_WIDTH_OF_BYTE = bytes(4 if b >= 0xF0 else 2 if b >= 0xC4 else 0 for b in range(256))
+_WIDTH_SCAN_CHUNK = 1 << 20
 
 # Bytes per element for each dtype name the safetensors format defines and we accept.
 # Newer sub-byte / exotic dtypes (F4, F6_*, E8M0, C64) are refused as unknown: no DSpark
@@ -243,16 +289,22 @@ def read_safetensors_header(path: str | os.PathLike) -> SafetensorsHeader:
             # fstat on the open handle: the size that goes with the bytes we read.
             file_size = os.fstat(fh.fileno()).st_size
             prefix = fh.read(8)
+            buf = bytearray(prefix)
             if len(prefix) == 8:
                 header_len = _check_header_length(prefix, file_size, path)
-                prefix += fh.read(header_len)
+                # Read straight into one buffer (no second copy of a 100 MB header); a file
+                # that shrank leaves it short, which the parser refuses.
+                buf = bytearray(8 + header_len)
+                buf[:8] = prefix
+                got = read_full(fh, memoryview(buf)[8:])
+                del buf[8 + got:]
     except OSError as exc:
         raise SourceNotFoundError(f"{path}: cannot read: {exc.strerror}", path=str(path),
                                   expected="a readable file", found=str(exc.strerror)) from None
-    return _parse_header_bytes(prefix, file_size, path)
+    return _parse_header_bytes(buf, file_size, path)
 
 
-def _check_header_length(prefix: bytes, file_size: int, path: Path) -> int:
+def _check_header_length(prefix: bytes | bytearray, file_size: int, path: Path) -> int:
     """Validate the 8-byte length prefix against the cap and the file size; return N."""
     if file_size >= 8 and len(prefix) < 8:
         # Only reachable when the file shrank while we read it (or a caller passed too few
@@ -283,20 +335,25 @@ def _check_header_length(prefix: bytes, file_size: int, path: Path) -> int:
     return header_len
 
 
-def _parse_header_bytes(buf: bytes, file_size: int, path: Path) -> SafetensorsHeader:
+def _parse_header_bytes(buf: bytes | bytearray, file_size: int,
+                        path: Path) -> SafetensorsHeader:
     """Check a header given the file's leading bytes (the prefix and the JSON; more is
     ignored) and the file's total size. Split out so property tests can fuzz in memory."""
     path = Path(path)
     header_len = _check_header_length(buf, file_size, path)
-    raw = buf[8: 8 + header_len]
-    if len(raw) != header_len:
+    available = min(len(buf) - 8, header_len)
+    if available != header_len:
         # The file shrank between fstat and read, or the caller passed too few bytes.
         raise SafetensorsFormatError(
-            f"{path}: read {len(raw)} header bytes, expected {header_len}",
-            path=str(path), field="header", expected=header_len, found=len(raw))
+            f"{path}: read {available} header bytes, expected {header_len}",
+            path=str(path), field="header", expected=header_len, found=available)
+    _check_json_items(buf, 8, 8 + header_len, MAX_HEADER_ITEMS, path, "header")
+    _check_text_size(buf, 8, 8 + header_len, path, "header")
 
     try:
-        text = raw.decode("utf-8")
+        # Decoded from a view: no copy of the header bytes besides the text itself.
+        with memoryview(buf) as view:
+            text = str(view[8: 8 + header_len], "utf-8")
     except UnicodeDecodeError as exc:
         raise SafetensorsFormatError(
             f"{path}: header is not UTF-8 (invalid byte at offset {8 + exc.start})",
@@ -320,6 +377,14 @@ def _parse_header_bytes(buf: bytes, file_size: int, path: Path) -> SafetensorsHe
             path=str(path), field="header", expected="a JSON object",
             found=_json_kind(doc))
 
+    tensor_count = len(doc) - ("__metadata__" in doc)
+    if tensor_count > MAX_HEADER_TENSORS:
+        raise SafetensorsFormatError(
+            f"{path}: header lists {tensor_count} tensors, more than the limit of "
+            f"{MAX_HEADER_TENSORS} tensors in one file",
+            path=str(path), field="header", expected=f"<= {MAX_HEADER_TENSORS} tensors",
+            found=tensor_count)
+
     data_start = 8 + header_len
     data_len = file_size - data_start
     metadata: dict[str, str] = {}
@@ -335,6 +400,61 @@ def _parse_header_bytes(buf: bytes, file_size: int, path: Path) -> SafetensorsHe
     return SafetensorsHeader(path=path, file_size=file_size, header_len=header_len,
                              data_start=data_start, metadata=metadata,
                              tensors=tuple(entries))
+
+
+def json_items(buf: bytes | bytearray, start: int = 0, end: int | None = None,
+               stop_above: int | None = None) -> int:
+    """The '{', '[' and ',' characters in JSON text ``buf[start:end]``: every JSON value and
+    key follows one of them (or is the top-level value), so this bounds the objects json
+    would build, before it builds any. Three byte counts at C speed, no copy (a hostile
+    95 MB header is counted in a fraction of a second); counting stops once the total
+    passes ``stop_above``."""
+    end = len(buf) if end is None else end
+    items = 0
+    for char in (b",", b"{", b"["):
+        items += buf.count(char, start, end)
+        if stop_above is not None and items > stop_above:
+            break
+    return items
+
+
+def _check_json_items(buf: bytes | bytearray, start: int, end: int, limit: int, path: Path,
+                      what: str) -> None:
+    """Refuse JSON text ``buf[start:end]`` with more than ``limit`` values (``json_items``)
+    before json.loads builds an object for each of them."""
+    if json_items(buf, start, end, stop_above=limit) > limit:
+        raise SafetensorsFormatError(
+            f"{path}: {what} JSON has more than {limit} values (counted by the '{{', '[' and "
+            f"',' before each); expected at most {limit}",
+            path=str(path), field=what, expected=f"<= {limit} JSON values",
+            found=f"more than {limit}")
+
+
+def _check_text_size(buf: bytes | bytearray, start: int, end: int, path: Path,
+                     what: str) -> None:
+    """Refuse UTF-8 ``buf[start:end]`` whose decoded text could take more than
+    MAX_HEADER_TEXT_BYTES (see there), before it is decoded. Scanned in 1 MiB pieces, each
+    skipped at C speed when it is ASCII."""
+    width = 1
+    with memoryview(buf) as view:
+        for at in range(start, end, _WIDTH_SCAN_CHUNK):
+            chunk = bytes(view[at:min(at + _WIDTH_SCAN_CHUNK, end)])
+            if chunk.isascii():
+                continue
+            widths = chunk.translate(_WIDTH_OF_BYTE)
+            if b"\x04" in widths:
+                width = 4
+                break
+            if b"\x02" in widths:
+                width = 2
+    size = (end - start) * width
+    if size > MAX_HEADER_TEXT_BYTES:
+        raise SafetensorsFormatError(
+            f"{path}: {what} is {end - start} bytes of UTF-8 holding characters stored "
+            f"{width} bytes each, up to {size} bytes as text; expected at most "
+            f"{MAX_HEADER_TEXT_BYTES}",
+            path=str(path), field=what, expected=f"<= {MAX_HEADER_TEXT_BYTES} bytes as text",
+            found=size)
 
 
 def _check_metadata(spec: object, path: Path) -> dict[str, str]:
@@ -643,6 +763,12 @@ def _read_index(index: Path) -> dict[str, str]:
     except OSError as exc:
         raise SourceNotFoundError(f"{index}: cannot read: {exc.strerror}", path=str(index),
                                   expected="a readable file", found=str(exc.strerror)) from None
+    if len(raw) > _MAX_INDEX_BYTES:     # it grew since the stat
+        raise SafetensorsFormatError(
+            f"{index}: index is more than {_MAX_INDEX_BYTES} bytes, above the cap",
+            path=str(index), expected=f"<= {_MAX_INDEX_BYTES} bytes", found=len(raw))
+    _check_json_items(raw, 0, len(raw), MAX_INDEX_ITEMS, index, "index")
+    _check_text_size(raw, 0, len(raw), index, "index")
     try:
         doc = loads_strict(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
