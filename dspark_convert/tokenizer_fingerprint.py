@@ -22,6 +22,7 @@ from typing import Literal
 
 from .errors import TargetFormatError, TargetNotFoundError
 from .manifest import SpecialTokenRecord, TokenizerRecord
+from .safetensors_reader import json_items
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -31,8 +32,19 @@ TOKENIZER_FILE = "tokenizer.json"
 PROBE_TEXT = ("The quick brown fox jumps over the lazy dog; 0123456789, \"quoted\" (x+y)=z? "
               "naïve café, 東京, 😀 and\ta new\nline.")
 
-# Qwen3's tokenizer.json is about 11 MB; the cap only stops a hostile file.
-MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
+# The tokenizers library takes about 15 times a vocabulary's JSON in memory to load it (a
+# 19 MB file of a million tiny tokens: 280 MB), and the maps kept here as much again, so a
+# hostile file is bounded before the library sees it (a 60 MB one took 1.5 GB and 8 s; the
+# old 256 MiB cap allowed several GB). The limits are about three times what the tokenizer
+# of the family a target must be (Qwen3) needs: 11 MB, 151,669 tokens, 151,387 merges.
+MAX_TOKENIZER_BYTES = 32 * 1024 * 1024
+# '{', '[' and ',' in the file, counted on the bytes before the library parses them: an upper
+# bound on its JSON values, so on the tokens and merges the library builds tables for.
+# Qwen3's holds at most about 6 * 10^5 (one per token, up to three per merge).
+MAX_TOKENIZER_ITEMS = 2**20
+# Tokens (model vocabulary and added tokens), checked once the library has loaded the file
+# and before the maps kept here are built.
+MAX_TOKENIZER_TOKENS = 2**19
 
 TokenKind = Literal["ordinary", "added", "special", "none"]
 
@@ -67,30 +79,27 @@ def fingerprint_tokenizer(path: str | os.PathLike, *, label: str | None = None) 
 
     path = Path(path)
     label = label or str(path)
+    data = _read_capped(path, label)
     try:
-        size = path.stat().st_size
-        if size > MAX_TOKENIZER_BYTES:
-            raise TargetFormatError(f"{label}: file is {size} bytes; expected at most "
-                                    f"{MAX_TOKENIZER_BYTES}", path=label,
-                                    expected=MAX_TOKENIZER_BYTES, found=size)
-        data = path.read_bytes()
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise TargetNotFoundError(f"{label}: cannot read the target's tokenizer: {reason}",
-                                  path=label, expected="a readable tokenizer.json",
-                                  found=reason) from None
-    try:
-        tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TargetFormatError(f"{label}: not UTF-8 text (byte {exc.start}); expected a "
                                 "tokenizer.json", path=label, expected="UTF-8 JSON",
                                 found=f"invalid byte at {exc.start}") from None
+    _check_items(data, label)
+    try:
+        tokenizer = Tokenizer.from_str(text)
     except Exception as exc:  # the library raises a bare Exception with its parser's text
         reason = " ".join(str(exc).split())[:200]
         raise TargetFormatError(f"{label}: the tokenizers library cannot load it ({reason})",
                                 path=label, expected="a tokenizer.json the tokenizers "
                                 "library loads", found=reason) from None
 
+    tokens = tokenizer.get_vocab_size(with_added_tokens=True)
+    if tokens > MAX_TOKENIZER_TOKENS:
+        raise TargetFormatError(f"{label}: the tokenizer has {tokens} tokens; expected at most "
+                                f"{MAX_TOKENIZER_TOKENS}", path=label,
+                                expected=MAX_TOKENIZER_TOKENS, found=tokens)
     added = {int(i): (tok.content, bool(tok.special))
              for i, tok in tokenizer.get_added_tokens_decoder().items()}
     model_vocab = {i: content for content, i in tokenizer.get_vocab(with_added_tokens=False).items()
@@ -107,6 +116,35 @@ def fingerprint_tokenizer(path: str | os.PathLike, *, label: str | None = None) 
                         for i in sorted(added) if added[i][1]],
         probe_text=PROBE_TEXT, probe_ids=list(probe))
     return TokenizerFingerprint(record=record, model_vocab=model_vocab, added=added)
+
+
+def _read_capped(path: Path, label: str) -> bytes:
+    """The file's bytes, at most MAX_TOKENIZER_BYTES: read up to one byte more than the cap
+    (not stat, then read: the file may grow in between)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_TOKENIZER_BYTES + 1)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise TargetNotFoundError(f"{label}: cannot read the target's tokenizer: {reason}",
+                                  path=label, expected="a readable tokenizer.json",
+                                  found=reason) from None
+    if len(data) > MAX_TOKENIZER_BYTES:
+        raise TargetFormatError(f"{label}: file is more than {MAX_TOKENIZER_BYTES} bytes; "
+                                f"expected at most {MAX_TOKENIZER_BYTES}", path=label,
+                                expected=MAX_TOKENIZER_BYTES, found=f"> {MAX_TOKENIZER_BYTES}")
+    return data
+
+
+def _check_items(data: bytes, label: str) -> None:
+    """Refuse a tokenizer.json with more than MAX_TOKENIZER_ITEMS JSON values (counted on
+    the bytes) before the library parses it: the library's memory grows with them."""
+    items = json_items(data, stop_above=MAX_TOKENIZER_ITEMS)
+    if items > MAX_TOKENIZER_ITEMS:
+        raise TargetFormatError(f"{label}: holds more than {MAX_TOKENIZER_ITEMS} JSON values "
+                                f"(counted by the '{{', '[' and ',' before each); expected at "
+                                f"most {MAX_TOKENIZER_ITEMS}", path=label,
+                                expected=MAX_TOKENIZER_ITEMS, found=f"> {MAX_TOKENIZER_ITEMS}")
 
 
 def fingerprint_difference(recorded: TokenizerRecord, actual: TokenizerRecord) -> tuple[str, object, object] | None:
