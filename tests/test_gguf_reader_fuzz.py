@@ -9,19 +9,23 @@ run, which raises max_examples of every hypothesis test here.
 from __future__ import annotations
 
 import os
+import struct
 import tempfile
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import pytest
 from gguf import GGUFWriter
 from gguf.constants import GGMLQuantizationType, GGUFValueType
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from dspark_convert import gguf_reader
 from dspark_convert.errors import GGUFFormatError
-from dspark_convert.gguf_reader import GGUFFile, parse_gguf_bytes
+from dspark_convert.gguf_reader import GGUFArray, GGUFFile, parse_gguf_bytes
 
 # Default examples per hypothesis test; keeps the whole file well under 20 s.
 _DEFAULT_EXAMPLES = 500
@@ -161,3 +165,98 @@ def test_every_truncation():
         else:
             # Only padding after the last tensor is missing: still a complete file.
             assert result is not None, cut
+
+
+# (d) the memory bounds (MAX_ARRAY_LENGTH, MAX_ARRAYS, MAX_LIST_LENGTH, MAX_DECODED_BYTES),
+# lowered so that files of a few hundred bytes reach them.
+
+TIGHT = {"MAX_ARRAY_LENGTH": 10, "MAX_ARRAYS": 6, "MAX_LIST_LENGTH": 4,
+         "MAX_DECODED_BYTES": 1500}
+
+
+@contextmanager
+def tight_limits():
+    saved = {name: getattr(gguf_reader, name) for name in TIGHT}
+    for name, value in TIGHT.items():
+        setattr(gguf_reader, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(gguf_reader, name, value)
+
+
+_SCALAR_TYPES = {GGUFValueType.UINT8: ("B", st.integers(0, 255)),
+                 GGUFValueType.INT16: ("h", st.integers(-2**15, 2**15 - 1)),
+                 GGUFValueType.UINT32: ("I", st.integers(0, 2**32 - 1)),
+                 GGUFValueType.INT64: ("q", st.integers(-2**63, 2**63 - 1)),
+                 GGUFValueType.FLOAT32: ("f", st.sampled_from([0.0, 0.5, -2.0, 1e30])),
+                 GGUFValueType.FLOAT64: ("d", st.floats(allow_nan=False)),
+                 GGUFValueType.BOOL: ("?", st.booleans())}
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+@st.composite
+def arrays(draw, nested_ok: bool = True):
+    """(encoding after the ARRAY type word, Python value, [lengths of it and its arrays])."""
+    kind = draw(st.sampled_from(["scalar", "string", "nested"] if nested_ok else
+                                ["scalar", "string"]))
+    if kind == "scalar":
+        vtype = draw(st.sampled_from(sorted(_SCALAR_TYPES)))
+        fmt, values = _SCALAR_TYPES[vtype]
+        items = draw(st.lists(values, max_size=14))
+        if fmt == "f":   # what FLOAT32 holds
+            items = [struct.unpack("<f", struct.pack("<f", v))[0] for v in items]
+        body = struct.pack(f"<{len(items)}{fmt}", *items)
+        return struct.pack("<IQ", vtype, len(items)) + body, items, [len(items)]
+    if kind == "string":
+        items = draw(st.lists(st.text(max_size=6), max_size=14))
+        return (struct.pack("<IQ", GGUFValueType.STRING, len(items))
+                + b"".join(map(_string, items)), items, [len(items)])
+    inner = draw(st.lists(arrays(nested_ok=False), max_size=8))
+    return (struct.pack("<IQ", GGUFValueType.ARRAY, len(inner)) + b"".join(i[0] for i in inner),
+            [i[1] for i in inner], [len(inner)] + [n for i in inner for n in i[2]])
+
+
+@FUZZ
+@given(st.lists(arrays(), max_size=5))
+def test_bounds_are_exact_on_valid_metadata(pairs):
+    """Valid metadata arrays under lowered limits: refused, naming the key, when an array is
+    longer than MAX_ARRAY_LENGTH or the file holds more than MAX_ARRAYS arrays; else
+    accepted with long scalar arrays packed, equal to what the default limits read."""
+    buf = (_HEADER + struct.pack("<QQ", 0, len(pairs))
+           + b"".join(_string(f"k.{i}") + struct.pack("<I", GGUFValueType.ARRAY) + enc
+                      for i, (enc, _v, _n) in enumerate(pairs)))
+    unbounded = parse_gguf_bytes(buf, path="fuzz.gguf")   # the defaults: valid, read
+    for i, (_enc, value, _n) in enumerate(pairs):
+        assert unbounded.kv[f"k.{i}"].value == value
+    lengths = [n for _e, _v, ns in pairs for n in ns]
+    with tight_limits():
+        bounded = check_parse(buf)
+    if bounded is None:
+        with tight_limits(), pytest.raises(GGUFFormatError) as info:
+            parse_gguf_bytes(buf, path="fuzz.gguf")
+        message, field = info.value.message, info.value.field
+        if "elements: expected at most 10" in message:
+            event("refused: array length")
+            assert max(lengths) > 10 and field.startswith("k.")
+        elif "nested ones included" in message:
+            event("refused: arrays")
+            assert len(lengths) > 6 and field.startswith("k.")
+        else:   # the key itself may be what passes the budget: no field then
+            assert field is None or field.startswith("k.")
+            event("refused: decoded bytes")
+            assert "expected at most 1500 for the whole file" in message
+        return
+    event("accepted")
+    assert max(lengths, default=0) <= 10 and len(lengths) <= 6
+    assert bounded == unbounded
+    for i, (_enc, value, _n) in enumerate(pairs):
+        got = bounded.kv[f"k.{i}"]
+        if got.sub_type not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+            assert isinstance(got.value, GGUFArray) == (len(value) > 4)
+        assert got.value == value

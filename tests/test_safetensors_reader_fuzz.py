@@ -14,13 +14,15 @@ import os
 import struct
 import time
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
+from dspark_convert import safetensors_reader
 from dspark_convert.errors import SafetensorsFormatError
 from dspark_convert.safetensors_reader import (
     DTYPE_SIZES,
@@ -257,3 +259,81 @@ def test_in_memory_parser_never_escapes(content, file_size):
         _parse_header_bytes(content, file_size, Path("mem.safetensors"))
     except SafetensorsFormatError:
         pass
+
+
+# --------------------------------------------------------------------------------------------
+# the memory bounds (MAX_HEADER_TENSORS, MAX_HEADER_ITEMS, MAX_HEADER_TEXT_BYTES), lowered so
+# that headers of a few hundred bytes reach them
+# --------------------------------------------------------------------------------------------
+
+TIGHT = {"MAX_HEADER_TENSORS": 3, "MAX_HEADER_ITEMS": 40, "MAX_HEADER_TEXT_BYTES": 300}
+
+
+@contextmanager
+def tight_limits():
+    saved = {name: getattr(safetensors_reader, name) for name in TIGHT}
+    for name, value in TIGHT.items():
+        setattr(safetensors_reader, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(safetensors_reader, name, value)
+
+
+def _width(text: str) -> int:
+    widest = max(map(ord, text), default=0)
+    return 4 if widest > 0xFFFF else 2 if widest > 0xFF else 1
+
+
+@fuzz_settings(200)
+@given(spec=valid_specs(), wide=st.sampled_from(["", "é", "中", "\U0001F600"]),
+       pad=st.integers(0, 7))
+def test_bounds_are_exact_on_valid_files(scratch, spec, wide, pad):
+    """A valid file (the library reads it) under lowered limits: refused, with its own
+    message, exactly when it passes one of them; otherwise read as without the limits."""
+    header, data = spec
+    if wide:
+        header.setdefault("__metadata__", {})["w"] = wide
+    raw = json.dumps(header, ensure_ascii=False).encode() + b" " * pad
+    content = st_bytes(raw, data)
+    scratch.write_bytes(content)
+    unbounded = read_safetensors_header(scratch)     # the defaults: a valid file passes
+
+    items = sum(raw.count(c) for c in (b",", b"{", b"["))
+    tensors = len(header) - ("__metadata__" in header)
+    text_bytes = len(raw) * _width(raw.decode())
+    with tight_limits():
+        try:
+            bounded = read_safetensors_header(scratch)
+        except SafetensorsFormatError as err:
+            assert "\n" not in err.message and err.path == str(scratch)
+            if items > TIGHT["MAX_HEADER_ITEMS"]:
+                event("refused: items")
+                assert "JSON has more than 40 values" in err.message
+            elif text_bytes > TIGHT["MAX_HEADER_TEXT_BYTES"]:
+                event("refused: text size")
+                assert "as text; expected at most 300" in err.message
+            else:
+                event("refused: tensors")
+                assert tensors > TIGHT["MAX_HEADER_TENSORS"]
+                assert f"lists {tensors} tensors, more than the limit of 3" in err.message
+            return
+    event("accepted")
+    assert items <= 40 and text_bytes <= 300 and tensors <= 3
+    assert bounded == unbounded
+
+
+@fuzz_settings(200)
+@given(doc=json_values, wide=st.booleans())
+def test_bounds_hold_for_any_json(doc, wide):
+    """Any JSON header under lowered limits: refused with our error, or accepted within
+    them (the count that bounds json's objects is taken before they exist)."""
+    raw = json.dumps(doc, ensure_ascii=not wide).encode()
+    with tight_limits():
+        try:
+            _parse_header_bytes(st_bytes(raw), 8 + len(raw), Path("mem.safetensors"))
+        except SafetensorsFormatError as err:
+            assert "\n" not in err.message
+            return
+    assert sum(raw.count(c) for c in (b",", b"{", b"[")) <= 40

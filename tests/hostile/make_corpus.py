@@ -726,6 +726,139 @@ CASES += [
                                                                65)))),
 ]
 
+
+# --- round 2, readers: bounded memory for headers and metadata (issue 11, items 7/10/12) ----
+# A header or metadata that is valid as far as its format goes but would grow 10-30 times
+# into Python objects is refused by the reader's own limits (safetensors_reader.py:
+# MAX_HEADER_ITEMS, MAX_HEADER_TENSORS, MAX_HEADER_TEXT_BYTES, MAX_INDEX_ITEMS;
+# gguf_reader.py: MAX_ARRAY_LENGTH, MAX_ARRAYS, MAX_DECODED_BYTES). The cases here are the
+# smallest inputs past each limit; tests/test_bounds_readers.py runs the issue's own sizes
+# (95-100 MB) under a memory and time bound with the same builders.
+
+_EMPTY_TENSOR = '{"dtype":"BF16","shape":[0],"data_offsets":[0,0]}'
+
+
+def header_with_empty_tensors(count: int) -> Callable[[dict], bytes]:
+    """The header plus ``count`` empty tensors (valid to the safetensors library: a zero-size
+    tensor at offset 0 takes no bytes)."""
+    def edit(header: dict) -> bytes:
+        extra = "".join(f',"e{i}":{_EMPTY_TENSOR}' for i in range(count))
+        return (json.dumps(header)[:-1] + extra + "}").encode()
+    return edit
+
+
+def header_with_shape_of_arrays(count: int) -> Callable[[dict], bytes]:
+    """One more tensor whose shape holds ``count`` empty arrays: no object for a json hook
+    to count, 3 bytes of text for each 64-byte list."""
+    def edit(header: dict) -> bytes:
+        shape = ",".join(["[]"] * count)
+        return (json.dumps(header)[:-1]
+                + f',"z":{{"dtype":"BF16","shape":[{shape}],"data_offsets":[0,0]}}}}').encode()
+    return edit
+
+
+def header_with_wide_metadata(chars: int) -> Callable[[dict], bytes]:
+    """A metadata string of ``chars`` ASCII characters and one emoji: Python stores the whole
+    text 4 bytes a character."""
+    def edit(header: dict) -> bytes:
+        header["__metadata__"]["note"] = "a" * chars + "\U0001F600"
+        return json.dumps(header, ensure_ascii=False).encode()
+    return edit
+
+
+def build_index_with_entries(count: int) -> Callable[[Path, Corpus], None]:
+    """The sharded fixture whose index also lists ``count`` tensors no shard holds."""
+    def build(inp: Path, _c: Corpus) -> None:
+        index = build_sharded(inp)
+        shard = next(iter(index["weight_map"].values()))
+        extra = "".join(f',"x{i}":"{shard}"' for i in range(count))
+        text = json.dumps(index)
+        at = text.index('"weight_map": {') + len('"weight_map": {')
+        close = text.index("}", at)
+        (inp / "model.safetensors.index.json").write_text(text[:close] + extra + text[close:])
+    return build
+
+
+def gguf_key(name: str) -> bytes:
+    raw = name.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def gguf_array(name: str, element_type: int, count: int, elements: bytes) -> bytes:
+    """One key/value pair: ``name`` = ARRAY of ``count`` elements of GGUF type ``element_type``
+    whose encoding is ``elements``."""
+    return gguf_key(name) + struct.pack("<IIQ", 9, element_type, count) + elements
+
+
+def insert_gguf_kv(pairs: Callable[[], list[bytes]]) -> Callable[[Path], None]:
+    """drafter.gguf with the key/value pairs ``pairs()`` added after its own (the count
+    raised, the tensor infos and data moved, the data section re-padded to 32): a file
+    that is well-formed up to what the pairs hold."""
+    def edit(art: Path) -> None:
+        from gguf import GGUFReader
+
+        path = art / GGUF
+        reader = GGUFReader(path)
+        fields = [f for k, f in reader.fields.items() if not k.startswith("GGUF.")]
+        kv_end = max(f.offset + sum(p.nbytes for p in f.parts) for f in fields)
+        ti_end = max(t.field.offset + sum(p.nbytes for p in t.field.parts)
+                     for t in reader.tensors)
+        raw = path.read_bytes()
+        extra = pairs()
+        (kv_count,) = struct.unpack_from("<Q", raw, 16)
+        head = (raw[:16] + struct.pack("<Q", kv_count + len(extra)) + raw[24:kv_end]
+                + b"".join(extra) + raw[kv_end:ti_end])
+        path.write_bytes(head + bytes(-len(head) % 32) + raw[reader.data_offset:])
+    return edit
+
+
+def uint8_arrays(count: int, length: int) -> Callable[[], list[bytes]]:
+    return lambda: [gguf_array(f"x.bytes{i}", 0, length, bytes(length)) for i in range(count)]
+
+
+def string_arrays(count: int, length: int) -> Callable[[], list[bytes]]:
+    """``count`` arrays of ``length`` two-character strings (10 bytes each in the file,
+    about 60 in memory)."""
+    one = struct.pack("<Q", 2) + b"ab"
+    return lambda: [gguf_array(f"x.strings{i}", 8, length, one * length) for i in range(count)]
+
+
+def nested_arrays(length: int, count: int = 1) -> Callable[[], list[bytes]]:
+    """``count`` arrays of ``length`` empty UINT8 arrays (12 bytes each in the file)."""
+    empty = struct.pack("<IQ", 0, 0)
+    return lambda: [gguf_array(f"x.nested{i}", 9, length, empty * length) for i in range(count)]
+
+
+CASES += [
+    # safetensors headers (convert): valid to the library, refused before json builds them
+    Case("st-header-empty-tensors-past-value-limit", "safetensors", "convert",
+         E.SafetensorsFormatError,
+         "160,000 empty tensors: more JSON values than MAX_HEADER_ITEMS (2^20)",
+         edit_header(header_with_empty_tensors(160_000))),
+    Case("st-header-too-many-tensors", "safetensors", "convert", E.SafetensorsFormatError,
+         "70,000 empty tensors: more than MAX_HEADER_TENSORS (65536)",
+         edit_header(header_with_empty_tensors(70_000))),
+    Case("st-header-shape-of-empty-arrays", "safetensors", "convert", E.SafetensorsFormatError,
+         "a tensor whose shape holds 1.1 million empty arrays",
+         edit_header(header_with_shape_of_arrays(1_100_000))),
+    Case("st-header-text-too-wide", "safetensors", "convert", E.SafetensorsFormatError,
+         "26 MB of header with one emoji: over 100 MB as Python text",
+         edit_header(header_with_wide_metadata(26_000_000))),
+    Case("dir-index-past-value-limit", "directory", "convert", E.SafetensorsFormatError,
+         "an index listing 270,000 tensors: more JSON values than MAX_INDEX_ITEMS (2^18)",
+         build_index_with_entries(270_000)),
+    # GGUF metadata (validate): refused by the reader, in bounded memory
+    Case("art-metadata-array-too-long", "artifact", "validate", E.GGUFFormatError,
+         "a UINT8 metadata array of 2^20 + 1 elements (MAX_ARRAY_LENGTH is 2^20)",
+         edit_artifact(insert_gguf_kv(uint8_arrays(1, 2**20 + 1)))),
+    Case("art-metadata-strings-past-budget", "artifact", "validate", E.GGUFFormatError,
+         "20 arrays of 65,536 two-character strings: 13 MB, over 64 MiB as Python strings",
+         edit_artifact(insert_gguf_kv(string_arrays(20, 65_536)))),
+    Case("art-metadata-nested-arrays-past-limit", "artifact", "validate", E.GGUFFormatError,
+         "an array of 65,536 empty arrays: more arrays than MAX_ARRAYS (65536)",
+         edit_artifact(insert_gguf_kv(nested_arrays(65_536)))),
+]
+
 def _replace_by_link(path: Path) -> None:
     outside = path.parent.parent / "outside.gguf"
     shutil.copy(path, outside)
