@@ -118,6 +118,7 @@ class SmokeResult(BaseModel):
     target: str
     device: str
     dtype: str
+    verify: str                                  # batched or stepwise (runtime/speculative.py)
     temperature: float
     confidence_threshold: float
     seed: int
@@ -146,6 +147,23 @@ class SmokeResult(BaseModel):
 def _shown(value: int) -> str:
     """An integer for a message: a huge one by its size (str() of a 5,000-digit int raises)."""
     return str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+
+
+VERIFY_MODES = ("auto", "batched", "stepwise")
+
+
+def verify_mode(verify: str, dtype: str) -> str:
+    """``--verify``: auto is batched in float32 (rows of one forward round ~1e-6 apart from
+    single-token rows: far below any logit margin; DeepSpec's traces are batched) and
+    stepwise in bfloat16 (rows round one ulp apart, which flips an argmax at a near-tie, so
+    only token-by-token verification reproduces the target's greedy output exactly)."""
+    if verify not in VERIFY_MODES:
+        raise SmokeInputError(f"--verify: expected one of {', '.join(VERIFY_MODES)}, found "
+                              f"{verify!r}", field="verify", expected="|".join(VERIFY_MODES),
+                              found=str(verify))
+    if verify == "auto":
+        return "stepwise" if dtype == "bfloat16" else "batched"
+    return verify
 
 
 def _check_options(*, max_new_tokens: int, temperature: float, confidence_threshold: float,
@@ -340,7 +358,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
               prompts: list[list[int]] | None = None, prompt_text: str | None = None,
               max_new_tokens: int = 64, temperature: float = 0.0,
               confidence_threshold: float = 0.0, seed: int = 0, device: str = "auto",
-              dtype: str = "float32", max_memory: int | None = None,
+              dtype: str = "float32", verify: str = "auto", max_memory: int | None = None,
               trace: str | os.PathLike | None = None, plot: str | os.PathLike | None = None,
               reference: str | os.PathLike | None = None, min_tau: float | None = None,
               progress: Progress | None = None,
@@ -348,6 +366,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     """Run the artifact's drafter on ``target`` for each prompt and check the result.
 
     ``dtype``: the compute dtype, float32 (the reference for DeepSpec's traces) or bfloat16.
+    ``verify``: batched, stepwise or auto (``verify_mode``).
     ``max_memory``: bytes to check the memory estimate against instead of what the device
     has available. ``on_estimate``: called with the estimate once it has passed, before
     the weights are loaded."""
@@ -380,6 +399,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
 
     torch_dtype = compute_dtype(dtype)
     dtype = dtype_name(torch_dtype)
+    verify = verify_mode(verify, dtype)
     artifact, target_dir = Path(artifact), Path(target)
     dev = resolve_device(device)
     warnings = _validate(artifact, progress)
@@ -469,7 +489,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
             run = speculative_generate(model, drafter, ids, max_new_tokens=max_new_tokens,
                                        temperature=temperature,
                                        confidence_threshold=confidence_threshold,
-                                       stop_token_ids=stops, seed=seed)
+                                       stop_token_ids=stops, seed=seed,
+                                       stepwise_verify=verify == "stepwise")
             greedy = None
             if temperature == 0.0:
                 g = target_greedy(model, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops)
@@ -539,7 +560,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
         else None})
     return SmokeResult(
         artifact=str(artifact), target=str(target_dir), device=str(dev), dtype=dtype,
-        temperature=temperature, confidence_threshold=confidence_threshold, seed=seed,
+        verify=verify, temperature=temperature, confidence_threshold=confidence_threshold, seed=seed,
         max_new_tokens=max_new_tokens, block_size=B, runs=summaries, tau=tau,
         acceptance_by_position=rates, drafted_tokens=drafted, committed_tokens=committed,
         drafted_tokens_per_second=drafted / draft_s if draft_s > 0 else 0.0,

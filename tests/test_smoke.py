@@ -195,6 +195,32 @@ def test_cli_golden_json(converted, tmp_path):
     assert (tmp_path / "t.json").is_file() and (tmp_path / "a.png").is_file()
 
 
+@pytest.mark.parametrize("dtype, verify, mode", [("float32", "auto", "batched"),
+                                                ("bfloat16", "auto", "stepwise"),
+                                                ("bfloat16", "batched", "batched"),
+                                                ("float32", "stepwise", "stepwise")])
+def test_cli_dtype_and_verify_are_recorded(converted, tmp_path, dtype, verify, mode):
+    """The dtype and verification mode reach the JSON report and the trace; the estimate is
+    printed before loading in the human report."""
+    trace = tmp_path / "t.json"
+    proc = _dspark("smoke", str(converted["reference"]), "--target", str(TARGET), "--device", "cpu",
+                   "--prompt-ids", "1,17,33", "--max-new-tokens", "8", "--dtype", dtype,
+                   "--verify", verify, "--json", "--trace", str(trace))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["dtype"], report["verify"], report["memory"]["dtype"]) == (dtype, mode, dtype)
+    assert report["lossless"] is True and report["load_seconds"] >= 0
+    assert report["verify_seconds_per_cycle"] > 0 and report["draft_seconds_per_cycle"] > 0
+    assert report["memory"]["peak_rss_bytes"] > 0 and report["memory"]["estimate_bytes"] > 0
+    assert json.loads(trace.read_text())["dtype"] == dtype
+    human = _dspark("smoke", str(converted["reference"]), "--target", str(TARGET), "--device",
+                    "cpu", "--prompt-ids", "1,17,33", "--max-new-tokens", "8", "--dtype", dtype,
+                    "--verify", verify)
+    lines = human.stdout.splitlines()
+    assert lines[0].startswith("memory estimate ") and f"({dtype})" in lines[0]
+    assert f"{dtype}, {mode} verify" in lines[1] and "peak RSS" in human.stdout
+
+
 def test_cli_broken_artifact_fails_with_one_line(broken):
     proc = _dspark("smoke", str(broken["transposed"]), "--target", str(TARGET), "--device", "cpu",
                    "--reference", str(REFERENCE), "--max-new-tokens", "24", "--prompt-ids",

@@ -137,6 +137,7 @@ def test_memory_refusal_as_json(converted):
     (("--dtype", "float16"), 73, "--dtype: expected one of float32, bfloat16, found 'float16'"),
     (("--max-memory", "lots"), 73, "--max-memory: expected a size such as 20GB"),
     (("--max-memory", "0GB"), 73, "--max-memory: expected a positive size"),
+    (("--verify", "sideways"), 73, "--verify: expected one of auto, batched, stepwise"),
 ])
 def test_bad_dtype_and_budget_options(converted, args, code, needle):
     proc = _smoke(converted["reference"], TARGET, "--prompt-ids", "1,17,33", *args)

@@ -277,6 +277,10 @@ def smoke(
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Compute dtype: float32 (the reference for DeepSpec's traces) or "
         "bfloat16 (as the engines compute).")] = "float32",
+    verify: Annotated[str, typer.Option(
+        "--verify", help="Verify drafts in one forward (batched, as engines do) or token by "
+        "token (stepwise: exactly the target's greedy numerics); auto: batched in float32, "
+        "stepwise in bfloat16.")] = "auto",
     max_memory: Annotated[Optional[str], typer.Option(
         "--max-memory", metavar="SIZE", help="Check the memory estimate against SIZE (20GB, "
         "16GiB) instead of what the device has available.")] = None,
@@ -313,14 +317,14 @@ def smoke(
         result = run_smoke(artifact, target=target, prompts=prompt_ids, prompt_text=prompt,
                            max_new_tokens=max_new_tokens, temperature=temperature,
                            confidence_threshold=confidence_threshold, seed=seed, device=device,
-                           dtype=dtype, max_memory=budget, trace=trace, plot=plot,
+                           dtype=dtype, verify=verify, max_memory=budget, trace=trace, plot=plot,
                            reference=reference, min_tau=min_tau,
                            progress=RichProgress(enabled=not as_json), on_estimate=show_estimate)
         if as_json:
             print(json.dumps({"ok": True, **result.model_dump()}, indent=2))
             return 0
         out.print(escape(f"smoke {artifact} on {target} ({result.device}, {result.dtype}, "
-                         f"temperature {result.temperature:g}, threshold "
+                         f"{result.verify} verify, temperature {result.temperature:g}, threshold "
                          f"{result.confidence_threshold:g})"))
         for i, one in enumerate(result.runs):
             checks = []
