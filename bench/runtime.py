@@ -13,8 +13,12 @@ files, and converts the drafter with `dspark convert` (drafter.gguf is written f
 ``run`` needs up to 20 GB of RAM: run it under the machine's big-memory lock, as few times
 as possible. Per geometry and dtype, one process:
 
-    dspark smoke ART --target T --device cpu --dtype D --prompt-ids 1..64
-                 --max-new-tokens 16 --json
+    dspark smoke ART --target T --device cpu --dtype D --verify batched
+                 --prompt-ids 1..64 --max-new-tokens 16 --json
+
+(``--verify batched``: one target forward per verify step, as the engines verify, so that
+the verify time is that of one 8-token forward in both dtypes; `smoke --dtype bfloat16`
+verifies stepwise by default, L+1 single-token forwards, for exact losslessness.)
 
 Wall time and peak RSS come from the kernel (``os.wait4``: the child's ru_maxrss); load
 time, the verify forward (8 tokens: the anchor and 7 drafts) and the draft block per cycle,
@@ -25,7 +29,7 @@ refuses (exit 78) is recorded as refused, with the estimate and the budget it wa
 against.
 
 Writes bench/runtime_results.json and the generated part of bench/RESULTS.md (between the
-``bench-runtime`` markers).
+``bench-runtime`` markers); ``render`` rewrites that part from runtime_results.json alone.
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ def build(workdir: Path, names: list[str]) -> None:
 def run_one(root: Path, dtype: str) -> dict:
     """One smoke in a child whose peak RSS the kernel reports (os.wait4)."""
     cmd = dspark("smoke", str(root / "artifact"), "--target", str(root / "target"),
-                 "--device", "cpu", "--dtype", dtype, "--prompt-ids", ",".join(map(str, PROMPT)),
+                 "--device", "cpu", "--dtype", dtype, "--verify", "batched",
+                 "--prompt-ids", ",".join(map(str, PROMPT)),
                  "--max-new-tokens", str(MAX_NEW_TOKENS), "--json")
     out_path = root / f".smoke-{dtype}.json"
     start = time.perf_counter()
@@ -108,11 +113,13 @@ def render(results: list[dict], meta: dict) -> str:
         + f"; commit {m['commit']}" + (" plus uncommitted changes" if m["dirty"] else ""),
         f"- torch threads: {meta['threads']}; MemAvailable before the runs: "
         f"{gb(meta['mem_available_before'])}",
-        f"- Each run: `dspark smoke --device cpu --dtype D --prompt-ids 1..{len(PROMPT)} "
-        f"--max-new-tokens {MAX_NEW_TOKENS} --json` on all-zero sparse checkpoints",
+        # Runs recorded before --verify existed (batched was the only mode) have no command.
+        f"- Each run: `{meta.get('command', 'dspark smoke --device cpu --dtype D')} "
+        f"--prompt-ids 1..{len(PROMPT)} --max-new-tokens {MAX_NEW_TOKENS} --json` on all-zero "
+        "sparse checkpoints",
         "",
-        "| geometry | dtype | exit | load | verify forward (8 tokens) | draft block | target alone, per token | "
-        "peak RSS | estimate | wall |",
+        "| geometry | dtype | exit | load | verify forward (8 tokens) | draft block | "
+        "target alone, per new token | peak RSS | estimate | wall |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -126,9 +133,15 @@ def render(results: list[dict], meta: dict) -> str:
                 f"{gb(rep['memory']['estimate_bytes'])} | {r['wall_s']:.0f} s |")
         else:
             lines.append(
-                f"| {r['geometry']} | {r['dtype']} | {r['exit_code']} | refused: "
-                f"{rep.get('message', r['stderr'].strip()[-200:])} | | | | "
+                f"| {r['geometry']} | {r['dtype']} | {r['exit_code']} | refused | - | - | - | "
                 f"{gb(r['peak_rss_bytes'])} | {gb(rep.get('found'))} | {r['wall_s']:.0f} s |")
+    lines += ["", "Target alone: the greedy baseline (prefill of the prompt, then one token per "
+              "forward), wall time per new token.", ""]
+    for r in results:
+        if r["exit_code"] != 0:
+            message = (r["report"] or {}).get("message") or r["stderr"].strip()[-300:]
+            lines.append(f"- {r['geometry']} {r['dtype']} refused (exit {r['exit_code']}): "
+                         f"`error: {message}`")
     lines += ["", "Sizes (in the compute dtype; from the smoke's memory report):", ""]
     for r in results:
         rep = r["report"] or {}
@@ -165,7 +178,8 @@ def run(workdir: Path, names: list[str], dtypes: list[str]) -> None:
 
     meta = {"started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "machine": machine(workdir), "threads": torch.get_num_threads(),
-            "mem_available_before": mem_available()}
+            "mem_available_before": mem_available(),
+            "command": "dspark smoke --device cpu --dtype D --verify batched"}
     results = []
     for name in names:
         root = workdir / name
@@ -181,9 +195,15 @@ def run(workdir: Path, names: list[str], dtypes: list[str]) -> None:
     write_results(render(results, meta))
 
 
+def rerender() -> None:
+    """The RESULTS.md section again from runtime_results.json (no run)."""
+    data = json.loads(RESULTS_JSON.read_text())
+    write_results(render(data["results"], data["meta"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=["build", "run"])
+    parser.add_argument("step", choices=["build", "run", "render"])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dspark-runtime-bench"))
     parser.add_argument("--geometries", default="4b,8b")
     parser.add_argument("--dtypes", default="bfloat16,float32")
@@ -194,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--geometries: expected some of {', '.join(GEOMETRIES)}, found {name!r}")
     if args.step == "build":
         build(args.workdir, names)
+    elif args.step == "render":
+        rerender()
     else:
         run(args.workdir, names, args.dtypes.split(","))
     return 0

@@ -129,5 +129,38 @@ def make_sparse_pair(g: Geometry, root: Path) -> tuple[Path, Path]:
     return target, drafter
 
 
+def make_random_pair(g: Geometry, root: Path, *, seed: int = 0) -> tuple[Path, Path]:
+    """The same layout with random values, written for real (for small geometries: the
+    whole model is built in memory): norms near 1, matrices ~N(0, 1/fan_in), a N(0, 1)
+    embedding shared with the drafter. Logits of such a model are nearly flat: near-ties
+    everywhere, the worst case for rounding (tests/test_runtime_bfloat16.py)."""
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def value(name: str, shape: list[int]) -> torch.Tensor:
+        if len(shape) == 1:
+            return (1 + 0.05 * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+        return (torch.randn(shape, generator=gen) / shape[-1] ** 0.5).to(torch.bfloat16)
+
+    shutil.rmtree(root, ignore_errors=True)
+    target, drafter = root / "target", root / "drafter"
+    target.mkdir(parents=True)
+    drafter.mkdir()
+    (target / "config.json").write_text(json.dumps(target_config(g), indent=2) + "\n")
+    tensors = {name: value(name, shape) for name, shape in _target_shapes(target).items()}
+    embed = torch.randn(g.vocab_size, g.hidden_size, generator=gen).to(torch.bfloat16)
+    tensors["model.embed_tokens.weight"] = embed
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    config = drafter_config(g)
+    (drafter / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    draft = {name: value(name, shape) for name, shape in drafter_shapes(config).items()}
+    draft["embed_tokens.weight"] = embed
+    draft["lm_head.weight"] = embed if g.tied_head else tensors["lm_head.weight"]
+    save_file(draft, drafter / "model.safetensors", metadata={"format": "pt"})
+    return target, drafter
+
+
 def allocated_bytes(path: Path) -> int:
     return os.stat(path).st_blocks * 512
