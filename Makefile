@@ -34,9 +34,9 @@ test: $(STAMP)
 
 # Regenerate checked-in outputs (tests fail when they are stale).
 schemas: $(STAMP)
-	$(BIN)/python -m dspark_convert.schemas
+	$(BIN)/python tools/schemas.py
 docs: $(STAMP)
-	$(BIN)/python -m dspark_convert.docs
+	$(BIN)/python tools/docs.py
 fixtures: $(STAMP)
 	$(BIN)/python golden/make_fixtures.py
 

@@ -43,7 +43,7 @@ def load_state_dict(path: Path) -> dict[str, np.ndarray]:
 
 def gguf_names(config: dict) -> dict[str, str]:
     """Source name -> GGUF name for the tensors that are written (the project's table)."""
-    from dspark_convert.contract import build_contract, parse_config
+    from dspark_convert.contract.dspark import build_contract, parse_config
 
     contract = build_contract(parse_config(config))
     return {t.source_name: t.gguf_name for t in contract.written_tensors}

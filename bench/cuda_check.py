@@ -66,9 +66,9 @@ def main() -> int:
 
     import torch
 
-    from dspark_convert.convert import convert
+    from dspark_convert.commands.convert import convert
     from dspark_convert.errors import DSparkError
-    from dspark_convert.smoke import resolve_device, run_smoke
+    from dspark_convert.commands.smoke import resolve_device, run_smoke
 
     device = resolve_device(args.device)
     report: dict = {"device": str(device), "torch": torch.__version__,

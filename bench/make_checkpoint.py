@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark_convert.numerics import round_to_bf16
+from dspark_convert.formats.numerics import round_to_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASED = ROOT / "golden" / "reference" / "released_shapes.json"
@@ -50,7 +50,7 @@ def bench_config(size: str) -> dict:
 
 def tensor_shapes(config: dict) -> dict[str, list[int]]:
     """Source name -> torch shape, from the project's own contract for this config."""
-    from dspark_convert.contract import build_contract, parse_config
+    from dspark_convert.contract.dspark import build_contract, parse_config
 
     contract = build_contract(parse_config(config))
     return {t.source_name: list(t.shape) for t in contract.tensors}

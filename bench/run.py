@@ -62,7 +62,7 @@ with open(sys.argv[1], "rb", buffering=0) as fh:
         digest.update(view[:n])
 print(digest.hexdigest())
 """
-PARSE_CODE = "import sys; from dspark_convert.gguf_reader import read_gguf; read_gguf(sys.argv[1])"
+PARSE_CODE = "import sys; from dspark_convert.formats.gguf_reader import read_gguf; read_gguf(sys.argv[1])"
 
 # One syscall trace per command (strace -y names the file behind every descriptor): bytes
 # returned by read()/pread() and bytes mapped by mmap(), per file.
@@ -171,7 +171,7 @@ def check_baseline_output(artifact: Path, eager_gguf: Path) -> None:
     """The baseline must do the same copying work: same tensors, names, shapes and bytes."""
     import hashlib
 
-    from dspark_convert.gguf_reader import read_gguf
+    from dspark_convert.formats.gguf_reader import read_gguf
 
     manifest = json.loads((artifact / "manifest.json").read_text())
     want = [(t["name"], t["shape"], t["sha256"]) for t in manifest["artifact"]["tensors"]]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .contract import build_contract, parse_config
+from dspark_convert.contract.dspark import build_contract, parse_config
 
 DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
@@ -28,7 +28,7 @@ def synthetic_config(*, hidden_size: int = 32, intermediate_size: int = 64,
                      markov_head_type: str | None = "vanilla", enable_confidence_head: bool = True,
                      confidence_head_with_markov: bool | None = True, dtype: str = "BF16",
                      rope_theta: float = 1000000.0, rms_norm_eps: float = 1e-6) -> dict:
-    """A config.json as DeepSpec's build_draft_config writes it (REFERENCE.md §1)."""
+    """A config.json as DeepSpec's build_draft_config writes it (docs/REFERENCE.md §1)."""
     cfg = {
         "architectures": ["Qwen3DSparkModel"],
         "attention_bias": False,

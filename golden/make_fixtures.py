@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from dspark_convert.convert import convert  # noqa: E402
+from dspark_convert.commands.convert import convert  # noqa: E402
 from dspark_convert.synthetic import make_synthetic_checkpoint  # noqa: E402
 
 REFERENCE_DRAFTER = "reference/vanilla_conf_markov/draft"
@@ -44,7 +44,7 @@ FIXTURES: dict[str, dict] = {
 
 def build(root: Path) -> dict[str, dict[str, str]]:
     """Write every fixture under root/synthetic and return the expected hashes."""
-    from dspark_convert.hashing import sha256_file
+    from dspark_convert.util.hashing import sha256_file
 
     synthetic = root / "synthetic"
     expected = {}

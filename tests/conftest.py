@@ -39,7 +39,7 @@ def big_source(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory):
     """name -> artifact directory, each golden checkpoint converted once per session."""
-    from dspark_convert.convert import convert
+    from dspark_convert.commands.convert import convert
 
     root = tmp_path_factory.mktemp("converted")
     out = {}

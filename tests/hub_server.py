@@ -1,5 +1,5 @@
 """A loopback Hugging Face Hub for tests: the endpoints the real huggingface_hub client
-and hub.py use (REFERENCE.md §4: revision, tree, resolve HEAD/GET with LFS redirects),
+and hub.py use (docs/REFERENCE.md §4: revision, tree, resolve HEAD/GET with LFS redirects),
 over stdlib http.server in a thread, with fault injection.
 
 Repos are directories of files (or dicts of bytes) filed as commits; branches and tags

@@ -1,4 +1,4 @@
-"""The output directory is all or nothing (ARTIFACT_SPEC.md, "Directory").
+"""The output directory is all or nothing (docs/ARTIFACT_FORMAT.md, "Directory").
 
 Conversions are real `dspark convert` subprocesses. A ~130 MB synthetic checkpoint (the
 two Markov matrices, V=65536 x r=512 in BF16) keeps the hidden temporary sibling on disk
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dspark_convert.atomic import TMP_MARK
+from dspark_convert.util.atomic import TMP_MARK
 from support.cli import DSPARK, assert_one_error_line, assert_valid, dspark, temp_siblings
 from dspark_convert.errors import (
     NonFiniteTensorError,

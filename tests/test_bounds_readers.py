@@ -33,21 +33,22 @@ from test_target import GOLDEN_TARGET, make_target
 sys.path.insert(0, str(Path(__file__).resolve().parent / "hostile"))
 import make_corpus  # noqa: E402
 
-from dspark_convert import gguf_reader, safetensors_reader  # noqa: E402
+from dspark_convert.formats import gguf_reader  # noqa: E402
+from dspark_convert.formats import safetensors as safetensors_reader  # noqa: E402
 from dspark_convert.errors import (  # noqa: E402
     GGUFFormatError,
     SafetensorsFormatError,
     TargetFormatError,
 )
-from dspark_convert.hashing import (  # noqa: E402
+from dspark_convert.util.hashing import (  # noqa: E402
     ThreadedFileHash,
     hash_file_and_spans,
     read_blocks,
     read_full,
 )
-from dspark_convert.pairing import first_different_row  # noqa: E402
-from dspark_convert.safetensors_reader import TensorEntry  # noqa: E402
-from dspark_convert.target import tensor_sha256  # noqa: E402
+from dspark_convert.target.pairing import first_different_row  # noqa: E402
+from dspark_convert.formats.safetensors import TensorEntry  # noqa: E402
+from dspark_convert.target.model import tensor_sha256  # noqa: E402
 
 PLAIN = GOLDEN / "synthetic" / "dflash_plain"
 MiB = 1024 * 1024
@@ -228,7 +229,7 @@ def test_convert_refuses_a_source_that_shrinks_to_an_odd_length_while_read(tmp_p
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory) -> Path:
-    from dspark_convert.convert import convert
+    from dspark_convert.commands.convert import convert
 
     out = tmp_path_factory.mktemp("bounds") / "art"
     convert(REFERENCE_DRAFTER, out, target=GOLDEN_TARGET)

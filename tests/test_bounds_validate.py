@@ -25,7 +25,7 @@ GGUF = "drafter.gguf"
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory) -> Path:
-    from dspark_convert.convert import convert
+    from dspark_convert.commands.convert import convert
 
     out = tmp_path_factory.mktemp("good") / "art"
     convert(REFERENCE_DRAFTER, out)

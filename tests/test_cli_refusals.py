@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dspark_convert.atomic import TMP_MARK
+from dspark_convert.util.atomic import TMP_MARK
 from dspark_convert.errors import (
     ConfigError,
     DSparkError,

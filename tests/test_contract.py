@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import GOLDEN, REFERENCE_DRAFTER
 from dspark_convert import errors
-from dspark_convert.contract import (
+from dspark_convert.contract.dspark import (
     DSparkConfig,
     FeatureContract,
     build_contract,

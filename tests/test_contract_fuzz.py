@@ -26,8 +26,8 @@ from test_contract import json_values
 from test_safetensors_reader_fuzz import fuzz_settings
 
 from dspark_convert import errors
-from dspark_convert.contract import MAX_DRAFT_LAYERS, build_contract, check_inventory, parse_config
-from dspark_convert.source import load_config
+from dspark_convert.contract.dspark import MAX_DRAFT_LAYERS, build_contract, check_inventory, parse_config
+from dspark_convert.source.checkpoint import load_config
 from dspark_convert.synthetic import synthetic_config
 
 # Timing is asserted per example rather than by hypothesis' deadline, which reports a slow

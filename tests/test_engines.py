@@ -17,9 +17,9 @@ from dspark_convert.artifact import engines
 from dspark_convert.artifact.engines import (ENGINES, LLAMA_RULES, STRATA_OPEN_RULES,
                                              STRATA_RUN_RULES, engine_reports, format_types,
                                              gguf_inputs)
-from dspark_convert.artifact_format import LOCAL_REVISION, Provenance, expected_metadata
-from dspark_convert.contract import build_contract, parse_config
-from dspark_convert.gguf_reader import read_gguf
+from dspark_convert.artifact.format import LOCAL_REVISION, Provenance, expected_metadata
+from dspark_convert.contract.dspark import build_contract, parse_config
+from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.synthetic import synthetic_config
 
 from conftest import GOLDEN, ROOT

@@ -31,7 +31,7 @@ from dspark_convert.evaluation.calibration import fit_sts
 from dspark_convert.evaluation.metrics import confidence_data
 from dspark_convert.evaluation.prompts import load_prompt_set, resolve_prompts
 from dspark_convert.evaluation.report import EvalReport, comparable, read_report, write_report
-from dspark_convert.evaluation.run import EvalInterrupted, run_eval
+from dspark_convert.commands.evaluate import EvalInterrupted, run_eval
 from test_eval_metrics import _assert_same, _plain
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

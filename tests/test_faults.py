@@ -264,7 +264,7 @@ def test_publishing_never_replaces_without_force_in_process(tmp_path: Path, monk
                                                             exchange: bool) -> None:
     """The same rule where the kernel lacks renameat2 (the fallback claims the name with
     mkdir/link, which fail when anything holds it)."""
-    from dspark_convert import atomic
+    from dspark_convert.util import atomic
 
     if not exchange:
         monkeypatch.setattr(atomic, "_renameat2", None)

@@ -1,4 +1,4 @@
-"""Tests of dspark_convert.gguf_reader: agreement with gguf-py on real files, and one
+"""Tests of dspark_convert.formats.gguf_reader: agreement with gguf-py on real files, and one
 targeted test per refusal on hand-built hostile files."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gguf import GGUFReader, GGUFWriter
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from dspark_convert.errors import GGUFFormatError
-from dspark_convert.gguf_reader import (
+from dspark_convert.formats.gguf_reader import (
     MAX_ARRAY_LENGTH, MAX_KV_PAIRS, MAX_STRING_LENGTH, MAX_TENSORS, GGUFFile, GGUFTensorInfo,
     GGUFValue, parse_gguf_bytes, read_gguf, tensor_data,
 )

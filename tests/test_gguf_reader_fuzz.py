@@ -1,4 +1,4 @@
-"""Property tests of dspark_convert.gguf_reader on hostile input.
+"""Property tests of dspark_convert.formats.gguf_reader on hostile input.
 
 The property: ``parse_gguf_bytes`` either returns a GGUFFile whose tensors lie inside the
 file, aligned and non-overlapping, or raises GGUFFormatError; never anything else, and
@@ -23,9 +23,9 @@ from gguf.constants import GGMLQuantizationType, GGUFValueType
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dspark_convert import gguf_reader
+from dspark_convert.formats import gguf_reader
 from dspark_convert.errors import GGUFFormatError
-from dspark_convert.gguf_reader import GGUFArray, GGUFFile, parse_gguf_bytes
+from dspark_convert.formats.gguf_reader import GGUFArray, GGUFFile, parse_gguf_bytes
 
 # Default examples per hypothesis test; keeps the whole file well under 20 s.
 _DEFAULT_EXAMPLES = 500

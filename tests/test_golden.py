@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 
 from conftest import EXPECTED, GOLDEN, REFERENCE_DRAFTER, ROOT, dspark_cmd, golden_source
-from dspark_convert.contract import build_contract, parse_config
-from dspark_convert.gguf_reader import read_gguf, tensor_data
-from dspark_convert.hashing import sha256_file
-from dspark_convert.validate import validate_artifact
+from dspark_convert.contract.dspark import build_contract, parse_config
+from dspark_convert.formats.gguf_reader import read_gguf, tensor_data
+from dspark_convert.util.hashing import sha256_file
+from dspark_convert.commands.validate import validate_artifact
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -122,7 +122,7 @@ def test_cli_convert_then_validate_reference(tmp_path):
 
 
 def test_converting_twice_gives_identical_bytes(tmp_path):
-    from dspark_convert.convert import convert
+    from dspark_convert.commands.convert import convert
 
     for out in ("one", "two"):
         convert(golden_source("gated_conf_markov"), tmp_path / out)

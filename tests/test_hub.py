@@ -1,4 +1,4 @@
-"""dspark_convert.hub against the real huggingface_hub client and a loopback Hub
+"""dspark_convert.source.hub.snapshot against the real huggingface_hub client and a loopback Hub
 (tests/hub_server.py) serving the golden fixtures, with HF_HOME in a temporary directory."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from conftest import GOLDEN, REFERENCE_DRAFTER
 from hub_server import HubServer
 from dspark_convert import errors
-from dspark_convert.hub import (RetryPolicy, fetch_snapshot, lock_from_snapshot, looks_like_hub_spec,
+from dspark_convert.source.hub.snapshot import (RetryPolicy, fetch_snapshot, lock_from_snapshot, looks_like_hub_spec,
                                 parse_pins, parse_spec)
 
 SHARDED = GOLDEN / "synthetic" / "vanilla_sharded"
@@ -266,7 +266,7 @@ def test_pins(hub):
 
 
 def test_lock_round_trip_and_mismatches(hub, tmp_path):
-    from dspark_convert.lockfile import read_lock, write_lock
+    from dspark_convert.source.hub.lockfile import read_lock, write_lock
 
     lock = lock_from_snapshot(fetch(hub))
     path = write_lock(lock, tmp_path / "dspark.lock")

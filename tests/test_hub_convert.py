@@ -11,10 +11,10 @@ import pytest
 from conftest import REFERENCE_DRAFTER
 from hub_server import HubServer
 from dspark_convert import errors
-from dspark_convert.convert import convert
-from dspark_convert.gguf_reader import read_gguf
-from dspark_convert.hub import HubOptions, RetryPolicy
-from dspark_convert.validate import validate_artifact
+from dspark_convert.commands.convert import convert
+from dspark_convert.formats.gguf_reader import read_gguf
+from dspark_convert.source.hub.snapshot import HubOptions, RetryPolicy
+from dspark_convert.commands.validate import validate_artifact
 
 REPO = "org/draft"
 FAST = RetryPolicy(retries=1, wait=0.01, max_wait=0.01, timeout=5)
@@ -77,7 +77,7 @@ def test_existing_output_is_refused_before_downloading(hub, tmp_path):
 
 
 def test_a_file_changed_in_the_cache_during_conversion_is_refused(hub):
-    from dspark_convert.hub import open_hub_source
+    from dspark_convert.source.hub.snapshot import open_hub_source
 
     source = open_hub_source(f"{REPO}@{hub.commit}", hub.options)
     config = source.snapshot.verified["config.json"]  # hashed (git blob SHA-1) before the pass

@@ -27,7 +27,7 @@ def dump():
 atexit.register(dump)
 sys.argv = ["dspark", *args]
 if args == ["<import convert>"]:
-    import dspark_convert.convert  # the control case: the library does need them
+    import dspark_convert.commands.convert  # the control case: the library does need them
     sys.exit(0)
 from dspark_convert.cli.main import app
 app()

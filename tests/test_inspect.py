@@ -7,7 +7,7 @@ import subprocess
 
 from conftest import REFERENCE_DRAFTER, dspark_cmd
 from dspark_convert.errors import MissingTensorError, TensorShapeError
-from dspark_convert.inspect import inspect_path
+from dspark_convert.commands.inspection import inspect_path
 from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
 
 

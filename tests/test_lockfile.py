@@ -1,4 +1,4 @@
-"""dspark_convert.lockfile: strict reading and atomic writing of dspark.lock."""
+"""dspark_convert.source.hub.lockfile: strict reading and atomic writing of dspark.lock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dspark_convert import errors
-from dspark_convert.lockfile import LockedFile, LockFile, lock_json, read_lock, write_lock
+from dspark_convert.source.hub.lockfile import LockedFile, LockFile, lock_json, read_lock, write_lock
 
 COMMIT = "c" * 40
 

@@ -14,7 +14,7 @@ from conftest import GOLDEN, REFERENCE_DRAFTER
 from support.cli import assert_one_error_line, assert_valid, dspark
 
 from dspark_convert import errors
-from dspark_convert.text import shown
+from dspark_convert.util.text import shown
 
 TARGET = GOLDEN / "reference" / "target"
 LONG = "n" * 256                      # one byte over NAME_MAX

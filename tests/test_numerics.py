@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dspark_convert import numerics
+from dspark_convert.formats import numerics
 
 
 def _torch_bf16_bits(values: np.ndarray) -> np.ndarray:

@@ -17,15 +17,15 @@ from dspark_convert.errors import (
     TargetVocabError,
     TokenizerMismatchError,
 )
-from dspark_convert.pairing import (
+from dspark_convert.target.pairing import (
     Drafter,
     check_compatibility,
     check_identity,
     recorded_hashes,
     target_record,
 )
-from dspark_convert.source import open_source
-from dspark_convert.target import hash_target_tensors, open_target, tensor_sha256
+from dspark_convert.source.checkpoint import open_source
+from dspark_convert.target.model import hash_target_tensors, open_target, tensor_sha256
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,13 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from dspark_convert.artifact.engines import reports_for_gguf
-from dspark_convert.artifact.quantize import quantize_artifact, rule_whens, tensor_type
-from dspark_convert.convert import convert
+from dspark_convert.commands.quantize import quantize_artifact, rule_whens, tensor_type
+from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (OutputExistsError, ParentArtifactError, QuantizedParentError,
                                    QuantRowWidthError, QuantScaleOverflowError, QuantTypeError)
 from dspark_convert.formats import quants
-from dspark_convert.gguf_reader import read_gguf
-from dspark_convert.strata_rules import strata_checks
+from dspark_convert.formats.gguf_reader import read_gguf
+from dspark_convert.artifact.strata_rules import strata_checks
 from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
 
 BACKBONE = ("fc.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",

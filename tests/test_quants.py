@@ -18,7 +18,7 @@ from gguf.quants import quantize as gguf_quantize
 from dspark_convert.errors import (NonFiniteTensorError, QuantRowWidthError,
                                    QuantScaleOverflowError, QuantTypeError)
 from dspark_convert.formats import quants
-from dspark_convert.gguf_reader import read_gguf
+from dspark_convert.formats.gguf_reader import read_gguf
 
 TYPES = quants.QUANT_TYPES
 

@@ -35,7 +35,7 @@ from dspark_convert.runtime.speculative import (
 )
 from dspark_convert.runtime.trace import load_reference
 from dspark_convert.runtime.weights import load_drafter_weights
-from dspark_convert.smoke import run_smoke
+from dspark_convert.commands.smoke import run_smoke
 
 TARGET = GOLDEN / "reference" / "target"
 REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
@@ -106,7 +106,7 @@ def flat_models(tmp_path_factory):
     sys.path.insert(0, str(ROOT / "bench"))
     from sparse_models import Geometry, make_random_pair
 
-    from dspark_convert.convert import convert
+    from dspark_convert.commands.convert import convert
 
     g = Geometry("flat", hidden_size=256, intermediate_size=768, target_layers=3, heads=4,
                  kv_heads=2, head_dim=64, vocab_size=8192, tied_head=False, taps=(0, 1),
@@ -166,7 +166,7 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
 
 
 def test_sampling_is_lossless_with_the_bfloat16_distributions(bf16_models):
-    """The verify step of REFERENCE.md §2 with the distributions the bfloat16 models give on
+    """The verify step of docs/REFERENCE.md §2 with the distributions the bfloat16 models give on
     a golden prompt (q: the drafter's 7 rows, p: the target's 8 verify rows; bfloat16 logits
     widened to float32): drafting from q and verifying against p commits token 0 ~ p_0 and,
     when token 0 was an accepted draft, token 1 ~ p_1. Control: the same counts tested

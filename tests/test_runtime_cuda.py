@@ -14,7 +14,7 @@ from conftest import GOLDEN
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
 from dspark_convert.runtime.weights import load_drafter_weights
-from dspark_convert.smoke import run_smoke
+from dspark_convert.commands.smoke import run_smoke
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device on this machine (CPU-only torch or no GPU)")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from dspark_convert.errors import RuntimeTargetError
 from dspark_convert.runtime import loading
 from dspark_convert.runtime.loading import STORED_DTYPES, StoredTensor, TensorLoader, compute_dtype
-from dspark_convert.safetensors_reader import read_safetensors_header
+from dspark_convert.formats.safetensors import read_safetensors_header
 
 CPU = torch.device("cpu")
 

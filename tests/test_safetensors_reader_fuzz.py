@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from dspark_convert import safetensors_reader
+from dspark_convert.formats import safetensors as safetensors_reader
 from dspark_convert.errors import SafetensorsFormatError
-from dspark_convert.safetensors_reader import (
+from dspark_convert.formats.safetensors import (
     DTYPE_SIZES,
     SafetensorsHeader,
     _parse_header_bytes,

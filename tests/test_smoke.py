@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import GOLDEN, REFERENCE_DRAFTER, dspark_cmd
-from dspark_convert.convert import convert
+from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
     AcceptanceFloorError,
     DeviceUnavailableError,
@@ -23,8 +23,8 @@ from dspark_convert.errors import (
     TargetBindingError,
 )
 from dspark_convert.runtime.trace import load_reference
-from dspark_convert.smoke import run_smoke
-from dspark_convert.validate import validate_artifact
+from dspark_convert.commands.smoke import run_smoke
+from dspark_convert.commands.validate import validate_artifact
 
 TARGET = GOLDEN / "reference" / "target"
 REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dspark_convert.artifact_format import LOCAL_REVISION, Provenance, expected_metadata
-from dspark_convert.contract import build_contract, parse_config
-from dspark_convert.strata_rules import strata_findings
+from dspark_convert.artifact.format import LOCAL_REVISION, Provenance, expected_metadata
+from dspark_convert.contract.dspark import build_contract, parse_config
+from dspark_convert.artifact.strata_rules import strata_findings
 from dspark_convert.synthetic import synthetic_config
 
 PROV = Provenance(name="x", repository=None, revision=LOCAL_REVISION, source_sha256="0" * 64,

@@ -17,8 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dspark_convert.errors import TargetFormatError, TargetNotFoundError
-from dspark_convert.safetensors_reader import read_checkpoint
-from dspark_convert.target import (
+from dspark_convert.formats.safetensors import read_checkpoint
+from dspark_convert.target.model import (
     EMBED_NAME,
     HEAD_NAME,
     hash_target_tensors,
@@ -123,7 +123,7 @@ def test_f32_target_cast_to_bf16_rounds_like_torch(tmp_path):
     torch.manual_seed(0)
     t = torch.randn(64, 48, dtype=torch.float32)
     save_file({"x": t}, tmp_path / "x.safetensors")
-    from dspark_convert.safetensors_reader import read_safetensors_header
+    from dspark_convert.formats.safetensors import read_safetensors_header
     entry = read_safetensors_header(tmp_path / "x.safetensors").tensors[0]
     want = hashlib.sha256(t.to(torch.bfloat16).view(torch.uint8).numpy().tobytes()).hexdigest()
     assert tensor_sha256(entry, as_dtype="BF16") == want

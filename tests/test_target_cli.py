@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from test_pairing import byte_bpe
 from test_target import GOLDEN_TARGET, make_target
 
-from dspark_convert.convert import convert
+from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
     EmbeddingIdentityError,
     MaskTokenCollisionError,
@@ -24,9 +24,9 @@ from dspark_convert.errors import (
     TargetVocabError,
     TokenizerMismatchError,
 )
-from dspark_convert.gguf_reader import read_gguf
-from dspark_convert.target import hash_target_tensors, open_target
-from dspark_convert.validate import validate_artifact
+from dspark_convert.formats.gguf_reader import read_gguf
+from dspark_convert.target.model import hash_target_tensors, open_target
+from dspark_convert.commands.validate import validate_artifact
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -10,10 +10,10 @@ import subprocess
 import pytest
 
 from conftest import REFERENCE_DRAFTER, dspark_cmd
-from dspark_convert.convert import convert
+from dspark_convert.commands.convert import convert
 from dspark_convert.errors import HubFileNotFoundError, HubSpecError
-from dspark_convert.target import open_target
-from dspark_convert.validate import validate_artifact
+from dspark_convert.target.model import open_target
+from dspark_convert.commands.validate import validate_artifact
 from hub_server import HubServer
 from test_target import GOLDEN_TARGET
 

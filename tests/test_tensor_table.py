@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_convert.tensor_table import SYMBOLS, TENSOR_RULES, eval_dim, pretty_dim
+from dspark_convert.contract.tensor_table import SYMBOLS, TENSOR_RULES, eval_dim, pretty_dim
 
 
 def test_eval_dim():

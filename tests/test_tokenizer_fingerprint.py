@@ -12,7 +12,7 @@ from conftest import GOLDEN, ROOT
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from dspark_convert.errors import TargetFormatError, TargetNotFoundError
-from dspark_convert.tokenizer_fingerprint import (
+from dspark_convert.target.tokenizer import (
     PROBE_TEXT,
     fingerprint_difference,
     fingerprint_tokenizer,

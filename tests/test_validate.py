@@ -1,4 +1,4 @@
-"""Tests of dspark_convert.validate: `validate_artifact` and `dspark validate`.
+"""Tests of dspark_convert.commands.validate: `validate_artifact` and `dspark validate`.
 
 Good checkpoints are converted once per module; each test copies an artifact and tampers
 with its real bytes. Byte positions come from our own reader (a tensor's absolute
@@ -26,7 +26,7 @@ import pytest
 from gguf import GGUFReader, GGUFWriter
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
-from dspark_convert.convert import convert
+from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
     ContractViolation,
     DSparkError,
@@ -46,17 +46,15 @@ from dspark_convert.errors import (
     TensorShapeError,
     UnexpectedTensorError,
 )
-from dspark_convert.gguf_reader import GGUFFile, read_gguf
+from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.synthetic import make_synthetic_checkpoint
-from dspark_convert.validate import ValidationReport, validate_artifact
+from dspark_convert.commands.validate import ValidationReport, validate_artifact
 
 VT = GGUFValueType
 QT = GGMLQuantizationType
 
 REPO = Path(__file__).resolve().parents[1]
-_REFERENCE_CANDIDATES = (REPO / "golden/reference/vanilla_conf_markov/draft",
-                         Path("/work/shared/reference/vanilla_conf_markov/draft"))
-REFERENCE_DRAFT = next((p for p in _REFERENCE_CANDIDATES if (p / "config.json").is_file()), None)
+REFERENCE_DRAFT = REPO / "golden/reference/vanilla_conf_markov/draft"
 
 GGUF = "drafter.gguf"
 MANIFEST = "manifest.json"
@@ -64,7 +62,7 @@ DSPARK = ("reference", "gated", "rnn", "sharded", "f32")
 CHECK_ORDER = ("artifact.files", "manifest.schema", "gguf.structure", "gguf.metadata",
                "gguf.inventory", "gguf.values", "integrity", "strata.loader_rules")
 
-# A plain DFlash drafter as Strata's current loader reads it (REFERENCE.md §3), plus the
+# A plain DFlash drafter as Strata's current loader reads it (docs/REFERENCE.md §3), plus the
 # format's provenance keys (unknown keys are ignored by Strata).
 PLAIN_KEYS = [
     "general.architecture", "general.alignment", "general.name",
@@ -100,9 +98,8 @@ def built(tmp_path_factory) -> dict[str, Path]:
         src = make_synthetic_checkpoint(root / "src" / name, **kw)
         convert(src, root / name)
         out[name] = root / name
-    if REFERENCE_DRAFT is not None:
-        convert(REFERENCE_DRAFT, root / "reference")
-        out["reference"] = root / "reference"
+    convert(REFERENCE_DRAFT, root / "reference")
+    out["reference"] = root / "reference"
     return out
 
 
@@ -1240,7 +1237,7 @@ def test_every_header_byte_flip_is_reported_not_raised(artifact):
 
 _BOUNDED_VALIDATE = r"""
 import json, resource, sys
-from dspark_convert.validate import validate_artifact
+from dspark_convert.commands.validate import validate_artifact
 with open("/proc/self/status") as fh:
     vm = next(int(l.split()[1]) for l in fh if l.startswith("VmSize:")) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))

@@ -10,7 +10,7 @@ in docs/ENGINES.md; no engine code is copied):
   (the one drafter geometry its fast path implements: the published Flash-Next drafter)
   and the fixed rms eps of src/core/dflash_runtime.cpp; everything ``strata.open``
   refuses is refused here first.
-- ``llama.cpp``: how llama.cpp's DFlash/DSpark loader would read the file (REFERENCE.md §6:
+- ``llama.cpp``: how llama.cpp's DFlash/DSpark loader would read the file (docs/REFERENCE.md §6:
   llama.cpp 0c1e570; src/llama-model.cpp, src/models/dflash.cpp, src/llama-vocab.cpp,
   src/llama-model-loader.cpp): its required keys with their exact GGUF types, the
   ``target_layers`` convention, the embedded tokenizer, the vanilla-only Markov head and
@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..tensor_table import TENSOR_RULES, eval_dim, expand_rule
+from dspark_convert.contract.tensor_table import TENSOR_RULES, eval_dim, expand_rule
 
 ENGINES: tuple[str, ...] = ("strata.open", "strata.run", "llama.cpp")
 Kind = Literal["load_error", "unsupported", "misread"]
@@ -705,7 +705,7 @@ def gguf_inputs(gguf) -> tuple[dict[str, object], dict[str, str], list[TensorRow
 def format_types(kv: Mapping[str, object]) -> dict[str, str]:
     """The GGUF type of every key of our format, as the writer emits it (for a report made
     before the file exists, e.g. convert's summary from ``expected_metadata``)."""
-    from ..artifact_format import KEYS_BY_NAME
+    from dspark_convert.artifact.format import KEYS_BY_NAME
 
     return {k: gguf_type_name(KEYS_BY_NAME[k].type, KEYS_BY_NAME[k].sub_type)
             for k in kv if k in KEYS_BY_NAME}

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import typer
 
-from ..errors import DSparkError, InternalError
-from ..text import shown
+from dspark_convert.errors import DSparkError, InternalError
+from dspark_convert.util.text import shown
 
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143

@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.markup import escape as escape_markup
 from rich.table import Table
 
-from .. import __version__
-from ..text import shown
-from .errors import run
+from dspark_convert import __version__
+from dspark_convert.util.text import shown
+from dspark_convert.cli.errors import run
 
 
 def escape(text: object) -> str:
@@ -93,12 +93,12 @@ def convert(
     OUTPUT/drafter.gguf + OUTPUT/manifest.json."""
 
     def body() -> int:
-        from ..convert import convert as do_convert
-        from .progress import RichProgress
+        from dspark_convert.commands.convert import convert as do_convert
+        from dspark_convert.cli.progress import RichProgress
 
         hub = None
         if resolve or sha256 or lock is not None:
-            from ..hub import HubOptions, parse_pins
+            from dspark_convert.source.hub.snapshot import HubOptions, parse_pins
             hub = HubOptions(resolve=resolve, pins=parse_pins(sha256 or []), lock=lock)
         result = do_convert(source, output, force=force, target=target, hub=hub,
                             progress=RichProgress(enabled=not quiet and not as_json))
@@ -163,8 +163,8 @@ def lock(
     """Download and verify a Hub source; record its commit and each file's size and SHA-256."""
 
     def body() -> int:
-        from ..hub import lock_snapshot
-        from .progress import RichProgress
+        from dspark_convert.source.hub.snapshot import lock_snapshot
+        from dspark_convert.cli.progress import RichProgress
 
         result = lock_snapshot(source, output, resolve=resolve, force=force,
                                progress=RichProgress(enabled=not quiet and not as_json))
@@ -192,8 +192,8 @@ def validate(
     """Re-check an artifact from scratch; exit 0 only when every check passed."""
 
     def body() -> int:
-        from ..validate import validate_artifact
-        from .progress import RichProgress
+        from dspark_convert.commands.validate import validate_artifact
+        from dspark_convert.cli.progress import RichProgress
 
         report = validate_artifact(artifact, progress=RichProgress(enabled=not as_json),
                                    target=target)
@@ -232,7 +232,7 @@ def inspect(
     """Show the feature contract and the tensor table, writing nothing."""
 
     def body() -> int:
-        from ..inspect import inspect_path
+        from dspark_convert.commands.inspection import inspect_path
 
         result = inspect_path(path)
         if as_json:
@@ -297,9 +297,9 @@ def smoke(
     output differs from the target's own (temperature 0) or from --reference."""
 
     def body() -> int:
-        from ..runtime.memory import format_bytes as gb
-        from ..smoke import parse_memory_size, run_smoke
-        from .progress import RichProgress
+        from dspark_convert.runtime.memory import format_bytes as gb
+        from dspark_convert.commands.smoke import parse_memory_size, run_smoke
+        from dspark_convert.cli.progress import RichProgress
 
         out = _out()
 

@@ -1,6 +1,6 @@
 """Sequential Temperature Scaling of the confidence head, and calibration.json.
 
-STS (DSpark paper §3.2.1; REFERENCE.md §7; not in DeepSpec's code, proposed in its PR #63):
+STS (DSpark paper §3.2.1; docs/REFERENCE.md §7; not in DeepSpec's code, proposed in its PR #63):
 each draft position k gets a temperature T_k and the head's step probability becomes
 sigmoid(cl_k / T_k). The temperatures are fitted in order k = 0 .. B-1 on the calibration
 split: a 1-D grid search picks the T_k that minimises DeepSpec's ECE of the cumulative
@@ -31,11 +31,11 @@ from typing import Literal, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import CalibrationFileError, CalibrationMismatchError, InternalError
-from ..hashing import is_sha256_hex
-from ..source import read_json_strict
-from .environment import TargetIdentity
-from .metrics import (
+from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError, InternalError
+from dspark_convert.util.hashing import is_sha256_hex
+from dspark_convert.source.checkpoint import read_json_strict
+from dspark_convert.evaluation.environment import TargetIdentity
+from dspark_convert.evaluation.metrics import (
     COARSE_BINS,
     ConfidenceData,
     bin_index,
@@ -309,7 +309,7 @@ def scale_confidence_logits(logits, temperatures: Sequence[float]):
 
 
 def cut_length(logits, threshold: float, temperatures: Sequence[float] | None = None) -> int:
-    """The static cutoff (REFERENCE.md §2, DSparkDrafter.propose): with threshold > 0 the
+    """The static cutoff (docs/REFERENCE.md §2, DSparkDrafter.propose): with threshold > 0 the
     first k with sigmoid(cl_k [/ T_k]) < threshold, else the whole block."""
     values = list(logits) if temperatures is None else scale_confidence_logits(list(logits), temperatures)
     if threshold <= 0.0:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from .. import __version__
-from ..hashing import sha256_file, weights_digest
-from ..text import shown
+from dspark_convert import __version__
+from dspark_convert.util.hashing import sha256_file, weights_digest
+from dspark_convert.util.text import shown
 
 
 class TargetIdentity(BaseModel):
@@ -49,7 +49,7 @@ class TargetIdentity(BaseModel):
 def target_identity(directory: str | os.PathLike, model) -> TargetIdentity:
     """``model``: the runtime's loaded ``Qwen3Target`` for ``directory`` (its embedding and
     head hashes and config; the weights files are hashed here)."""
-    from ..safetensors_reader import read_checkpoint
+    from dspark_convert.formats.safetensors import read_checkpoint
 
     directory = Path(directory)
     files = read_checkpoint(directory).files

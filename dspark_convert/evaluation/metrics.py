@@ -1,6 +1,6 @@
 """What `dspark eval` measures in a run, and DeepSpec's confidence-head metrics.
 
-Acceptance (per run, over every verify step of every prompt; REFERENCE.md §2, DeepSpec's
+Acceptance (per run, over every verify step of every prompt; docs/REFERENCE.md §2, DeepSpec's
 ``BaseEvaluator.build_metrics_row`` in deepspec/eval/base_evaluator.py):
 
 - tau: mean of accepted+1 per verify step (accepted alone at a step ended by an accepted
@@ -18,7 +18,7 @@ Acceptance (per run, over every verify step of every prompt; REFERENCE.md §2, D
 Confidence metrics: DeepSpec's ``ConfidenceHeadRecorder.observe`` and
 ``PerPositionConfidenceMetrics.update/compute/_auroc_from_hist`` and
 ``summarize_confidence_row`` (deepspec/eval/dspark/confidence_head.py, the float64
-version REFERENCE.md §7 describes), re-derived, not copied. Per verify step with L > 0:
+version docs/REFERENCE.md §7 describes), re-derived, not copied. Per verify step with L > 0:
 step probabilities sigmoid(cl_k) in the logits' dtype (float32), their cumulative product
 P_k = prod_{i<=k} in float64 over k < L, each P_k clamped to [1e-8, 1-1e-8], against the
 label "positions 0..k all accepted" (k < accepted). Per position: 20 equal-width bins of

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .metrics import PositionConfidence
+from dspark_convert.evaluation.metrics import PositionConfidence
 
 
 def _plt():
@@ -27,7 +27,7 @@ def _plt():
 
 
 def _save(fig, path: Path, *, tight: bool = False) -> None:
-    from ..atomic import write_error
+    from dspark_convert.util.atomic import write_error
 
     plt = _plt()
     try:
@@ -146,7 +146,7 @@ def reliability_plot(artifact, path: Path, held_out_raw=None, held_out_calibrate
 def speed_plot(report, path: Path) -> bool:
     if not report.runs:
         return False
-    from .report import _mib, _ms, _run_label
+    from dspark_convert.evaluation.report import _mib, _ms, _run_label
 
     plt = _plt()
     header = ["run", "T", "tok/s", "speedup", "draft ms p50/p90", "verify ms p50/p90", "peak MiB"]

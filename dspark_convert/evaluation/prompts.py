@@ -27,9 +27,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
 
-from ..errors import PromptSetError
-from ..strict_json import json_error_text, loads_strict
-from ..text import shown
+from dspark_convert.errors import PromptSetError
+from dspark_convert.util.strict_json import json_error_text, loads_strict
+from dspark_convert.util.text import shown
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "golden_prompts.jsonl"
 MAX_PROMPT_FILE_BYTES = 256 * 1024 * 1024   # a bound, not a target: prompts are read whole

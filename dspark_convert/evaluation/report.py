@@ -16,12 +16,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..atomic import atomic_directory, write_error
-from ..text import shown
-from .calibration import CalibrationFile
-from .environment import Environment, TargetIdentity
-from .metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
-from .prompts import PromptSetInfo
+from dspark_convert.util.atomic import atomic_directory, write_error
+from dspark_convert.util.text import shown
+from dspark_convert.evaluation.calibration import CalibrationFile
+from dspark_convert.evaluation.environment import Environment, TargetIdentity
+from dspark_convert.evaluation.metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
+from dspark_convert.evaluation.prompts import PromptSetInfo
 
 REPORT_FORMAT = "dspark-eval-report"
 REPORT_VERSION = 1
@@ -375,7 +375,7 @@ def _write_bytes(path: Path, data: bytes) -> None:
 def write_report(report: EvalReport, out_dir: str | os.PathLike, *, force: bool = False,
                  plots: bool = True) -> list[Path]:
     """Write the report directory atomically; returns the final paths of what it wrote."""
-    from .plots import write_plots
+    from dspark_convert.evaluation.plots import write_plots
 
     names: list[str] = []
     with atomic_directory(out_dir, force=force) as tmp:
@@ -398,6 +398,6 @@ def write_report(report: EvalReport, out_dir: str | os.PathLike, *, force: bool 
 def read_report(path: str | os.PathLike) -> EvalReport:
     """report.json back into the model (for tools that compare reports); raises
     ValueError or pydantic's ValidationError on a file that is not one."""
-    from ..strict_json import loads_strict
+    from dspark_convert.util.strict_json import loads_strict
 
     return EvalReport.model_validate(loads_strict(Path(path).read_text()))

@@ -33,8 +33,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as _gguf_dequantize
 from gguf.quants import quantize as _gguf_quantize
 
-from ..errors import QuantRowWidthError, QuantScaleOverflowError, QuantTypeError
-from ..numerics import non_finite_error
+from dspark_convert.errors import QuantRowWidthError, QuantScaleOverflowError, QuantTypeError
+from dspark_convert.formats.numerics import non_finite_error
 
 #: The types Strata's DFlash loader and tools/dflash_quantize.py accept for matrices.
 QUANT_TYPES: tuple[str, ...] = ("Q8_0", "Q5_0", "Q4_0")

@@ -1,4 +1,4 @@
-"""The DSpark drafter of REFERENCE.md §2, built only from the artifact.
+"""The DSpark drafter of docs/REFERENCE.md §2, built only from the artifact.
 
 State: per draft layer, the keys (after RoPE) and values of every committed context cell.
 A context cell at position p is the target's fused features at p:
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .layers import Rope, attention, linear, mlp, rms_norm, split_heads
-from .weights import DrafterWeights
+from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
+from dspark_convert.runtime.weights import DrafterWeights
 
 
 @dataclass(frozen=True)

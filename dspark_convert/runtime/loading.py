@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import DSparkError, SmokeInputError
-from ..progress import NoProgress, Progress
+from dspark_convert.errors import DSparkError, SmokeInputError
+from dspark_convert.util.progress import NoProgress, Progress
 
 # Compute dtypes of the runtime (`--dtype`). float32 is the reference for parity with
 # DeepSpec's traces; bfloat16 computes like the engines do. float64 exists only for tests

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from .loading import STAGING_BYTES
-from .qwen3 import TargetPlan
-from .weights import DrafterPlan
+from dspark_convert.runtime.loading import STAGING_BYTES
+from dspark_convert.runtime.qwen3 import TargetPlan
+from dspark_convert.runtime.weights import DrafterPlan
 
 MiB = 1024 * 1024
 # Peak RSS of `dspark smoke` on the 0.6 MB golden target with the 0.2 MB golden drafter

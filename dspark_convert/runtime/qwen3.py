@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from ..errors import DSparkError, RuntimeTargetError
-from ..progress import NoProgress, Progress
-from ..safetensors_reader import read_checkpoint
-from ..source import read_json_strict
-from .layers import Rope, attention, linear, mlp, rms_norm, split_heads
-from .loading import STORED_DTYPES, StoredTensor, TensorLoader
+from dspark_convert.errors import DSparkError, RuntimeTargetError
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.formats.safetensors import read_checkpoint
+from dspark_convert.source.checkpoint import read_json_strict
+from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
+from dspark_convert.runtime.loading import STORED_DTYPES, StoredTensor, TensorLoader
 
 EMBED = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"

@@ -1,4 +1,4 @@
-"""The speculative loop of REFERENCE.md §2 (DeepSpec's generate_decoding_sample, batch 1).
+"""The speculative loop of docs/REFERENCE.md §2 (DeepSpec's generate_decoding_sample, batch 1).
 
 prefill: the target runs the prompt; x[P] is picked from its last logits; the drafter's
 context cells are the prompt's features. Each cycle: the drafter proposes L tokens after the
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafter import DSparkDrafter, pick, probs_from_logits
-from .qwen3 import KVCache, Qwen3Target, TargetOutput
+from dspark_convert.runtime.drafter import DSparkDrafter, pick, probs_from_logits
+from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target, TargetOutput
 
 
 @dataclass(frozen=True)

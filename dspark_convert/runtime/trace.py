@@ -18,10 +18,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ReferenceDivergenceError, ReferenceTraceError
-from ..source import read_json_strict
-from .loading import COMPUTE_DTYPES
-from .speculative import RunResult
+from dspark_convert.errors import ReferenceDivergenceError, ReferenceTraceError
+from dspark_convert.source.checkpoint import read_json_strict
+from dspark_convert.runtime.loading import COMPUTE_DTYPES
+from dspark_convert.runtime.speculative import RunResult
 
 CONFIDENCE_ATOL = 2e-3
 REFERENCE_DTYPE = "float32"   # DeepSpec's traces carry no dtype: they are float32 runs

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from ..artifact_format import GGUF_FILE, contract_from_metadata, provenance_from_metadata
-from ..contract import FeatureContract
-from ..errors import GGUFFormatError, TensorDtypeError, TensorShapeError
-from ..gguf_reader import read_gguf
-from ..progress import NoProgress, Progress
-from .loading import StoredTensor, TensorLoader
+from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, provenance_from_metadata
+from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.errors import GGUFFormatError, TensorDtypeError, TensorShapeError
+from dspark_convert.formats.gguf_reader import read_gguf
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.runtime.loading import StoredTensor, TensorLoader
 
 
 @dataclass(frozen=True)

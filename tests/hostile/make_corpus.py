@@ -59,7 +59,7 @@ class Corpus:
 
     def artifact(self, base: Path) -> Path:
         if base not in self._artifacts:
-            from dspark_convert.convert import convert
+            from dspark_convert.commands.convert import convert
 
             out = self.scratch / f"good-{base.name}"
             convert(base, out)
@@ -600,7 +600,7 @@ TARGET_DIR = GOLDEN / "reference" / "target"
 def edit_artifact_with_target(edit: Callable[[Path], None]) -> Callable[[Path, Corpus], None]:
     """An artifact converted with --target (its manifest has a target record), then edited."""
     def build(inp: Path, corpus: Corpus) -> None:
-        from dspark_convert.convert import convert
+        from dspark_convert.commands.convert import convert
 
         convert(DSPARK, inp, target=TARGET_DIR)
         edit(inp)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dspark_convert.atomic import _tmp_prefix
+from dspark_convert.util.atomic import _tmp_prefix
 
 DSPARK = Path(sys.executable).parent / "dspark"
 

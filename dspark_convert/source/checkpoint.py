@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contract import (
+from dspark_convert.contract.dspark import (
     DSparkConfig,
     FeatureContract,
     build_contract,
@@ -19,11 +19,11 @@ from .contract import (
     config_dtype,
     parse_config,
 )
-from .errors import ConfigError, SourceNotFoundError
-from .safetensors_reader import Checkpoint, read_checkpoint
-from .artifact_format import check_storable
-from .strict_json import NotVerbatimError, check_verbatim, json_error_text, loads_strict
-from .text import shown
+from dspark_convert.errors import ConfigError, SourceNotFoundError
+from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
+from dspark_convert.artifact.format import check_storable
+from dspark_convert.util.strict_json import NotVerbatimError, check_verbatim, json_error_text, loads_strict
+from dspark_convert.util.text import shown
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 

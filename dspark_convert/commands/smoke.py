@@ -42,10 +42,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from . import errors as errors_module
-from .artifact_format import GGUF_FILE
-from .atomic import write_error
-from .errors import (
+from dspark_convert import errors as errors_module
+from dspark_convert.artifact.format import GGUF_FILE
+from dspark_convert.util.atomic import write_error
+from dspark_convert.errors import (
     AcceptanceFloorError,
     DeviceUnavailableError,
     DSparkError,
@@ -57,7 +57,7 @@ from .errors import (
     SmokeInputError,
     TargetBindingError,
 )
-from .progress import NoProgress, Progress
+from dspark_convert.util.progress import NoProgress, Progress
 
 SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
 
@@ -230,7 +230,7 @@ def resolve_device(device: str):
 
 def _validate(artifact: Path, progress: Progress) -> list[str]:
     """validate_artifact first; a failure is raised as its own error class and exit code."""
-    from .validate import validate_artifact
+    from dspark_convert.commands.validate import validate_artifact
 
     report = validate_artifact(artifact, progress=progress)
     failure = report.first_failure
@@ -381,12 +381,12 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                                    expected="an existing directory", found="nothing")
     import torch
 
-    from .runtime.drafter import DSparkDrafter
-    from .runtime.loading import compute_dtype, dtype_name
-    from .runtime.memory import available_memory, estimate_memory, format_bytes as gb
-    from .runtime.qwen3 import Qwen3Target, plan_target
-    from .runtime.speculative import speculative_generate, target_greedy
-    from .runtime.trace import (
+    from dspark_convert.runtime.drafter import DSparkDrafter
+    from dspark_convert.runtime.loading import compute_dtype, dtype_name
+    from dspark_convert.runtime.memory import available_memory, estimate_memory, format_bytes as gb
+    from dspark_convert.runtime.qwen3 import Qwen3Target, plan_target
+    from dspark_convert.runtime.speculative import speculative_generate, target_greedy
+    from dspark_convert.runtime.trace import (
         agreement,
         compare_run,
         find_reference_run,
@@ -395,7 +395,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
         run_to_json,
         trace_to_json,
     )
-    from .runtime.weights import load_drafter_weights, plan_drafter
+    from dspark_convert.runtime.weights import load_drafter_weights, plan_drafter
 
     torch_dtype = compute_dtype(dtype)
     dtype = dtype_name(torch_dtype)

@@ -1,4 +1,4 @@
-"""`dspark quantize`: a quantized artifact from a BF16 one (ARTIFACT_SPEC.md, Quantized
+"""`dspark quantize`: a quantized artifact from a BF16 one (docs/ARTIFACT_FORMAT.md, Quantized
 artifacts; issue 13).
 
 What Strata's ``tools/dflash_quantize.py`` (``export``) does to a BF16 DFlash GGUF, with the
@@ -37,21 +37,21 @@ from pathlib import Path
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 
-from .. import CONVERTER_NAME, __version__
-from ..artifact_format import ALIGNMENT, GGUF_FILE, MANIFEST_FILE
-from ..atomic import atomic_directory, check_output, refuse_overlap, write_error
-from ..convert import gguf_header, manifest_json, pwrite_all
-from ..errors import (
+from dspark_convert import CONVERTER_NAME, __version__
+from dspark_convert.artifact.format import ALIGNMENT, GGUF_FILE, MANIFEST_FILE
+from dspark_convert.util.atomic import atomic_directory, check_output, refuse_overlap, write_error
+from dspark_convert.commands.convert import gguf_header, manifest_json, pwrite_all
+from dspark_convert.errors import (
     GGUFFormatError,
     IntegrityError,
     InternalError,
     ParentArtifactError,
     QuantizedParentError,
 )
-from ..formats import quants
-from ..gguf_reader import GGUFFile, read_gguf
-from ..hashing import hash_file_and_spans, read_blocks
-from ..manifest import (
+from dspark_convert.formats import quants
+from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
+from dspark_convert.util.hashing import hash_file_and_spans, read_blocks
+from dspark_convert.artifact.manifest import (
     ArtifactRecord,
     CheckRecord,
     ConverterRecord,
@@ -62,8 +62,8 @@ from ..manifest import (
     QuantizationRecord,
     TensorRecord,
 )
-from ..progress import NoProgress, Progress
-from ..strata_rules import strata_checks
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.artifact.strata_rules import strata_checks
 
 READ_BLOCK = 8 * 1024 * 1024
 # The contract's tensor rules whose matrices are the DSpark heads (quantized only with heads=).
@@ -107,7 +107,7 @@ def _gguf_version() -> str:
 
 def _validated_parent(parent: Path, progress: Progress):
     """The parent's report, refused unless it passes every check."""
-    from ..validate import validate_artifact  # validate imports the whole checking stack
+    from dspark_convert.commands.validate import validate_artifact  # validate imports the whole checking stack
 
     report = validate_artifact(parent, progress=progress)
     failure = report.first_failure
@@ -157,7 +157,7 @@ def _plan(gguf: GGUFFile, manifest: Manifest, qtype: str, heads: str | None,
 def rule_whens(contract) -> dict[str, str]:
     """GGUF name -> the tensor table's condition ("always", "markov", "gated", ...) for a
     FeatureContract's tensors."""
-    from ..tensor_table import TENSOR_RULES, expand_rule
+    from dspark_convert.contract.tensor_table import TENSOR_RULES, expand_rule
 
     layers = contract.geometry.num_draft_layers
     return {gguf: rule.when for rule in TENSOR_RULES if rule.gguf

@@ -1,4 +1,4 @@
-"""Convert a checked DSpark checkpoint into a Strata artifact (ARTIFACT_SPEC.md).
+"""Convert a checked DSpark checkpoint into a Strata artifact (docs/ARTIFACT_FORMAT.md).
 
 One read pass over the source, never more than one 8 MiB block of it in memory:
 
@@ -33,8 +33,8 @@ import numpy as np
 from gguf import GGUFWriter
 from gguf.constants import GGMLQuantizationType
 
-from . import CONVERTER_NAME, __version__
-from .artifact_format import (
+from dspark_convert import CONVERTER_NAME, __version__
+from dspark_convert.artifact.format import (
     ALIGNMENT,
     ARCHITECTURE_NAME,
     GGUF_FILE,
@@ -44,13 +44,13 @@ from .artifact_format import (
     Provenance,
     expected_metadata,
 )
-from .atomic import atomic_directory, check_output, fsync_path, refuse_overlap, write_error
-from .contract import FeatureContract, TensorSpec
-from .errors import (InternalError, NonFiniteTensorError, OutputWriteError,
+from dspark_convert.util.atomic import atomic_directory, check_output, fsync_path, refuse_overlap, write_error
+from dspark_convert.contract.dspark import FeatureContract, TensorSpec
+from dspark_convert.errors import (InternalError, NonFiniteTensorError, OutputWriteError,
                      SafetensorsFormatError, SourceNotFoundError)
-from .paths import check_path
-from .hashing import ThreadedFileHash, hash_file_and_spans, weights_digest
-from .manifest import (
+from dspark_convert.util.paths import check_path
+from dspark_convert.util.hashing import ThreadedFileHash, hash_file_and_spans, weights_digest
+from dspark_convert.artifact.manifest import (
     MANIFEST_FORMAT,
     ArtifactRecord,
     CheckRecord,
@@ -63,16 +63,16 @@ from .manifest import (
     TargetRecord,
     TensorRecord,
 )
-from .numerics import as_array, describe_value, first_non_finite, non_finite_error, round_to_bf16
-from .hub import HubOptions, hub_cache_dir, looks_like_hub_spec, open_hub_source
-from .progress import NoProgress, Progress
-from .safetensors_reader import TensorEntry
-from .source import Source, open_source
-from .strata_rules import strata_checks
-from .text import shown
+from dspark_convert.formats.numerics import as_array, describe_value, first_non_finite, non_finite_error, round_to_bf16
+from dspark_convert.source.hub.snapshot import HubOptions, hub_cache_dir, looks_like_hub_spec, open_hub_source
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.formats.safetensors import TensorEntry
+from dspark_convert.source.checkpoint import Source, open_source
+from dspark_convert.artifact.strata_rules import strata_checks
+from dspark_convert.util.text import shown
 
 if TYPE_CHECKING:
-    from .target import Target
+    from dspark_convert.target.model import Target
 
 READ_BLOCK = 8 * 1024 * 1024
 # Stands in for a SHA-256 not known until the pass has read the source: same length, so
@@ -427,7 +427,7 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
     # A wrong target is refused here, before anything is written.
     pairing = None
     if target is not None:
-        from .pairing import pair_source  # here: a convert without --target does not load it
+        from dspark_convert.target.pairing import pair_source  # here: a convert without --target does not load it
 
         pairing = pair_source(source, target, progress)
     # The embedding and head hashes are known once the pass has read them.

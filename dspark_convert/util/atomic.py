@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import OutputExistsError, OutputWriteError
+from dspark_convert.errors import OutputExistsError, OutputWriteError
 
 TMP_MARK = ".dspark-tmp-"
 # The longest file name Linux file systems take (NAME_MAX). A temporary's name must fit

@@ -32,15 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import DeviceUnavailableError, EvalInputError
-from ..hashing import sha256_file
-from ..progress import NoProgress, Progress
-from ..text import shown
-from .calibration import CalibrationSplit, calibrate as fit_calibration, split_prompts
-from .environment import describe_environment, target_identity
-from .metrics import MemoryProbe, acceptance, confidence_data, confidence_report, spread
-from .prompts import Prompt, PromptSet, load_prompt_set, resolve_prompts
-from .report import (
+from dspark_convert.errors import DeviceUnavailableError, EvalInputError
+from dspark_convert.util.hashing import sha256_file
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.util.text import shown
+from dspark_convert.evaluation.calibration import CalibrationSplit, calibrate as fit_calibration, split_prompts
+from dspark_convert.evaluation.environment import describe_environment, target_identity
+from dspark_convert.evaluation.metrics import MemoryProbe, acceptance, confidence_data, confidence_report, spread
+from dspark_convert.evaluation.prompts import Prompt, PromptSet, load_prompt_set, resolve_prompts
+from dspark_convert.evaluation.report import (
     ArtifactReport,
     CycleRecord,
     EvalReport,
@@ -93,8 +93,8 @@ class _Artifact:
 
 def _contract(path: Path):
     """The contract from drafter.gguf's metadata (validate has just checked the file)."""
-    from ..artifact_format import GGUF_FILE, contract_from_metadata
-    from ..gguf_reader import read_gguf
+    from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata
+    from dspark_convert.formats.gguf_reader import read_gguf
 
     gguf = read_gguf(path / GGUF_FILE)
     return contract_from_metadata({k: v.value for k, v in gguf.kv.items()}, path=GGUF_FILE)
@@ -163,8 +163,8 @@ def _target_sample(model, prompt: Sequence[int], *, max_new_tokens: int, tempera
     CPU generator seeded like the speculative runs. Returns (output ids, seconds)."""
     import torch
 
-    from ..runtime.drafter import pick
-    from ..runtime.qwen3 import KVCache
+    from dspark_convert.runtime.drafter import pick
+    from dspark_convert.runtime.qwen3 import KVCache
 
     generator = torch.Generator(device="cpu")
     generator.manual_seed(seed)
@@ -215,7 +215,7 @@ class _Runner:
         self.baseline_tps: dict[float, float] = {}         # temperature -> target alone tok/s
 
     def warm_up(self, drafters) -> None:
-        from ..runtime.speculative import speculative_generate, target_greedy
+        from dspark_convert.runtime.speculative import speculative_generate, target_greedy
 
         ids = list(self.prompts[0].ids)
         n = min(WARMUP_TOKENS, self.max_new_tokens)
@@ -224,7 +224,7 @@ class _Runner:
             speculative_generate(self.model, d, ids, max_new_tokens=n, stop_token_ids=self.stops)
 
     def target(self, temperature: float) -> RunReport:
-        from ..runtime.speculative import target_greedy
+        from dspark_convert.runtime.speculative import target_greedy
 
         probe = MemoryProbe(self.model.device)
         runs = []
@@ -264,7 +264,7 @@ class _Runner:
 
     def drafter(self, art: _Artifact, temperature: float, threshold: float):
         """The RunReport and the raw steps (proposed, accepted, confidence logits)."""
-        from ..runtime.speculative import speculative_generate
+        from dspark_convert.runtime.speculative import speculative_generate
 
         probe = MemoryProbe(self.model.device)
         runs, results = [], []
@@ -342,10 +342,10 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     run at the first temperature; every threshold-0 run carries its own metrics. Raises a DSparkError for a bad input (before any
     run), EvalInterrupted on Ctrl-C once the runs have begun (a Ctrl-C while the inputs
     are checked and the models loaded is a plain KeyboardInterrupt: nothing to report)."""
-    from ..runtime.drafter import DSparkDrafter
-    from ..runtime.qwen3 import Qwen3Target
-    from ..runtime.weights import load_drafter_weights
-    from ..smoke import _validate, bind_target, resolve_device
+    from dspark_convert.runtime.drafter import DSparkDrafter
+    from dspark_convert.runtime.qwen3 import Qwen3Target
+    from dspark_convert.runtime.weights import load_drafter_weights
+    from dspark_convert.commands.smoke import _validate, bind_target, resolve_device
 
     progress = progress or NoProgress()
     check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,

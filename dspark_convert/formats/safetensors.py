@@ -45,9 +45,9 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SafetensorsFormatError, SourceLayoutError, SourceNotFoundError
-from .hashing import read_full
-from .strict_json import DuplicateKeyError, json_error_text, loads_strict
+from dspark_convert.errors import SafetensorsFormatError, SourceLayoutError, SourceNotFoundError
+from dspark_convert.util.hashing import read_full
+from dspark_convert.util.strict_json import DuplicateKeyError, json_error_text, loads_strict
 
 __all__ = [
     "MAX_HEADER_BYTES",

@@ -1,8 +1,8 @@
 """Generated sections of docs/ARTIFACT_FORMAT.md and README.md, from the same tables the
 writer and the validator use.
 
-    python -m dspark_convert.docs            # rewrite the generated sections
-    python -m dspark_convert.docs --check    # exit 1 if a generated section is stale
+    python tools/docs.py            # rewrite the generated sections
+    python tools/docs.py --check    # exit 1 if a generated section is stale
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import re
 import sys
 from pathlib import Path
 
-from .artifact_format import METADATA_KEYS
-from .errors import concrete_errors
-from .generated import generator_main
-from .tensor_table import SYMBOLS, TENSOR_RULES, pretty_dim
+from dspark_convert.artifact.format import METADATA_KEYS
+from dspark_convert.errors import concrete_errors
+from generated import generator_main  # tools/generated.py, beside this script
+from dspark_convert.contract.tensor_table import SYMBOLS, TENSOR_RULES, pretty_dim
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEN_TEXT = {"always": "always", "hub": "Hub source only", "markov": "markov_rank > 0",
@@ -91,7 +91,7 @@ def write() -> None:
 
 def main() -> int:
     return generator_main("the generated doc sections", stale, write,
-                          "python -m dspark_convert.docs (make docs)")
+                          "python tools/docs.py (make docs)")
 
 
 if __name__ == "__main__":

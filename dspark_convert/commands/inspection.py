@@ -12,13 +12,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .artifact_format import GGUF_FILE, contract_from_metadata, read_metadata
-from .contract import FeatureContract
-from .errors import DSparkError, HeadConfigMismatchError, InventoryError, SourceNotFoundError
-from .paths import check_path
-from .gguf_reader import read_gguf
-from .safetensors_reader import read_checkpoint
-from .source import check_checkpoint_inventory, load_config
+from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
+from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.errors import DSparkError, HeadConfigMismatchError, InventoryError, SourceNotFoundError
+from dspark_convert.util.paths import check_path
+from dspark_convert.formats.gguf_reader import read_gguf
+from dspark_convert.formats.safetensors import read_checkpoint
+from dspark_convert.source.checkpoint import check_checkpoint_inventory, load_config
 
 MAX_UNEXPECTED_ROWS = 50
 
@@ -85,7 +85,7 @@ def _inspect_checkpoint(directory: Path) -> InspectResult:
 
 
 def _inspect_artifact(gguf_path: Path) -> InspectResult:
-    from .validate import check_gguf_inventory  # the validator's own inventory rule
+    from dspark_convert.commands.validate import check_gguf_inventory  # the validator's own inventory rule
 
     gguf = read_gguf(gguf_path)
     contract = contract_from_metadata(read_metadata(gguf, path=gguf_path.name), path=gguf_path.name)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .errors import TargetFormatError, TargetNotFoundError
-from .manifest import SpecialTokenRecord, TokenizerRecord
-from .safetensors_reader import json_items
+from dspark_convert.errors import TargetFormatError, TargetNotFoundError
+from dspark_convert.artifact.manifest import SpecialTokenRecord, TokenizerRecord
+from dspark_convert.formats.safetensors import json_items
 
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -1,7 +1,7 @@
 """JSON Schemas of the project's pydantic models, checked in under schemas/.
 
-    python -m dspark_convert.schemas            # rewrite schemas/
-    python -m dspark_convert.schemas --check    # exit 1 if schemas/ is stale (tests do this)
+    python tools/schemas.py            # rewrite schemas/
+    python tools/schemas.py --check    # exit 1 if schemas/ is stale (tests do this)
 """
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import json
 import sys
 from pathlib import Path
 
-from .contract import DSparkConfig, FeatureContract
-from .generated import generator_main
-from .manifest import Manifest
+from dspark_convert.contract.dspark import DSparkConfig, FeatureContract
+from generated import generator_main  # tools/generated.py, beside this script
+from dspark_convert.artifact.manifest import Manifest
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
 
 def _models() -> dict:
-    from .inspect import InspectResult
-    from .lockfile import LockFile
-    from .validate import ValidationReport
+    from dspark_convert.commands.inspection import InspectResult
+    from dspark_convert.source.hub.lockfile import LockFile
+    from dspark_convert.commands.validate import ValidationReport
 
     return {
         "dspark-config.schema.json": DSparkConfig,
@@ -60,7 +60,7 @@ def write(directory: Path = SCHEMA_DIR) -> None:
 
 def main() -> int:
     return generator_main("schemas/", lambda: [f"schemas/{n}" for n in stale()], write,
-                          "python -m dspark_convert.schemas (make schemas)")
+                          "python tools/schemas.py (make schemas)")
 
 
 if __name__ == "__main__":

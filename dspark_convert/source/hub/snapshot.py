@@ -1,7 +1,7 @@
 """Hugging Face Hub sources: ``org/name@<40-hex commit>``, downloaded and proven.
 
 The bytes converted must be provably the bytes pinned. huggingface_hub only checks sizes
-(REFERENCE.md §4), so this module:
+(docs/REFERENCE.md §4), so this module:
 
 1. parses the spec; a branch or tag is refused unless ``resolve`` is set, and then it is
    resolved to a commit once, which is returned (and recorded), never silently followed;
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
 
-from .errors import (
+from dspark_convert.errors import (
     DSparkError,
     HubFileNotFoundError,
     HubIntegrityError,
@@ -52,9 +52,9 @@ from .errors import (
     LockMismatchError,
     PinMismatchError,
 )
-from .patterns import is_commit, is_commit_any_case, is_repo_id, is_sha256
-from .text import shown
-from .progress import NoProgress, Progress
+from dspark_convert.util.patterns import is_commit, is_commit_any_case, is_repo_id, is_sha256
+from dspark_convert.util.text import shown
+from dspark_convert.util.progress import NoProgress, Progress
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -259,7 +259,7 @@ class Snapshot:
 
     def record(self):
         """The manifest's ``source.hub`` record; every file must be verified."""
-        from .manifest import HubFileRecord, HubRecord
+        from dspark_convert.artifact.manifest import HubFileRecord, HubRecord
 
         missing = [f.path for f in self.files if f.path not in self.verified]
         if missing:
@@ -584,7 +584,7 @@ def _quiet_huggingface_hub():
 
 def _fetch_snapshot(spec, resolve, pins, lock, allow_patterns, required, require_weights, defer,
                     endpoint, cache_dir, offline, policy, progress) -> Snapshot:
-    from .lockfile import LockFile, read_lock
+    from dspark_convert.source.hub.lockfile import LockFile, read_lock
 
     progress = progress or NoProgress()
     spec = spec if isinstance(spec, HubSpec) else parse_spec(spec)
@@ -596,7 +596,7 @@ def _fetch_snapshot(spec, resolve, pins, lock, allow_patterns, required, require
         lock_sha = hash_file(Path(lock))[1] if Path(lock).is_file() else None
         lock = read_lock(lock)
     elif lock is not None:
-        from .lockfile import lock_json
+        from dspark_convert.source.hub.lockfile import lock_json
         lock_sha = hashlib.sha256(lock_json(lock).encode()).hexdigest()
     patterns = tuple(allow_patterns)
     offline = offline_mode() if offline is None else offline
@@ -801,7 +801,7 @@ def _add_user_expectations(files: list[SnapshotFile], pins: Mapping[str, str], l
 
 def lock_from_snapshot(snap: Snapshot):
     """The lock file of a fully verified snapshot."""
-    from .lockfile import LockedFile, LockFile
+    from dspark_convert.source.hub.lockfile import LockedFile, LockFile
 
     missing = [f.path for f in snap.files if f.path not in snap.verified]
     if missing:
@@ -824,14 +824,14 @@ def lock_snapshot(spec: str, output: str | os.PathLike, *, resolve: bool = False
                   policy: RetryPolicy = RetryPolicy(),
                   progress: Progress | None = None) -> LockResult:
     """``dspark lock``: download and verify a snapshot, then write its lock file."""
-    from .lockfile import write_lock
+    from dspark_convert.source.hub.lockfile import write_lock
 
-    from .atomic import check_output, refuse_overlap
+    from dspark_convert.util.atomic import check_output, refuse_overlap
 
     # Before the download: an existing lock (without --force), and a lock file that would
     # land inside (or replace a file of) the cache the snapshot is read from.
-    from .errors import OutputWriteError
-    from .paths import check_path
+    from dspark_convert.errors import OutputWriteError
+    from dspark_convert.util.paths import check_path
 
     check_path(output, what="the lock file", error=OutputWriteError)
     out = check_output(output, force=force, directory=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import NonFiniteTensorError
+from dspark_convert.errors import NonFiniteTensorError
 
 CHUNK_ELEMENTS = 8 * 1024 * 1024
 

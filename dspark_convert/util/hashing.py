@@ -30,7 +30,7 @@ def sha256_file(path: str | os.PathLike, progress=None) -> str:
 
 def weights_digest(files: list[tuple[str, str]]) -> str:
     """dflash.source.sha256: the file's own SHA-256 for one weights file; for shards, the
-    SHA-256 of the sorted "<file> <sha256>\\n" lines (ARTIFACT_SPEC.md)."""
+    SHA-256 of the sorted "<file> <sha256>\\n" lines (docs/ARTIFACT_FORMAT.md)."""
     if len(files) == 1:
         return files[0][1]
     lines = "".join(f"{name} {digest}\n" for name, digest in sorted(files))
@@ -38,7 +38,7 @@ def weights_digest(files: list[tuple[str, str]]) -> str:
 
 
 # The pattern lives in patterns.py (the one regex home); the old name stays for callers.
-from .patterns import is_sha256 as is_sha256_hex  # noqa: E402
+from dspark_convert.util.patterns import is_sha256 as is_sha256_hex  # noqa: E402
 
 
 def read_full(fh, view: memoryview) -> int:

@@ -15,9 +15,9 @@ from typing import Literal
 
 from gguf.constants import GGUFValueType
 
-from . import CONVERTER_NAME, __version__
-from .contract import ARCHITECTURE, FeatureContract, build_contract, parse_config
-from .errors import ConfigError, ContractViolation, DSparkError, GeometryLimitError, MetadataError
+from dspark_convert import CONVERTER_NAME, __version__
+from dspark_convert.contract.dspark import ARCHITECTURE, FeatureContract, build_contract, parse_config
+from dspark_convert.errors import ConfigError, ContractViolation, DSparkError, GeometryLimitError, MetadataError
 
 FORMAT_VERSION = 1
 ARCHITECTURE_NAME = "dflash"

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .artifact_format import CONFIG_FIELD_KEYS, as_float32
-from .contract import FeatureContract
-from .errors import (
+from dspark_convert.artifact.format import CONFIG_FIELD_KEYS, as_float32
+from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.errors import (
     EmbeddingIdentityError,
     MaskTokenCollisionError,
     SafetensorsFormatError,
@@ -42,11 +42,11 @@ from .errors import (
     TargetVocabError,
     TokenizerMismatchError,
 )
-from .hashing import read_full
-from .manifest import CheckRecord, TargetRecord, TargetTensorRecord, TokenizerRecord
-from .progress import NoProgress, Progress
-from .safetensors_reader import TensorEntry
-from .target import (
+from dspark_convert.util.hashing import read_full
+from dspark_convert.artifact.manifest import CheckRecord, TargetRecord, TargetTensorRecord, TokenizerRecord
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.formats.safetensors import TensorEntry
+from dspark_convert.target.model import (
     TARGET_MODEL_TYPE,
     Target,
     hash_target_tensors,
@@ -55,16 +55,16 @@ from .target import (
     shrank_error,
     tensor_sha256,
 )
-from .text import shown
-from .tokenizer_fingerprint import fingerprint_difference
+from dspark_convert.util.text import shown
+from dspark_convert.target.tokenizer import fingerprint_difference
 
 if TYPE_CHECKING:
-    from .manifest import Manifest
-    from .source import Source
+    from dspark_convert.artifact.manifest import Manifest
+    from dspark_convert.source.checkpoint import Source
 
 # The values every released Qwen3 dense model's config.json holds (Qwen/Qwen3-0.6B ... 32B:
 # rope_theta 1000000, rms_norm_eps 1e-06); Strata's DFlash loader also fixes RMS eps at
-# 1e-6 (REFERENCE.md §3). Another value is unusual, not wrong: a warning.
+# 1e-6 (docs/REFERENCE.md §3). Another value is unusual, not wrong: a warning.
 FAMILY_ROPE_THETA = 1_000_000.0
 FAMILY_RMS_EPS = 1e-6
 

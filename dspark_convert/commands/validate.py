@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from . import CONVERTER_NAME
-from .artifact_format import (
+from dspark_convert import CONVERTER_NAME
+from dspark_convert.artifact.format import (
     ALIGNMENT,
     GGUF_FILE,
     LOCAL_REVISION,
@@ -33,8 +33,8 @@ from .artifact_format import (
     provenance_from_metadata,
     read_metadata,
 )
-from .contract import FeatureContract, build_contract, config_dtype, parse_config
-from .errors import (
+from dspark_convert.contract.dspark import FeatureContract, build_contract, config_dtype, parse_config
+from dspark_convert.errors import (
     ContractViolation,
     DSparkError,
     GGUFFormatError,
@@ -50,16 +50,16 @@ from .errors import (
     TensorShapeError,
     UnexpectedTensorError,
 )
-from .gguf_reader import GGUFFile, read_gguf
-from .hashing import hash_file_and_spans, is_sha256_hex, weights_digest
-from .manifest import Manifest
-from .paths import check_path
-from .patterns import is_commit
-from .text import shown
-from .progress import NoProgress, Progress
-from .numerics import non_finite_error
-from .source import read_json_strict
-from .strata_rules import strata_checks
+from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
+from dspark_convert.util.hashing import hash_file_and_spans, is_sha256_hex, weights_digest
+from dspark_convert.artifact.manifest import Manifest
+from dspark_convert.util.paths import check_path
+from dspark_convert.util.patterns import is_commit
+from dspark_convert.util.text import shown
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.formats.numerics import non_finite_error
+from dspark_convert.source.checkpoint import read_json_strict
+from dspark_convert.artifact.strata_rules import strata_checks
 
 # "info": a fact the reader should know that is not a risk (today's Strata loader refuses
 # DSpark heads); unlike "warning", --strict does not fail it.
@@ -608,8 +608,8 @@ class _TensorView:
 
 def _check_target(checks: _Checks, target, contract: FeatureContract | None, kv: dict | None,
                   manifest: Manifest | None, label: str, progress: Progress) -> None:
-    from .pairing import pair_artifact, target_record
-    from .target import Target, hash_target_tensors, open_target
+    from dspark_convert.target.pairing import pair_artifact, target_record
+    from dspark_convert.target.model import Target, hash_target_tensors, open_target
 
     if contract is None:
         checks.skipped("target", "needs a valid contract in the metadata")

@@ -1,4 +1,4 @@
-"""The rules Strata's DFlash loader applies to a GGUF drafter (REFERENCE.md §3).
+"""The rules Strata's DFlash loader applies to a GGUF drafter (docs/REFERENCE.md §3).
 
 Checked by the converter (recorded in the manifest) and by ``dspark validate``. Strata is
 more lenient about types than our format (any numeric type for integers, "1" for true):
@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from .artifact_format import as_float32
-from .manifest import CheckRecord
-from .tensor_table import FORBIDDEN_GGUF_NAMES, TENSOR_RULES, expand_rule
+from dspark_convert.artifact.format import as_float32
+from dspark_convert.artifact.manifest import CheckRecord
+from dspark_convert.contract.tensor_table import FORBIDDEN_GGUF_NAMES, TENSOR_RULES, expand_rule
 
 STRATA_MAX_BLOCK_COUNT = 64
 STRATA_MAX_BLOCK_SIZE = 128

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import DSparkError
-from .text import shown
+from dspark_convert.errors import DSparkError
+from dspark_convert.util.text import shown
 
 NAME_MAX = 255      # bytes in one path component (ext4, xfs, btrfs, tmpfs)
 PATH_MAX = 4096     # bytes in a whole path, as the kernel takes it

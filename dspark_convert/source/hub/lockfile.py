@@ -14,10 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .atomic import atomic_file
-from .errors import HubSpecError
-from .paths import check_path
-from .patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
+from dspark_convert.util.atomic import atomic_file
+from dspark_convert.errors import HubSpecError
+from dspark_convert.util.paths import check_path
+from dspark_convert.util.patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
 
 LOCK_FORMAT = "dspark-lock"
 MAX_LOCK_BYTES = 4 * 1024 * 1024
@@ -57,7 +57,7 @@ def lock_json(lock: LockFile) -> str:
 
 def read_lock(path: str | os.PathLike) -> LockFile:
     """Parse a lock file; anything malformed raises HubSpecError naming the file and field."""
-    from .source import read_json_strict
+    from dspark_convert.source.checkpoint import read_json_strict
 
     path = check_path(path, what="the lock file", error=HubSpecError)
     if not path.is_file():

@@ -27,28 +27,28 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .contract import RopeParameters
-from .errors import (
+from dspark_convert.contract.dspark import RopeParameters
+from dspark_convert.errors import (
     SourceError,
     SourceNotFoundError,
     TargetFormatError,
     TargetNotFoundError,
 )
-from .hashing import read_blocks
-from .manifest import FileRecord, TargetConfigRecord, TargetTensorRecord
-from .numerics import RAW_DTYPES, round_to_bf16
-from .paths import check_path
-from .patterns import split_hub_spec
-from .progress import NoProgress, Progress
-from .safetensors_reader import (
+from dspark_convert.util.hashing import read_blocks
+from dspark_convert.artifact.manifest import FileRecord, TargetConfigRecord, TargetTensorRecord
+from dspark_convert.formats.numerics import RAW_DTYPES, round_to_bf16
+from dspark_convert.util.paths import check_path
+from dspark_convert.util.patterns import split_hub_spec
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.formats.safetensors import (
     Checkpoint,
     TensorEntry,
     _allowed_roots,
     _check_openable,
     read_checkpoint,
 )
-from .source import MAX_CONFIG_BYTES, read_json_strict
-from .tokenizer_fingerprint import (
+from dspark_convert.source.checkpoint import MAX_CONFIG_BYTES, read_json_strict
+from dspark_convert.target.tokenizer import (
     TOKENIZER_FILE,
     TokenizerFingerprint,
     fingerprint_tokenizer,
@@ -80,7 +80,7 @@ def hub_resolver(*, progress: Progress | None = None, **options) -> HubResolver:
     its keyword arguments, e.g. ``endpoint``, ``cache_dir``, ``resolve``); a refusal there
     raises its Hub error (exit codes 50-59)."""
     def resolve(repo: str, revision: str) -> tuple[Path, str]:
-        from .hub import fetch_snapshot
+        from dspark_convert.source.hub.snapshot import fetch_snapshot
 
         snap = fetch_snapshot(f"{repo}@{revision}", allow_patterns=TARGET_HUB_PATTERNS,
                               required=("config.json", TOKENIZER_FILE), progress=progress,

@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from .contract import FeatureContract
-from .patterns import COMMIT_PATTERN, SHA256_PATTERN
+from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.util.patterns import COMMIT_PATTERN, SHA256_PATTERN
 
 MANIFEST_FORMAT = "strata-dspark-artifact"
 Sha256 = Field(pattern=SHA256_PATTERN)
@@ -168,7 +168,7 @@ class TokenizerRecord(_Record):
 
 
 class TargetRecord(_Record):
-    """The target a drafter was checked against (ARTIFACT_SPEC.md, manifest.json)."""
+    """The target a drafter was checked against (docs/ARTIFACT_FORMAT.md, manifest.json)."""
     repo: str | None = Field(description="Hub repo id; null for a local directory")
     revision: str = Field(description="40-hex commit, or 'local'")
     path: str | None = Field(description="the local directory as given; null for a Hub target")
@@ -185,7 +185,7 @@ class ParentRecord(_Record):
 
 
 class QuantizationRecord(_Record):
-    """How a quantized artifact was made (ARTIFACT_SPEC.md, Quantized artifacts)."""
+    """How a quantized artifact was made (docs/ARTIFACT_FORMAT.md, Quantized artifacts)."""
     type: QuantType = Field(description="strata.dflash.quantization: the type of the 2-D "
                             "backbone matrices (fc, blk.N.*)")
     heads: QuantType | None = Field(description="the type of the Markov and confidence "

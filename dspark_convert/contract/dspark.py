@@ -9,7 +9,7 @@ Two pydantic v2 models:
   layout, attention, Markov head, confidence head and the exact tensor inventory with
   concrete shapes, computed from ``tensor_table.TENSOR_RULES``.
 
-``build_contract`` applies the semantic rules of ARTIFACT_SPEC.md and raises the specific
+``build_contract`` applies the semantic rules of docs/ARTIFACT_FORMAT.md and raises the specific
 error class of each refusal. ``check_inventory`` compares a checkpoint's tensors with it.
 """
 
@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import (
+from dspark_convert.errors import (
     ConfigError,
     GeometryLimitError,
     HeadConfigMismatchError,
@@ -33,12 +33,12 @@ from .errors import (
     UnsupportedArchitectureError,
     UnsupportedFeatureError,
 )
-from .tensor_table import TENSOR_RULES, TensorRule, eval_dim, expand_rule, pretty_dim
+from dspark_convert.contract.tensor_table import TENSOR_RULES, TensorRule, eval_dim, expand_rule, pretty_dim
 
 FAMILY = "qwen3-dspark"
 ARCHITECTURE = "Qwen3DSparkModel"
 
-# Limits Strata's loader applies (REFERENCE.md §3) and the format inherits.
+# Limits Strata's loader applies (docs/REFERENCE.md §3) and the format inherits.
 MAX_BLOCK_SIZE = 128
 MAX_DRAFT_LAYERS = 64
 MAX_TARGET_TAPS = 64
@@ -67,7 +67,7 @@ class RopeParameters(_Strict):
 
 
 class DSparkConfig(_Strict):
-    """config.json of a Qwen3DSparkModel checkpoint (REFERENCE.md §1).
+    """config.json of a Qwen3DSparkModel checkpoint (docs/REFERENCE.md §1).
 
     Geometry fields are required. ``markov_head_type`` exists only when
     ``markov_rank > 0`` and ``confidence_head_with_markov`` only with a confidence head,
