@@ -1,0 +1,85 @@
+"""The typer app and what its commands share: options, output, the style of statuses.
+
+Each command lives in its own module (cli/convert.py, cli/validate.py ...): it only parses
+options, calls one library function, and maps its frozen result to output and an exit code
+(cli/errors.py). Libraries are imported inside the command bodies, so that `dspark --help`
+does not pay for numpy, gguf or torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape as escape_markup
+
+from dspark_convert import __version__
+from dspark_convert.util.text import shown
+
+
+def escape(text: object) -> str:
+    """Text from files and users for rich output: non-printing characters escaped (no
+    terminal escape sequence reaches the screen), then rich markup escaped."""
+    return escape_markup(shown(text))
+
+app = typer.Typer(
+    name="dspark",
+    help="Convert DeepSeek DSpark drafters into Strata artifacts (from a directory or the Hub, "
+         "pinned), validate, inspect and smoke-test them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON report on stdout.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
+TargetOpt = Annotated[Optional[str], typer.Option(
+    "--target", help="The target model: a directory (config.json, tokenizer.json, safetensors) "
+    "or org/name@<40-hex commit> on the Hub; check geometry, embedding identity and tokenizer "
+    "against it.")]
+ResolveOpt = Annotated[bool, typer.Option(
+    "--resolve", help="Allow a branch or tag in org/name@REV: resolve it to its commit now "
+    "(printed and recorded).")]
+Sha256Opt = Annotated[Optional[list[str]], typer.Option(
+    "--sha256", help="Pin a Hub file: FILE=SHA256 (repeatable).", metavar="FILE=HEX")]
+LockOpt = Annotated[Optional[Path], typer.Option(
+    "--lock", help="A lock file from `dspark lock`: refuse any other commit or file.")]
+
+STATUS_STYLE = {"passed": "green", "info": "cyan", "warning": "yellow", "failed": "bold red",
+                "skipped": "dim", "ok": "green", "stripped": "cyan", "absent": "dim", "missing": "bold red",
+                "unexpected": "bold red", "shape": "bold red", "dtype": "bold red"}
+
+
+def _out() -> Console:
+    return Console(soft_wrap=True, highlight=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"dspark-convert {__version__}")
+        raise typer.Exit(0)
+
+
+
+
+@app.callback()
+def main(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+) -> None:
+    """Exit codes: 0 success, 2 usage, 10-95 one per kind of refusal (see README)."""
+
+
+def print_hub(out: Console, hub) -> None:
+    if hub.resolved:
+        out.print(escape(f"  resolved {hub.repo}@{hub.requested_revision} -> {hub.commit} "
+                         "(recorded)"))
+    where = "the local cache (offline)" if hub.offline else hub.endpoint
+    out.print(escape(f"  {hub.repo}@{hub.commit} from {where}: {len(hub.files)} file(s) "
+                     "SHA-256 verified"))
+    for f in hub.files:
+        against = ", ".join(f.verified_against) or "nothing to compare with"
+        out.print(escape(f"    {f.path}  {f.size:,} bytes  sha256 {f.sha256}  ({against})"))

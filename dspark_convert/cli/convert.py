@@ -1,0 +1,86 @@
+"""`dspark convert`: a checkpoint (a directory or a Hub source) into an artifact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dspark_convert.cli.app import (
+    STATUS_STYLE,
+    DebugOpt,
+    JsonOpt,
+    LockOpt,
+    ResolveOpt,
+    Sha256Opt,
+    TargetOpt,
+    _out,
+    app,
+    escape,
+    print_hub,
+)
+from dspark_convert.cli.errors import run
+
+
+@app.command()
+def convert(
+    source: Annotated[str, typer.Argument(help="A DSpark checkpoint directory (config.json + "
+                                                "safetensors), or a Hub source org/name@<40-hex commit>.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The artifact directory to create.")],
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output, atomically.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    target: TargetOpt = None,
+    resolve: ResolveOpt = False,
+    sha256: Sha256Opt = None,
+    lock: LockOpt = None,
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Convert a checkpoint (a directory, or a Hub source org/name@<commit>) into
+    OUTPUT/drafter.gguf + OUTPUT/manifest.json."""
+
+    def body() -> int:
+        from dspark_convert.cli.progress import RichProgress
+        from dspark_convert.commands.convert import convert as do_convert
+
+        hub = None
+        if resolve or sha256 or lock is not None:
+            from dspark_convert.source.hub.snapshot import HubOptions, parse_pins
+            hub = HubOptions(resolve=resolve, pins=parse_pins(sha256 or []), lock=lock)
+        result = do_convert(source, output, force=force, target=target, hub=hub,
+                            progress=RichProgress(enabled=not quiet and not as_json))
+        m = result.manifest
+        target_checks = m.target.checks if m.target else []
+        warnings = [c for c in m.checks + target_checks if c.status == "warning"]
+        if as_json:
+            print(json.dumps({
+                "ok": True, "output": str(result.output), "drafter_gguf": {
+                    "size": result.gguf_size, "sha256": result.gguf_sha256,
+                    "tensors": len(m.artifact.tensors)},
+                "stripped": [s.name for s in m.source.stripped],
+                "checks": [c.model_dump() for c in m.checks],
+                "target": m.target.model_dump() if m.target else None,
+                "hub": m.source.hub.model_dump() if m.source.hub else None}, indent=2))
+            return 0
+        out = _out()
+        # Paths, names and details come from files and users: escaped, never rich markup.
+        out.print(escape(f"converted {source} -> {result.output}"))
+        if m.source.hub:
+            print_hub(out, m.source.hub)
+        out.print(f"  drafter.gguf  {result.gguf_size:,} bytes  sha256 {result.gguf_sha256}")
+        stripped = ", ".join(s.name for s in m.source.stripped) or "none"
+        out.print(escape(f"  {len(m.artifact.tensors)} tensors written; hashed and stripped: {stripped}"))
+        if m.target:
+            out.print(escape(f"  target {target}: {len(target_checks)} pairing checks; tokenizer "
+                             f"{m.target.tokenizer.sha256[:16]}… and embedding/head hashes recorded"))
+        passed = sum(c.status == 'passed' for c in m.checks + target_checks)
+        infos = [c for c in m.checks + target_checks if c.status == "info"]
+        out.print(f"  checks: {passed} passed, {len(warnings)} warning(s), {len(infos)} note(s)")
+        for check in warnings + infos:
+            style = STATUS_STYLE[check.status]
+            out.print(f"  [{style}]{check.status}[/] {escape(check.name)}: {escape(check.detail)}")
+        return 0
+
+    run(body, debug=debug, as_json=as_json)

@@ -1,0 +1,132 @@
+"""`dspark smoke`: run the drafter against its target in the reference runtime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dspark_convert.cli.app import DebugOpt, JsonOpt, _out, app, escape
+from dspark_convert.cli.errors import run
+
+
+def _prompt_ids(values: Optional[list[str]]) -> list[list[int]]:
+    """--prompt-ids 1,17,33 (repeatable) -> [[1, 17, 33], ...]; a usage error (exit 2) else."""
+    prompts = []
+    for text in values or []:
+        try:
+            prompts.append([int(part) for part in text.split(",") if part.strip()])
+        except ValueError:
+            raise typer.BadParameter(f"expected comma-separated token ids, found {text!r}") from None
+    return prompts
+
+
+@app.command()
+def smoke(
+    artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert`.")],
+    target: Annotated[Path, typer.Option("--target", help="The target model directory (Qwen3, HF safetensors).")],
+    prompt_ids: Annotated[Optional[list[str]], typer.Option(
+        "--prompt-ids", metavar="IDS", callback=_prompt_ids,
+        help="A prompt as comma-separated token ids; repeat for more prompts.")] = None,
+    prompt: Annotated[Optional[str], typer.Option(
+        "--prompt", help="A text prompt, tokenized with the target's tokenizer.json.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, max=100.0)] = 0.0,
+    confidence_threshold: Annotated[float, typer.Option(
+        "--confidence-threshold", min=0.0, max=1.0,
+        help="Cut the block at the first position whose confidence is below this (0: off).")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed for temperature > 0 (0..2^64-1).")] = 0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="Compute dtype: float32 (the reference for DeepSpec's traces) or "
+        "bfloat16 (as the engines compute).")] = "float32",
+    verify: Annotated[str, typer.Option(
+        "--verify", help="Verify drafts in one forward (batched, as engines do) or token by "
+        "token (stepwise: exactly the target's greedy numerics); auto: batched in float32, "
+        "stepwise in bfloat16.")] = "auto",
+    max_memory: Annotated[Optional[str], typer.Option(
+        "--max-memory", metavar="SIZE", help="Check the memory estimate against SIZE (20GB, "
+        "16GiB) instead of what the device has available.")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the trace (reference.json format).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of acceptance by draft position.")] = None,
+    reference: Annotated[Optional[Path], typer.Option(
+        "--reference", help="A reference.json: fail at the first cycle that differs (in "
+        "another dtype: report the agreement).")] = None,
+    min_tau: Annotated[Optional[float], typer.Option("--min-tau", help="Fail when tau is below this.")] = None,
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run the drafter against its target: tau, acceptance by position, speed; fails when the
+    output differs from the target's own (temperature 0) or from --reference."""
+
+    def body() -> int:
+        from dspark_convert.cli.progress import RichProgress
+        from dspark_convert.commands.smoke import parse_memory_size, run_smoke
+        from dspark_convert.runtime.memory import format_bytes as gb
+
+        out = _out()
+
+        def show_estimate(m) -> None:
+            # Printed before the weights are loaded; the JSON report carries the same fields.
+            if not as_json:
+                out.print(escape(f"memory estimate {gb(m.estimate_bytes)} on {m.device} "
+                                 f"({m.dtype}): weights {gb(m.target_weights_bytes)} target + "
+                                 f"{gb(m.drafter_weights_bytes)} drafter, activations "
+                                 f"{gb(m.activations_bytes)} ({m.context_tokens} positions), "
+                                 f"runtime {gb(m.runtime_bytes)}; {gb(m.budget_bytes)} "
+                                 f"available ({m.budget_source})"))
+
+        budget = parse_memory_size(max_memory) if max_memory is not None else None
+        result = run_smoke(artifact, target=target, prompts=prompt_ids, prompt_text=prompt,
+                           max_new_tokens=max_new_tokens, temperature=temperature,
+                           confidence_threshold=confidence_threshold, seed=seed, device=device,
+                           dtype=dtype, verify=verify, max_memory=budget, trace=trace, plot=plot,
+                           reference=reference, min_tau=min_tau,
+                           progress=RichProgress(enabled=not as_json), on_estimate=show_estimate)
+        if as_json:
+            print(json.dumps({"ok": True, **result.model_dump()}, indent=2))
+            return 0
+        out.print(escape(f"smoke {artifact} on {target} ({result.device}, {result.dtype}, "
+                         f"{result.verify} verify, temperature {result.temperature:g}, threshold "
+                         f"{result.confidence_threshold:g})"))
+        for i, one in enumerate(result.runs):
+            checks = []
+            if one.lossless is not None:
+                checks.append("= target greedy" if one.lossless else "DIFFERS from target greedy")
+            agreed = one.reference_agreement
+            if agreed is not None and agreed.identical:
+                checks.append(f"= reference run {one.reference_run}")
+            elif agreed is not None:
+                conf = agreed.confidence_max_abs_difference
+                checks.append(f"vs reference run {one.reference_run} ({agreed.reference_dtype}): "
+                              f"first {agreed.cycles_tokens_identical} of {agreed.cycles} cycles "
+                              f"and {agreed.new_tokens_identical} of {agreed.new_tokens} new "
+                              "tokens identical" + ("" if conf is None else
+                                                    f", confidence logits within {conf:.2g}"))
+            out.print(escape(f"  prompt {i}: {one.new_tokens} new tokens in {one.verify_steps} "
+                             f"verify steps, tau {one.tau:.2f}; " + ", ".join(checks)))
+        rates = " ".join("-" if r is None else f"{r:.2f}" for r in result.acceptance_by_position)
+        out.print(f"  tau {result.tau:.3f}; acceptance by position: {rates}")
+        speed = (f"  drafted {result.drafted_tokens_per_second:,.0f} tok/s, committed "
+                 f"{result.committed_tokens_per_second:,.0f} tok/s")
+        if result.target_only_tokens_per_second:
+            speed += f" (target alone {result.target_only_tokens_per_second:,.0f} tok/s)"
+        out.print(speed)
+        timing = f"  load {result.load_seconds:.2f} s"
+        if result.verify_seconds_per_cycle is not None:
+            timing += (f"; per cycle: verify forward {result.verify_seconds_per_cycle * 1e3:,.1f} ms, "
+                       f"draft block {result.draft_seconds_per_cycle * 1e3:,.1f} ms")
+        m = result.memory
+        timing += f"; peak RSS {gb(m.peak_rss_bytes)} (estimate {gb(m.estimate_bytes)})"
+        if m.cuda_max_allocated_bytes is not None:
+            timing += f", CUDA max allocated {gb(m.cuda_max_allocated_bytes)}"
+        out.print(timing)
+        for path in (result.trace, result.plot):
+            if path:
+                out.print(escape(f"  wrote {path}"))
+        out.print("[green]PASSED[/]")
+        return 0
+
+    run(body, debug=debug, as_json=as_json)

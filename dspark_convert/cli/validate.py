@@ -1,0 +1,65 @@
+"""`dspark validate`: re-check an artifact from scratch (the release gate)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from dspark_convert.cli.app import (
+    STATUS_STYLE,
+    DebugOpt,
+    JsonOpt,
+    TargetOpt,
+    _out,
+    app,
+    escape,
+)
+from dspark_convert.cli.errors import run
+from dspark_convert.util.text import shown
+
+
+@app.command()
+def validate(
+    artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert`.")],
+    strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures (exit 45).")] = False,
+    target: TargetOpt = None,
+    as_json: JsonOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Re-check an artifact from scratch; exit 0 only when every check passed."""
+
+    def body() -> int:
+        from dspark_convert.cli.progress import RichProgress
+        from dspark_convert.commands.validate import validate_artifact
+
+        report = validate_artifact(artifact, progress=RichProgress(enabled=not as_json),
+                                   target=target)
+        code = report.exit_code(strict=strict)
+        if as_json:
+            print(json.dumps({**report.model_dump(), "strict": strict, "exit_code": code}, indent=2))
+        else:
+            table = Table(title=escape(f"dspark validate {artifact}"), show_lines=False)
+            table.add_column("check")
+            table.add_column("status")
+            table.add_column("detail", overflow="fold")
+            for check in report.checks:
+                style = STATUS_STYLE[check.status]
+                table.add_row(escape(check.name), f"[{style}]{check.status}[/]", escape(check.detail))
+            out = _out()
+            out.print(table)
+            verdict = "PASSED" if code == 0 else "FAILED"
+            out.print(f"{verdict}: {len(report.checks)} checks, {report.failed} failed, "
+                      f"{report.warnings} warning(s)" + (" (strict)" if strict else ""))
+        failure = report.first_failure
+        if failure is not None:
+            sys.stderr.write(f"error: {shown(failure.name)}: {shown(failure.detail)}\n")
+        elif code:
+            sys.stderr.write("error: --strict: warnings count as failures\n")
+        return code
+
+    run(body, debug=debug, as_json=as_json)
