@@ -1,4 +1,4 @@
-"""SHA-256 helpers, streamed in fixed-size blocks.
+"""The one home of streamed hashing: SHA-256 (and a file's git blob SHA-1) in fixed blocks.
 
 Every block loop here reads through ``read_full``: a block is handed on only once it holds
 every byte asked for, so a file that shrinks while it is read is refused by the caller's
@@ -11,21 +11,62 @@ from __future__ import annotations
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
+# The block size of every streamed pass over a file (hash, copy, NaN/Inf scan), the one
+# definition the converter, validate, quantize, the target and the Hub code import: large
+# enough that the per-call cost (a read, a hashlib update that releases the GIL) is noise,
+# small enough that two buffers of it bound a pass's memory whatever the file's size.
 BLOCK = 8 * 1024 * 1024
 
 
-def sha256_file(path: str | os.PathLike, progress=None) -> str:
-    digest = hashlib.sha256()
+@dataclass(frozen=True)
+class FileHash:
+    size: int                  # bytes read (and hashed) up to the end of the file
+    stat_size: int             # the size when it was opened; the git blob header's size
+    sha256: str
+    git_blob_sha1: str | None  # when asked for
+
+    @property
+    def changed(self) -> bool:
+        """The file grew or shrank while it was read: the hashes describe no one state of it."""
+        return self.size != self.stat_size
+
+
+def git_blob_sha1(size: int):
+    """A SHA-1 primed with git's blob header ``blob <size>\\0``: fed the file's ``size``
+    bytes, its hex digest is the file's git object id (the Hub's ``oid``/``blob_id`` of a
+    file not in LFS, and that file's blob name in the HF cache)."""
+    digest = hashlib.sha1()
+    digest.update(b"blob %d\0" % size)
+    return digest
+
+
+def hash_file(path: str | os.PathLike, *, git_blob: bool = False, advance=None) -> FileHash:
+    """A whole file's SHA-256 (and, with ``git_blob``, its git blob SHA-1), read to its end
+    in BLOCK pieces; ``advance(n)`` sees every block. OSError propagates. A file that
+    changes size meanwhile is reported (``FileHash.changed``), not refused: the caller
+    says what that means for it."""
     with open(path, "rb") as fh:
-        while True:
-            block = fh.read(BLOCK)
-            if not block:
-                break
-            digest.update(block)
-            if progress is not None:
-                progress(len(block))
-    return digest.hexdigest()
+        stat_size = os.fstat(fh.fileno()).st_size
+        hashes = [hashlib.sha256()]
+        if git_blob:
+            hashes.append(git_blob_sha1(stat_size))
+        # A small file needs no 8 MiB buffer; one that grows is still read to its end.
+        view = memoryview(bytearray(min(BLOCK, max(stat_size, 64 * 1024))))
+        size = 0
+        while n := read_full(fh, view):
+            for digest in hashes:
+                digest.update(view[:n])
+            if advance is not None:
+                advance(n)
+            size += n
+    return FileHash(size=size, stat_size=stat_size, sha256=hashes[0].hexdigest(),
+                    git_blob_sha1=hashes[1].hexdigest() if git_blob else None)
+
+
+def sha256_file(path: str | os.PathLike, progress=None) -> str:
+    return hash_file(path, advance=progress).sha256
 
 
 def weights_digest(files: list[tuple[str, str]]) -> str:
