@@ -16,6 +16,12 @@ Faults (set attributes on ``server.faults``):
     serve_commit  answer X-Repo-Commit with this commit instead of the one asked for
     status      kind ("api", "resolve", "cdn") -> (HTTP status, count or None = forever)
     throttle    seconds to sleep per 4 KiB chunk of file data
+    page_size   serve the tree listing in pages of this many entries, each linked to the
+                next by a ``Link: <...>; rel="next"`` header (as the Hub pages it)
+    answer      API kind ("revision", "tree") -> the JSON value to answer instead
+
+The git blob SHA-1 and the SHA-256 are computed here with hashlib directly, not with the
+package's hashing code: the server is the oracle the client is checked against.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 CHUNK = 4096
 
@@ -49,6 +55,8 @@ class Faults:
     serve_commit: str | None = None
     status: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     throttle: float = 0.0
+    page_size: int | None = None
+    answer: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -210,7 +218,8 @@ class _Handler(BaseHTTPRequestHandler):
             forced = hub.forced_status("api")
             if forced:
                 return self._error(forced, "ServerError")
-            return self._api(unquote(match.group(1)), match.group(2), unquote(match.group(3)))
+            return self._api(unquote(match.group(1)), match.group(2), unquote(match.group(3)),
+                             parse_qs(url.query))
         if match := RESOLVE_RE.match(path):
             forced = hub.forced_status("resolve")
             if forced:
@@ -220,7 +229,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(404, "NotFound")
 
     # -- endpoints ----------------------------------------------------------------------
-    def _api(self, repo: str, kind: str, rev: str) -> None:
+    def _api(self, repo: str, kind: str, rev: str, query: dict[str, list[str]]) -> None:
+        hub = self.server.hub
+        if kind in hub.faults.answer:
+            return self._json(hub.faults.answer[kind])
         state, commit = self._lookup(repo, rev)
         if state is None:
             return self._error(401, "RepoNotFound")
@@ -230,7 +242,16 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "revision":
             return self._json({"id": repo, "sha": commit,
                                "siblings": [{"rfilename": p} for p in sorted(files)]})
-        return self._json([_entry(p, d) for p, d in sorted(files.items())])
+        entries = [_entry(p, d) for p, d in sorted(files.items())]
+        size = hub.faults.page_size
+        if size is None:
+            return self._json(entries)
+        start = int(query.get("cursor", ["0"])[0])
+        headers = {"Content-Type": "application/json"}
+        if start + size < len(entries):
+            base = urlsplit(self.path)._replace(query=f"recursive=true&expand=false&cursor={start + size}")
+            headers["Link"] = f'<{hub.url}{base.geturl()}>; rel="next"'
+        self._send(200, json.dumps(entries[start:start + size]).encode(), headers)
 
     def _resolve(self, repo: str, rev: str, file: str) -> None:
         hub = self.server.hub

@@ -1,5 +1,6 @@
-"""dspark_convert.source.hub.snapshot against the real huggingface_hub client and a loopback Hub
-(tests/hub_server.py) serving the golden fixtures, with HF_HOME in a temporary directory."""
+"""dspark_convert.source.hub (fetch_snapshot) against the real huggingface_hub client and a
+loopback Hub (tests/hub_server.py) serving the golden fixtures, with HF_HOME in a temporary
+directory."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 from conftest import GOLDEN, REFERENCE_DRAFTER
 from hub_server import HubServer
 from dspark_convert import errors
-from dspark_convert.source.hub.snapshot import (RetryPolicy, fetch_snapshot, lock_from_snapshot, looks_like_hub_spec,
-                                parse_pins, parse_spec)
+from dspark_convert.source.hub.client import RetryPolicy
+from dspark_convert.source.hub.snapshot import fetch_snapshot, lock_from_snapshot
+from dspark_convert.source.hub.spec import looks_like_hub_spec, parse_pins, parse_spec
 
 SHARDED = GOLDEN / "synthetic" / "vanilla_sharded"
 FAST = RetryPolicy(retries=1, wait=0.01, max_wait=0.01, timeout=5)
@@ -88,7 +90,7 @@ def test_pinned_commit_downloads_only_what_conversion_needs(hub, hf_home):
     assert snap.commit == hub.commit and not snap.resolved and not snap.offline
     assert snap.directory == hf_home / "hub" / "models--org--draft" / "snapshots" / hub.commit
     assert sorted(snap.verified) == ["config.json", "model.safetensors", "tokenizer.json"]
-    checks = {p: v.checks for p, v in snap.verified.items()}
+    checks = {p: v.verified_against for p, v in snap.verified.items()}
     assert checks == {"config.json": ("hub-git-blob-sha1",),
                       "model.safetensors": ("hub-lfs-sha256",),
                       "tokenizer.json": ("hub-git-blob-sha1",)}
@@ -110,7 +112,7 @@ def test_second_run_uses_the_cache_and_rehashes(hub):
     snap = fetch(hub)
     # Only the file listing is asked again; no file is downloaded twice.
     assert [r for r in hub.requests()[before:] if "/tree/" not in r[2]] == []
-    assert snap.verified["model.safetensors"].checks == ("hub-lfs-sha256",)
+    assert snap.verified["model.safetensors"].verified_against == ("hub-lfs-sha256",)
 
 
 def test_sharded_checkpoint(hf_home):
@@ -168,8 +170,8 @@ def test_offline_rehashes_the_cache_against_its_content_addresses(hub, monkeypat
     n = len(hub.requests())
     snap = fetch(hub)
     assert len(hub.requests()) == n and snap.offline and snap.endpoint is None
-    assert snap.verified["model.safetensors"].checks == ("cache-blob-sha256",)
-    assert snap.verified["config.json"].checks == ("cache-blob-sha1",)
+    assert snap.verified["model.safetensors"].verified_against == ("cache-blob-sha256",)
+    assert snap.verified["config.json"].verified_against == ("cache-blob-sha1",)
 
 
 def test_offline_detects_a_corrupted_cache_blob_and_evicts_it(hub, monkeypatch):
@@ -252,12 +254,80 @@ def test_server_errors_after_retries(hub, capfd):
     assert fetch(hub).commit == hub.commit
 
 
+def test_resolving_follows_the_retry_policy(hub):
+    # model_info (huggingface_hub's own call) makes one request; our policy retries it.
+    hub.faults.status["api"] = (503, None)
+    start = time.monotonic()
+    with pytest.raises(errors.HubNetworkError, match="HTTP 503"):
+        fetch(hub, f"{REPO}@v1", resolve=True)
+    assert time.monotonic() - start < 5
+    assert len([r for r in hub.requests() if "/revision/v1" in r[2]]) == FAST.retries + 1
+    hub.faults.status["api"] = (503, 1)  # one failure: the retry succeeds
+    assert fetch(hub, f"{REPO}@v1", resolve=True).commit == hub.commit
+
+
+def test_file_list_retries_each_page_under_the_policy(hub):
+    hub.faults.status["api"] = (502, None)
+    with pytest.raises(errors.HubNetworkError, match="HTTP 502"):
+        fetch(hub)
+    assert len([r for r in hub.requests() if "/tree/" in r[2]]) == FAST.retries + 1
+
+
+def test_a_paged_file_list_is_followed_to_its_end(hub):
+    hub.faults.page_size = 2
+    snap = fetch(hub)
+    assert sorted(snap.verified) == ["config.json", "model.safetensors", "tokenizer.json"]
+    pages = [r for r in hub.requests() if "/tree/" in r[2]]
+    files = len(hub.repos[REPO].commits[hub.commit])
+    assert len(pages) == (files + 1) // 2 and files > 2
+
+
+@pytest.mark.parametrize("kind, answer", [
+    ("revision", ["not", "an", "object"]),
+    ("revision", {"id": REPO, "sha": "main"}),
+    ("tree", {"not": "a list"}),
+    ("tree", [{"type": "file", "path": "config.json", "size": 2}]),              # no oid
+    ("tree", [{"type": "file", "path": "config.json", "size": True, "oid": "a" * 40}]),
+    ("tree", [{"type": "file", "path": "model.safetensors", "size": 8, "oid": "a" * 40,
+               "lfs": {"oid": "not hex", "size": 8, "pointerSize": 134}}]),
+    ("tree", [{"type": "file", "path": "model.safetensors", "size": 8, "oid": "a" * 40,
+               "lfs": "not an object"}]),
+    ("tree", [{"type": "file", "path": "\ud800.json", "size": 2, "oid": "a" * 40}]),
+])
+def test_malformed_hub_answers_are_one_line_network_errors(hub, kind, answer):
+    hub.faults.answer[kind] = answer
+    with pytest.raises(errors.HubNetworkError) as info:
+        fetch(hub, f"{REPO}@v1", resolve=True)
+    assert info.value.exit_code == 54 and "\n" not in info.value.message
+    assert not (fetch_dir(hub) / "blobs").exists()  # nothing downloaded
+
+
+def test_a_repo_id_huggingface_hub_refuses_is_a_spec_error(hub):
+    with pytest.raises(errors.HubSpecError) as info:
+        fetch(hub, "org/a--b@v1", resolve=True)
+    assert info.value.exit_code == 59 and "org/a--b" in info.value.message
+
+
+def test_hash_file_gives_the_hubs_git_blob_id_and_sha256(tmp_path):
+    from hub_server import git_blob_sha1 as hub_git_blob_sha1
+    from dspark_convert.util.hashing import BLOCK, hash_file
+
+    data = bytes(range(256)) * ((2 * BLOCK + 300) // 256)  # more than two blocks
+    (tmp_path / "f").write_bytes(data)
+    seen = []
+    digest = hash_file(tmp_path / "f", git_blob=True, advance=seen.append)
+    assert digest.git_blob_sha1 == hub_git_blob_sha1(data)
+    assert digest.sha256 == hashlib.sha256(data).hexdigest()
+    assert (digest.size, digest.changed, sum(seen)) == (len(data), False, len(data))
+    assert hash_file(tmp_path / "f").git_blob_sha1 is None
+
+
 # --- pins and locks ---------------------------------------------------------------------------
 
 def test_pins(hub):
     good = blob_sha(REFERENCE_DRAFTER / "model.safetensors")
     snap = fetch(hub, pins={"model.safetensors": good})
-    assert snap.verified["model.safetensors"].checks == ("hub-lfs-sha256", "pin")
+    assert snap.verified["model.safetensors"].verified_against == ("hub-lfs-sha256", "pin")
     with pytest.raises(errors.PinMismatchError) as info:
         fetch(hub, pins={"model.safetensors": "0" * 64})
     assert info.value.exit_code == 57 and info.value.path == "model.safetensors"
@@ -272,7 +342,7 @@ def test_lock_round_trip_and_mismatches(hub, tmp_path):
     path = write_lock(lock, tmp_path / "dspark.lock")
     assert read_lock(path) == lock and lock.commit == hub.commit
     snap = fetch(hub, lock=path)
-    assert all("lock" in v.checks for v in snap.verified.values())
+    assert all("lock" in v.verified_against for v in snap.verified.values())
     assert snap.record().lock_sha256 == blob_sha(path)
 
     # Another commit, and a moved tag (resolved now: another commit than locked).

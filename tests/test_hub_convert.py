@@ -8,12 +8,13 @@ import hashlib
 
 import pytest
 
-from conftest import REFERENCE_DRAFTER
+from conftest import GOLDEN, REFERENCE_DRAFTER
 from hub_server import HubServer
 from dspark_convert import errors
 from dspark_convert.commands.convert import convert
 from dspark_convert.formats.gguf_reader import read_gguf
-from dspark_convert.source.hub.snapshot import HubOptions, RetryPolicy
+from dspark_convert.source.hub.client import RetryPolicy
+from dspark_convert.source.hub.source import HubOptions
 from dspark_convert.commands.validate import validate_artifact
 
 REPO = "org/draft"
@@ -69,6 +70,18 @@ def test_corrupted_cache_is_caught_by_the_conversion_pass(hub, tmp_path):
     assert weights == hashlib.sha256((REFERENCE_DRAFTER / "model.safetensors").read_bytes()).hexdigest()
 
 
+def test_a_hostile_shard_index_is_refused_by_the_bounded_index_reader(hub, tmp_path):
+    # Nested arrays that json.loads would recurse into until RecursionError: the Hub's
+    # shard check reads the index with the checkpoint reader's bounded parser, which counts
+    # the values first, and the conversion refuses it with the index's own error.
+    hostile = b'{"weight_map": ' + b"[" * 300_000 + b"}"
+    commit = hub.add_directory("org/hostile", GOLDEN / "synthetic" / "vanilla_sharded",
+                               extra={"model.safetensors.index.json": hostile})
+    with pytest.raises(errors.SafetensorsFormatError, match="more than 262144 values"):
+        convert(f"org/hostile@{commit}", tmp_path / "out", hub=hub.options)
+    assert not (tmp_path / "out").exists()
+
+
 def test_existing_output_is_refused_before_downloading(hub, tmp_path):
     (tmp_path / "out").mkdir()
     with pytest.raises(errors.OutputExistsError):
@@ -77,7 +90,7 @@ def test_existing_output_is_refused_before_downloading(hub, tmp_path):
 
 
 def test_a_file_changed_in_the_cache_during_conversion_is_refused(hub):
-    from dspark_convert.source.hub.snapshot import open_hub_source
+    from dspark_convert.source.hub.source import open_hub_source
 
     source = open_hub_source(f"{REPO}@{hub.commit}", hub.options)
     config = source.snapshot.verified["config.json"]  # hashed (git blob SHA-1) before the pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dspark_convert.util import patterns
-from dspark_convert.source.hub.snapshot import looks_like_hub_spec, parse_pins, parse_spec
+from dspark_convert.source.hub.spec import looks_like_hub_spec, parse_pins, parse_spec
 from dspark_convert.errors import HubSpecError
 from dspark_convert.target.model import parse_hub_spec
 from support.cli import assert_one_error_line, dspark

@@ -47,7 +47,8 @@ def convert(
 
         hub = None
         if resolve or sha256 or lock is not None:
-            from dspark_convert.source.hub.snapshot import HubOptions, parse_pins
+            from dspark_convert.source.hub.source import HubOptions
+            from dspark_convert.source.hub.spec import parse_pins
             hub = HubOptions(resolve=resolve, pins=parse_pins(sha256 or []), lock=lock)
         result = do_convert(source, output, force=force, target=target, hub=hub,
                             progress=RichProgress(enabled=not quiet and not as_json))

@@ -35,7 +35,7 @@ def lock(
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
-        from dspark_convert.source.hub.snapshot import lock_snapshot
+        from dspark_convert.commands.lock import lock_snapshot
 
         result = lock_snapshot(source, output, resolve=resolve, force=force,
                                progress=RichProgress(enabled=not quiet and not as_json))

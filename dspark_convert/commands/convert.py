@@ -64,7 +64,9 @@ from dspark_convert.artifact.manifest import (
     TensorRecord,
 )
 from dspark_convert.formats.numerics import as_array, describe_value, first_non_finite, non_finite_error, round_to_bf16
-from dspark_convert.source.hub.snapshot import HubOptions, hub_cache_dir, looks_like_hub_spec, open_hub_source
+from dspark_convert.source.hub.cache import hub_cache_dir
+from dspark_convert.source.hub.source import HubOptions, open_hub_source
+from dspark_convert.source.hub.spec import looks_like_hub_spec
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import TensorEntry
 from dspark_convert.source.checkpoint import Source, open_source

@@ -62,6 +62,7 @@ __all__ = [
     "read_safetensors_header",
     "CheckpointFiles",
     "locate_checkpoint",
+    "read_index",
     "Checkpoint",
     "read_checkpoint",
 ]
@@ -681,7 +682,7 @@ def _locate(directory: str | os.PathLike) -> tuple[CheckpointFiles, dict[str, st
     else:
         index = directory / INDEX_NAME
         _check_openable(index, roots)
-        weight_map = _read_index(index)
+        weight_map = read_index(index)
         shard_names = sorted(set(weight_map.values()))
         for shard in shard_names:
             if shard not in present:
@@ -749,7 +750,7 @@ def _check_openable(path: Path, roots: tuple[Path, ...]) -> None:
             path=str(path), expected="a regular file", found=str(real))
 
 
-def _read_index(index: Path) -> dict[str, str]:
+def read_index(index: Path) -> dict[str, str]:
     """Parse model.safetensors.index.json: a JSON object whose ``weight_map`` maps each
     tensor name to a shard's plain file name. Other keys (``metadata``) are not used."""
     st = _stat_regular_file(index)
