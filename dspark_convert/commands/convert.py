@@ -49,7 +49,7 @@ from dspark_convert.contract.dspark import FeatureContract, TensorSpec
 from dspark_convert.errors import (InternalError, NonFiniteTensorError, OutputWriteError,
                      SafetensorsFormatError, SourceNotFoundError)
 from dspark_convert.util.paths import check_path
-from dspark_convert.util.hashing import ThreadedFileHash, hash_file_and_spans, weights_digest
+from dspark_convert.util.hashing import BLOCK, ThreadedFileHash, hash_file_and_spans, weights_digest
 from dspark_convert.artifact.manifest import (
     MANIFEST_FORMAT,
     ArtifactRecord,
@@ -76,7 +76,6 @@ from dspark_convert.util.text import shown
 if TYPE_CHECKING:
     from dspark_convert.target.model import Target
 
-READ_BLOCK = 8 * 1024 * 1024
 # Stands in for a SHA-256 not known until the pass has read the source: same length, so
 # the header keeps its size when the real value is written over it.
 PLACEHOLDER_SHA256 = "0" * 64
@@ -212,7 +211,7 @@ def _copy_file(path: Path, entries: list[TensorEntry], slots: dict[str, _Slot], 
                                       "unchanged during conversion", path=str(path))
 
     with fh:
-        file_hash = ThreadedFileHash(pool, READ_BLOCK)
+        file_hash = ThreadedFileHash(pool, BLOCK)
         # Bytes before the first tensor (8-byte length + JSON header), or a whole
         # non-weights file; then each tensor. The header checks proved the tensors are
         # contiguous and end at the end of the file, so this is the whole file.
@@ -353,7 +352,7 @@ def hash_output(path: Path, slots: dict[str, _Slot], progress: Progress,
         try:
             gguf_sha, digests = hash_file_and_spans(
                 fh, size, [(name, s.offset, s.nbytes) for name, s in slots.items()],
-                READ_BLOCK, progress.advance, shrank)
+                BLOCK, progress.advance, shrank)
         finally:
             progress.finish()
         try:

@@ -50,7 +50,7 @@ from dspark_convert.errors import (
 )
 from dspark_convert.formats import quants
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
-from dspark_convert.util.hashing import hash_file_and_spans, read_blocks
+from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, read_blocks
 from dspark_convert.artifact.manifest import (
     ArtifactRecord,
     CheckRecord,
@@ -65,7 +65,6 @@ from dspark_convert.artifact.manifest import (
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.artifact.strata_rules import strata_checks
 
-READ_BLOCK = 8 * 1024 * 1024
 # The contract's tensor rules whose matrices are the DSpark heads (quantized only with heads=).
 HEAD_RULES = ("markov", "gated", "rnn", "confidence")
 # Significant digits of the recorded errors: enough to compare precisions, few enough that a
@@ -201,7 +200,7 @@ class _Pass:
     def run(self) -> str:
         digest = hashlib.sha256()
         largest_row = max((2 * t.gguf_shape[0] for t in self.plan), default=0)
-        buffer = memoryview(bytearray(max(READ_BLOCK, largest_row)))
+        buffer = memoryview(bytearray(max(BLOCK, largest_row)))
         advance = self.progress.advance
         with open(self.gguf.path, "rb") as fh:
             if os.fstat(fh.fileno()).st_size != self.gguf.file_size:
@@ -270,7 +269,7 @@ def _read_back(path: Path, plan: list[_Planned], progress: Progress,
         progress.start(f"hash {GGUF_FILE}", size)
         try:
             file_sha, digests = hash_file_and_spans(
-                fh, size, [(t.name, t.offset, t.nbytes) for t in plan], READ_BLOCK,
+                fh, size, [(t.name, t.offset, t.nbytes) for t in plan], BLOCK,
                 progress.advance, shrank, inspect=scan)
         finally:
             progress.finish()

@@ -51,7 +51,7 @@ from dspark_convert.errors import (
     UnexpectedTensorError,
 )
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
-from dspark_convert.util.hashing import hash_file_and_spans, is_sha256_hex, weights_digest
+from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, is_sha256_hex, weights_digest
 from dspark_convert.artifact.manifest import Manifest
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.patterns import is_commit
@@ -215,9 +215,6 @@ def check_gguf_inventory(gguf: GGUFFile, contract: FeatureContract, label: str) 
                                    expected=spec.gguf_shape, found=list(info.shape))
 
 
-SCAN_BLOCK = 8 * 1024 * 1024
-
-
 @dataclass(frozen=True)
 class _Scan:
     file_sha256: str
@@ -247,7 +244,7 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
         # The reader proved spans are in range and non-overlapping.
         file_sha, digests = hash_file_and_spans(
             fh, gguf.file_size, [(t.name, t.data_offset, t.nbytes) for t in gguf.tensors],
-            SCAN_BLOCK, progress or (lambda n: None), shrank, inspect=scan)
+            BLOCK, progress or (lambda n: None), shrank, inspect=scan)
     return _Scan(file_sha, digests, non_finite[0] if non_finite else None)
 
 

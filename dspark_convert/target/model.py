@@ -34,7 +34,7 @@ from dspark_convert.errors import (
     TargetFormatError,
     TargetNotFoundError,
 )
-from dspark_convert.util.hashing import read_blocks
+from dspark_convert.util.hashing import BLOCK, read_blocks
 from dspark_convert.artifact.manifest import FileRecord, TargetConfigRecord, TargetTensorRecord
 from dspark_convert.formats.numerics import RAW_DTYPES, round_to_bf16
 from dspark_convert.util.paths import check_path
@@ -66,7 +66,6 @@ _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
 # A layer index longer than this is out of any range without converting it (int() refuses
 # more than 4300 digits, and a tensor name may be megabytes long).
 _MAX_LAYER_DIGITS = 18
-READ_BLOCK = 8 * 1024 * 1024
 
 # (repo, revision) -> (local snapshot directory, resolved 40-hex commit)
 HubResolver = Callable[[str, str], tuple[Path, str]]
@@ -310,7 +309,7 @@ def tensor_sha256(entry: TensorEntry, *, as_dtype: str | None = None,
                                 expected=list(TENSOR_DTYPES), found=as_dtype)
     digest = hashlib.sha256()
     # Whole elements per block, so that a conversion never splits one.
-    view = memoryview(bytearray(READ_BLOCK - READ_BLOCK % 4))
+    view = memoryview(bytearray(BLOCK - BLOCK % 4))
 
     try:
         with open(entry.file, "rb") as fh:
