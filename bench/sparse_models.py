@@ -109,10 +109,24 @@ def _target_shapes(directory: Path) -> dict[str, list[int]]:
     return {name: list(shape) for name, shape in tensor_shapes(read_target_config(directory)).items()}
 
 
+def write_tokenizer(directory: Path, tokens: int = 256) -> None:
+    """A small word-level tokenizer.json (ids 0..tokens-1, far below any mask token): the
+    pairing reads the target's tokenizer (its size, the mask token, the fingerprint), and a
+    model's numbers do not depend on it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, tokens)}}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
 def make_sparse_pair(g: Geometry, root: Path) -> tuple[Path, Path]:
     """``root/target`` (config.json + sparse model.safetensors) and ``root/drafter`` (a
     DSpark checkpoint, sparse), unless the same geometry is there already."""
-    stamp = {"geometry": g.__dict__ | {"taps": list(g.taps)}, "format": 1}
+    stamp = {"geometry": g.__dict__ | {"taps": list(g.taps)}, "format": 2}
     marker = root / ".sparse-models.json"
     if marker.is_file() and json.loads(marker.read_text()) == stamp:
         return root / "target", root / "drafter"
@@ -121,6 +135,7 @@ def make_sparse_pair(g: Geometry, root: Path) -> tuple[Path, Path]:
     target.mkdir(parents=True)
     drafter.mkdir()
     (target / "config.json").write_text(json.dumps(target_config(g), indent=2) + "\n")
+    write_tokenizer(target)
     write_sparse_safetensors(target / "model.safetensors", _target_shapes(target))
     config = drafter_config(g)
     (drafter / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -149,6 +164,7 @@ def make_random_pair(g: Geometry, root: Path, *, seed: int = 0) -> tuple[Path, P
     target.mkdir(parents=True)
     drafter.mkdir()
     (target / "config.json").write_text(json.dumps(target_config(g), indent=2) + "\n")
+    write_tokenizer(target)
     tensors = {name: value(name, shape) for name, shape in _target_shapes(target).items()}
     embed = torch.randn(g.vocab_size, g.hidden_size, generator=gen).to(torch.bfloat16)
     tensors["model.embed_tokens.weight"] = embed

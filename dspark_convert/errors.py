@@ -338,12 +338,6 @@ class RuntimeTargetError(RuntimeRefusal):
     exit_code = 70
 
 
-class TargetBindingError(RuntimeRefusal):
-    """The artifact does not fit the target: geometry, layer count, or the embedding/head
-    hashes the GGUF records differ from the target's tensors."""
-    exit_code = 71
-
-
 class DeviceUnavailableError(RuntimeRefusal):
     """--device cuda was asked for but CUDA is not available."""
     exit_code = 72

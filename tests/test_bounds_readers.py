@@ -46,7 +46,7 @@ from dspark_convert.util.hashing import (  # noqa: E402
     read_blocks,
     read_full,
 )
-from dspark_convert.target.pairing import first_different_row  # noqa: E402
+from dspark_convert.target.model import first_different_row  # noqa: E402
 from dspark_convert.formats.safetensors import TensorEntry  # noqa: E402
 from dspark_convert.target.model import tensor_sha256  # noqa: E402
 

@@ -10,12 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import GOLDEN, REFERENCE_DRAFTER
+from support.fuzz import json_values
 from dspark_convert import errors
+from dspark_convert.contract.inventory import check_inventory
 from dspark_convert.contract.dspark import (
     DSparkConfig,
     FeatureContract,
     build_contract,
-    check_inventory,
     parse_config,
 )
 from dspark_convert.synthetic import synthetic_config
@@ -220,10 +221,6 @@ def test_head_tensors_must_agree_with_config():
 
 # --- property: any JSON gives a contract or one of our errors ----------------------------
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=12)
 FIELDS = list(DSparkConfig.model_fields)
 EXAMPLES = int(os.environ.get("DSPARK_FUZZ_EXAMPLES", "300"))
 

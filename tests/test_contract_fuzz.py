@@ -22,11 +22,11 @@ import pytest
 from conftest import REFERENCE_DRAFTER
 from hypothesis import given
 from hypothesis import strategies as st
-from test_contract import json_values
-from test_safetensors_reader_fuzz import fuzz_settings
+from support.fuzz import fuzz_settings, json_values
 
 from dspark_convert import errors
-from dspark_convert.contract.dspark import MAX_DRAFT_LAYERS, build_contract, check_inventory, parse_config
+from dspark_convert.contract.inventory import check_inventory
+from dspark_convert.contract.dspark import MAX_DRAFT_LAYERS, build_contract, parse_config
 from dspark_convert.source.checkpoint import load_config
 from dspark_convert.synthetic import synthetic_config
 

@@ -141,7 +141,7 @@ def refusal(tmp_path, source, **kwargs):
     (dict(layers=5), TargetLayerMismatchError,
      "target_layer_ids[2] is 4, the target's last layer"),
     (dict(layers=8), TargetLayerMismatchError, "num_hidden_layers is 8; the drafter expects 6"),
-    (dict(layers=4), TargetLayerMismatchError, "target_layer_ids[2] is 4; the target has 4 layers"),
+    (dict(layers=4), TargetLayerMismatchError, "target_layer_ids[2] is 4, not a layer of a 4-layer target"),
     (dict(shift_embedding=1), EmbeddingIdentityError, "first differing row 0"),
     (dict(config={"model_type": "llama"}), TargetGeometryError,
      "model_type is 'llama'; the drafter (Qwen3DSparkModel) expects 'qwen3'"),

@@ -8,7 +8,6 @@ a file that shrinks after its header was read.
 
 from __future__ import annotations
 
-import hashlib
 
 import pytest
 import torch
@@ -54,18 +53,16 @@ def test_values_equal_the_library_reading(stored, monkeypatch, dtype, chunk):
     want = load_file(path)
     with TensorLoader(device=CPU, dtype=dtype, truncated=_truncated) as loader:
         for name, spec in specs.items():
-            got, digest = loader.load(spec, sha256=True)
+            got = loader.load(spec)
             assert got.dtype == dtype and got.device.type == "cpu" and got.shape == want[name].shape
             assert torch.equal(got, want[name].to(dtype)), name
-            raw = want[name].contiguous().view(torch.uint8).numpy().tobytes()
-            assert digest == hashlib.sha256(raw).hexdigest()
 
 
 def test_bf16_into_float32_is_exact(stored):
     """BF16 widens to float32 exactly: the float32 model holds the stored values."""
     path, specs = stored
     with TensorLoader(device=CPU, dtype=torch.float32, truncated=_truncated) as loader:
-        got, _ = loader.load(specs["big"])
+        got = loader.load(specs["big"])
     assert torch.equal(got.to(torch.bfloat16).float(), got)
 
 

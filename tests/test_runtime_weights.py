@@ -28,17 +28,24 @@ def test_every_tensor_equals_the_source(converted, name):
         assert torch.equal(got, value.float()), key
 
 
-def test_records_the_embedding_hashes(converted):
+def test_the_gguf_records_the_embedding_hashes_the_pairing_binds_by(converted):
+    """The runtime takes the embedding and head from the target; the pairing proves them
+    the drafter's by the hashes the GGUF records (dflash.target.*), checked here."""
     import hashlib
 
-    weights = load_drafter_weights(converted["reference"])
+    from dspark_convert.artifact.format import provenance_from_metadata, read_metadata
+    from dspark_convert.formats.gguf_reader import read_gguf
+
+    def recorded(artifact):
+        gguf = read_gguf(artifact / "drafter.gguf")
+        prov = provenance_from_metadata(read_metadata(gguf, path="drafter.gguf"), path="drafter.gguf")
+        return prov.embed_sha256, prov.lm_head_sha256
+
     source = load_file(golden_source("reference") / "model.safetensors")
-    for key, digest in (("embed_tokens.weight", weights.embed_sha256),
-                        ("lm_head.weight", weights.lm_head_sha256)):
+    for key, digest in zip(("embed_tokens.weight", "lm_head.weight"), recorded(converted["reference"])):
         raw = source[key].view(torch.uint16).numpy().tobytes()
         assert digest == hashlib.sha256(raw).hexdigest()
-    plain = load_drafter_weights(converted["dflash_plain"])   # a checkpoint without them
-    assert plain.embed_sha256 is None and plain.lm_head_sha256 is None
+    assert recorded(converted["dflash_plain"]) == (None, None)   # a checkpoint without them
 
 
 def test_a_truncated_gguf_is_refused(converted, tmp_path):

@@ -20,7 +20,9 @@ from dspark_convert.errors import (
     ReferenceDivergenceError,
     ReferenceTraceError,
     SmokeInputError,
-    TargetBindingError,
+    EmbeddingIdentityError,
+    TargetGeometryError,
+    TargetNotFoundError,
 )
 from dspark_convert.runtime.trace import load_reference
 from dspark_convert.commands.smoke import run_smoke
@@ -111,13 +113,19 @@ def test_refuses_a_target_with_another_embedding(converted, tmp_path):
     tensors = load_file(target / "model.safetensors")
     tensors["model.embed_tokens.weight"][5, 0] += 1
     save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(TargetBindingError, match="model.embed_tokens.weight.*dflash.target.embed_sha256"):
+    # The one pairing (validate --target) refuses it, with its own code (65), as convert and
+    # validate do; smoke used to re-check it with another code (71).
+    with pytest.raises(EmbeddingIdentityError, match="validate: target: .*dflash.target.embed_sha256"
+                                                     ".*model.embed_tokens.weight.*not this "
+                                                     "target's embedding") as info:
         run_smoke(converted["reference"], target=target, prompts=PROMPTS, device="cpu")
+    assert info.value.exit_code == 65
 
 
 def test_refuses_a_target_of_another_geometry(converted):
-    with pytest.raises(TargetBindingError, match="hidden_size is 64; the drafter expects 32"):
+    with pytest.raises(TargetGeometryError, match="hidden_size is 64; the drafter expects 32") as info:
         run_smoke(converted["gated_conf_markov"], target=TARGET, prompts=PROMPTS, device="cpu")
+    assert info.value.exit_code == 62
 
 
 def test_refuses_an_artifact_that_fails_validate(converted, tmp_path):
@@ -138,7 +146,9 @@ def test_text_prompts_need_a_tokenizer(converted, tmp_path):
 
     target = tmp_path / "target"
     shutil.copytree(TARGET, target, ignore=shutil.ignore_patterns("tokenizer.json"))
-    with pytest.raises(SmokeInputError, match="tokenizer.json not found"):
+    # The pairing needs the tokenizer (the mask token, the fingerprint): a target without
+    # one is refused before --prompt is looked at.
+    with pytest.raises(TargetNotFoundError, match="tokenizer.json: not found"):
         run_smoke(converted["reference"], target=target, prompt_text="hello world", device="cpu")
     tok = Tokenizer(WordLevel({"[UNK]": 0, "hello": 17, "world": 33}, unk_token="[UNK]"))
     tok.pre_tokenizer = Whitespace()

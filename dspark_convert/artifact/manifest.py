@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from dspark_convert.checks import Check
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.util.patterns import COMMIT_PATTERN, SHA256_PATTERN
 
@@ -123,12 +124,6 @@ class ArtifactRecord(_Record):
     tensors: list[TensorRecord]
 
 
-class CheckRecord(_Record):
-    name: str
-    status: Literal["passed", "info", "failed", "warning", "skipped"]
-    detail: str
-
-
 class TargetConfigRecord(_Record):
     """The target config.json fields the pairing checks read."""
     architectures: list[str]
@@ -176,7 +171,7 @@ class TargetRecord(_Record):
     config: TargetConfigRecord
     tensors: list[TargetTensorRecord]
     tokenizer: TokenizerRecord
-    checks: list[CheckRecord]
+    checks: list[Check]
 
 
 class ParentRecord(_Record):
@@ -203,7 +198,7 @@ class Manifest(_Record):
                                         "against; null when none was given")
     contract: FeatureContract
     artifact: ArtifactRecord
-    checks: list[CheckRecord]
+    checks: list[Check]
     parent: ParentRecord | None = Field(default=None, description="quantized artifacts: the "
                                         "BF16 parent; absent for a converted artifact")
     quantization: QuantizationRecord | None = Field(default=None, description="quantized "

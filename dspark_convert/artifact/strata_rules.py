@@ -11,13 +11,14 @@ warnings) must pass them. Warnings are kept for real risks (an rms eps Strata ig
 
 from __future__ import annotations
 
+from dspark_convert.checks import Check
+
 import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from dspark_convert.artifact.format import as_float32
-from dspark_convert.artifact.manifest import CheckRecord
 from dspark_convert.contract.tensor_table import FORBIDDEN_GGUF_NAMES, TENSOR_RULES, expand_rule
 
 STRATA_MAX_BLOCK_COUNT = 64
@@ -159,10 +160,10 @@ def strata_findings(kv: dict, tensors: Iterable[tuple[str, str, list[int]]]) -> 
     return findings
 
 
-def strata_checks(kv: dict, tensors: Iterable) -> list[CheckRecord]:
+def strata_checks(kv: dict, tensors: Iterable) -> list[Check]:
     """The strata.* check records for metadata ``kv`` and tensors (objects with ``name``,
     ``type`` (type name) and ``shape`` (GGUF order), e.g. manifest TensorRecords): what
     convert records in the manifest and validate re-derives, from one function."""
     findings = strata_findings(kv, [(t.name, t.type, list(t.shape)) for t in tensors])
-    return [CheckRecord(name=f"strata.{f.rule}", status=f.level, detail=f.message)
+    return [Check(name=f"strata.{f.rule}", status=f.level, detail=f.message)
             for f in findings]

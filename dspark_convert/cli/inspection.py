@@ -36,7 +36,7 @@ def inspect(
             return result.problem_exit_code or 1
         return 0
 
-    run(body, debug=debug, as_json=False)
+    run(body, debug=debug, as_json=as_json)
 
 
 def _print_inspect(result) -> None:

@@ -50,10 +50,10 @@ from dspark_convert.errors import (InternalError, NonFiniteTensorError, OutputWr
                      SafetensorsFormatError, SourceNotFoundError)
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.hashing import BLOCK, ThreadedFileHash, hash_file_and_spans, weights_digest
+from dspark_convert.checks import Check
 from dspark_convert.artifact.manifest import (
     MANIFEST_FORMAT,
     ArtifactRecord,
-    CheckRecord,
     ConverterRecord,
     FileRecord,
     HubRecord,
@@ -462,23 +462,23 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
 
 
 def _checks(source: Source, records: list[TensorRecord], stripped: list[StrippedTensor],
-            prov: Provenance) -> list[CheckRecord]:
+            prov: Provenance) -> list[Check]:
     files, tensors = source.checkpoint.files, source.checkpoint.tensors
     checks = [
-        CheckRecord(name="source.layout", status="passed",
+        Check(name="source.layout", status="passed",
                     detail=f"config.json + {len(files.weights)} safetensors file(s)"
                            + (f", {len(files.ignored)} file(s) not opened: "
                               f"{', '.join(shown(n) for n in files.ignored)}"
                               if files.ignored else "")),
-        CheckRecord(name="source.headers", status="passed",
+        Check(name="source.headers", status="passed",
                     detail=f"{len(tensors)} tensors; strict header checks passed"),
-        CheckRecord(name="contract.config", status="passed", detail=_summary(source)),
-        CheckRecord(name="contract.inventory", status="passed",
+        Check(name="contract.config", status="passed", detail=_summary(source)),
+        Check(name="contract.inventory", status="passed",
                     detail=f"{len(tensors)} tensors match the contract "
                            f"({len(records)} written, {len(stripped)} hashed and stripped)"),
-        CheckRecord(name="values.finite", status="passed",
+        Check(name="values.finite", status="passed",
                     detail=f"every value of {len(tensors)} tensors is finite"),
-        CheckRecord(name="dtype", status="passed",
+        Check(name="dtype", status="passed",
                     detail="BF16 bytes copied unchanged" if source.dtype == "BF16"
                     else f"{source.dtype} source rounded to BF16 (nearest-even)"),
     ]

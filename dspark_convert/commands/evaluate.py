@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Sequence
 
 from dspark_convert.errors import DeviceUnavailableError, EvalInputError
-from dspark_convert.util.hashing import sha256_file
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
 from dspark_convert.evaluation.calibration import CalibrationSplit, calibrate as fit_calibration, split_prompts
@@ -90,17 +89,6 @@ class _Artifact:
     def markov(self) -> str:
         return str(self.contract.markov_head.type)
 
-
-def _contract(path: Path):
-    """The contract from drafter.gguf's metadata (validate has just checked the file)."""
-    from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata
-    from dspark_convert.formats.gguf_reader import read_gguf
-
-    gguf = read_gguf(path / GGUF_FILE)
-    return contract_from_metadata({k: v.value for k, v in gguf.kv.items()}, path=GGUF_FILE)
-
-
-# --- inputs -------------------------------------------------------------------------------
 
 def _unique(values: Sequence[float]) -> list[float]:
     return list(dict.fromkeys(float(v) for v in values))
@@ -342,10 +330,11 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     run at the first temperature; every threshold-0 run carries its own metrics. Raises a DSparkError for a bad input (before any
     run), EvalInterrupted on Ctrl-C once the runs have begun (a Ctrl-C while the inputs
     are checked and the models loaded is a plain KeyboardInterrupt: nothing to report)."""
+    from dspark_convert.commands.binding import bind, open_run_target
+    from dspark_convert.commands.smoke import resolve_device
     from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.weights import load_drafter_weights
-    from dspark_convert.commands.smoke import _validate, bind_target, resolve_device
 
     progress = progress or NoProgress()
     check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
@@ -360,12 +349,15 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     names = _names(paths)
     target_dir = Path(target)
 
-    # Every artifact is validated before anything runs: a broken one is refused, not skipped.
-    arts = []
+    # Every artifact is validated against the target (the one pairing) before anything
+    # runs: a broken or foreign one is refused, not skipped.
+    opened = open_run_target(target, progress)
+    arts, bindings = [], {}
     for name, path in zip(names, paths):
-        warnings = _validate(path, progress)
-        arts.append(_Artifact(name=name, path=path, sha256=sha256_file(path / "drafter.gguf"),
-                              warnings=warnings, contract=_contract(path)))
+        binding = bind(path, opened, progress=progress)
+        bindings[name] = binding
+        arts.append(_Artifact(name=name, path=path, sha256=binding.report.gguf_sha256,
+                              warnings=binding.warnings, contract=binding.drafter_plan.contract))
 
     plan: list[tuple[str, _Artifact | None, float, float | None]] = []
     plan += [("target", None, t, None) for t in temps]
@@ -378,12 +370,11 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         return _no_device_report(exc.message, arts, plan, settings, prompt_set, device,
                                  calibrate=calibrate)
 
-    model = Qwen3Target(target_dir, device=dev)
-    identity = target_identity(target_dir, model)
+    model = Qwen3Target(opened.directory, device=dev, plan=bindings[names[0]].target_plan)
+    identity = target_identity(opened, progress)
     resolved = resolve_prompts(prompt_set, target_dir=target_dir, vocab_size=model.config.vocab_size)
     for a in arts:
-        weights = load_drafter_weights(a.path, device=dev)
-        bind_target(weights, model)
+        weights = load_drafter_weights(a.path, device=dev, plan=bindings[a.name].drafter_plan)
         a.drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev)
     dtype = str(model.embed.dtype).replace("torch.", "")
     environment = describe_environment(dev, device, dtype)

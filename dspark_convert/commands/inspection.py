@@ -14,27 +14,14 @@ from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
 from dspark_convert.contract.dspark import FeatureContract
-from dspark_convert.errors import DSparkError, HeadConfigMismatchError, InventoryError, SourceNotFoundError
+from dspark_convert.contract.inventory import TensorRow, check_gguf_inventory, gguf_found, inventory_rows
+from dspark_convert.errors import HeadConfigMismatchError, InventoryError, SourceNotFoundError
 from dspark_convert.util.paths import check_path
 from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.formats.safetensors import read_checkpoint
 from dspark_convert.source.checkpoint import check_checkpoint_inventory, load_config
 
 MAX_UNEXPECTED_ROWS = 50
-
-RowStatus = Literal["ok", "stripped", "absent", "missing", "unexpected", "shape", "dtype"]
-
-
-class TensorRow(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str                       # source name for a checkpoint, GGUF name for an artifact
-    maps_to: str | None             # the other name (GGUF for a checkpoint, source for an artifact)
-    dtype: str | None
-    shape: list[int] | None         # as stored (torch order in safetensors, GGUF order in GGUF)
-    expected_shape: list[int] | None
-    status: RowStatus
-
 
 class InspectResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,78 +37,37 @@ class InspectResult(BaseModel):
     unexpected_not_listed: int = 0
 
 
+def _result(kind, path: Path, contract: FeatureContract, rows, left_out: int,
+            check) -> InspectResult:
+    problem = None
+    try:
+        check()
+    except (InventoryError, HeadConfigMismatchError) as exc:
+        problem = exc
+    return InspectResult(kind=kind, path=str(path), contract=contract, rows=rows,
+                         problem=problem.to_dict() if problem else None,
+                         problem_exit_code=problem.exit_code if problem else None,
+                         unexpected_not_listed=left_out)
+
+
 def _inspect_checkpoint(directory: Path) -> InspectResult:
     checkpoint = read_checkpoint(directory)
     _raw, cfg, contract = load_config(directory)
-    found = checkpoint.tensors
-    rows = []
-    for spec in contract.tensors:
-        entry = found.get(spec.source_name)
-        if entry is None:
-            status = "missing" if spec.required else "absent"
-        elif list(entry.shape) != spec.shape:
-            status = "shape"
-        else:
-            status = "ok" if spec.gguf_name else "stripped"
-        rows.append(TensorRow(name=spec.source_name, maps_to=spec.gguf_name,
-                              dtype=entry.dtype if entry else None,
-                              shape=list(entry.shape) if entry else None,
-                              expected_shape=spec.shape, status=status))
-    known = {s.source_name for s in contract.tensors}
-    unexpected = [name for name in found if name not in known]
-    for name in unexpected[:MAX_UNEXPECTED_ROWS]:
-        entry = found[name]
-        rows.append(TensorRow(name=name, maps_to=None, dtype=entry.dtype, shape=list(entry.shape),
-                              expected_shape=None, status="unexpected"))
-    problem = None
-    try:
-        check_checkpoint_inventory(checkpoint, cfg, contract)
-    except (InventoryError, HeadConfigMismatchError) as exc:
-        problem = exc
-    return InspectResult(kind="checkpoint", path=str(directory), contract=contract, rows=rows,
-                         problem=problem.to_dict() if problem else None,
-                         problem_exit_code=problem.exit_code if problem else None,
-                         unexpected_not_listed=max(0, len(unexpected) - MAX_UNEXPECTED_ROWS))
+    found = {name: (e.dtype, list(e.shape)) for name, e in checkpoint.tensors.items()}
+    rows, left_out = inventory_rows(contract, found, "checkpoint",
+                                    unexpected_limit=MAX_UNEXPECTED_ROWS)
+    return _result("checkpoint", directory, contract, rows, left_out,
+                   lambda: check_checkpoint_inventory(checkpoint, cfg, contract))
 
 
 def _inspect_artifact(gguf_path: Path) -> InspectResult:
-    from dspark_convert.commands.validate import check_gguf_inventory  # the validator's own inventory rule
-
     gguf = read_gguf(gguf_path)
     contract = contract_from_metadata(read_metadata(gguf, path=gguf_path.name), path=gguf_path.name)
-    specs = {s.gguf_name: s for s in contract.written_tensors}
-    rows = []
-    unexpected = 0
-    for info in gguf.tensors:
-        spec = specs.get(info.name)
-        if spec is None:
-            unexpected += 1
-            if unexpected > MAX_UNEXPECTED_ROWS:
-                continue
-            status = "unexpected"
-        elif list(info.shape) != spec.gguf_shape:
-            status = "shape"
-        elif info.ggml_type.name != "BF16":
-            status = "dtype"
-        else:
-            status = "ok"
-        rows.append(TensorRow(name=info.name, maps_to=spec.source_name if spec else None,
-                              dtype=info.ggml_type.name, shape=list(info.shape),
-                              expected_shape=spec.gguf_shape if spec else None, status=status))
-    present = {t.name for t in gguf.tensors}
-    for name, spec in specs.items():
-        if name not in present:
-            rows.append(TensorRow(name=name, maps_to=spec.source_name, dtype=None, shape=None,
-                                  expected_shape=spec.gguf_shape, status="missing"))
-    problem = None
-    try:
-        check_gguf_inventory(gguf, contract, gguf_path.name)
-    except DSparkError as exc:
-        problem = exc
-    return InspectResult(kind="artifact", path=str(gguf_path.parent), contract=contract, rows=rows,
-                         problem=problem.to_dict() if problem else None,
-                         problem_exit_code=problem.exit_code if problem else None,
-                         unexpected_not_listed=max(0, unexpected - MAX_UNEXPECTED_ROWS))
+    rows, left_out = inventory_rows(contract, gguf_found(gguf), "gguf",
+                                    type_ok=lambda _name, dtype: dtype == "BF16",
+                                    unexpected_limit=MAX_UNEXPECTED_ROWS)
+    return _result("artifact", gguf_path.parent, contract, rows, left_out,
+                   lambda: check_gguf_inventory(gguf, contract, gguf_path.name))
 
 
 def inspect_path(path: str | os.PathLike) -> InspectResult:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,9 +50,9 @@ from dspark_convert.errors import (
 from dspark_convert.formats import quants
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, read_blocks
+from dspark_convert.checks import Check
 from dspark_convert.artifact.manifest import (
     ArtifactRecord,
-    CheckRecord,
     ConverterRecord,
     FileRecord,
     Manifest,
@@ -297,17 +296,17 @@ def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
     kept = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     worst = max(errors.items(), key=lambda kv: kv[1].rel_rms, default=None)
     checks = [
-        CheckRecord(name="parent.validate", status="passed",
+        Check(name="parent.validate", status="passed",
                     detail=f"the BF16 parent passes dspark validate ({checks_passed} checks, "
                            "none failed)"),
-        CheckRecord(name="quantize.tensors", status="passed",
+        Check(name="quantize.tensors", status="passed",
                     detail=f"{len(plan)} tensors: {kept}; 1-D tensors kept BF16"
                            + ("" if heads else "; Markov/confidence matrices kept BF16")),
-        CheckRecord(name="quantize.values", status="passed",
+        Check(name="quantize.values", status="passed",
                     detail="every BF16 value finite; every block scale finite in F16"
                            + (f"; largest relative RMS error {_rounded(worst[1].rel_rms)} "
                               f"({worst[0]})" if worst else "")),
-        CheckRecord(name="quantize.readback", status="passed",
+        Check(name="quantize.readback", status="passed",
                     detail=f"{GGUF_FILE} re-read: names, types, shapes and offsets as planned"),
         # Strata's loader rules on the quantized file, recorded as convert records them (and
         # as validate re-derives them).

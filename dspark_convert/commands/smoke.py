@@ -34,7 +34,6 @@ import json
 import os
 import re
 import resource
-import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -42,21 +41,19 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from dspark_convert import errors as errors_module
-from dspark_convert.artifact.format import GGUF_FILE
-from dspark_convert.util.atomic import write_error
+from dspark_convert.commands.binding import bind, open_run_target
 from dspark_convert.errors import (
     AcceptanceFloorError,
     DeviceUnavailableError,
-    DSparkError,
-    InternalError,
+    InvalidArtifactError,
     LosslessnessError,
     MemoryBudgetError,
     OutputWriteError,
     ReferenceTraceError,
     SmokeInputError,
-    TargetBindingError,
 )
+from dspark_convert.util.atomic import atomic_file, refuse_overlap
+from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 
 SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
@@ -228,66 +225,6 @@ def resolve_device(device: str):
                           field="device", expected="auto|cpu|cuda", found=device)
 
 
-def _validate(artifact: Path, progress: Progress) -> list[str]:
-    """validate_artifact first; a failure is raised as its own error class and exit code."""
-    from dspark_convert.commands.validate import validate_artifact
-
-    report = validate_artifact(artifact, progress=progress)
-    failure = report.first_failure
-    if failure is not None:
-        cls = getattr(errors_module, failure.error or "", None)
-        if not (isinstance(cls, type) and issubclass(cls, DSparkError)):
-            cls = InternalError
-        raise cls(f"{artifact}: validate: {failure.name}: {failure.detail}", path=str(artifact))
-    return [f"{c.name}: {c.detail}" for c in report.checks if c.status == "warning"]
-
-
-def _bind_geometry(contract, cfg, directory: Path) -> None:
-    """The artifact's geometry and layer count must be the target's (config only)."""
-    g = contract.geometry
-    pairs = [("hidden_size", g.hidden_size, cfg.hidden_size, "dflash.embedding_length"),
-             ("vocab_size", g.vocab_size, cfg.vocab_size, "dflash.vocab_size"),
-             ("num_hidden_layers", contract.taps.num_target_layers, cfg.num_hidden_layers,
-              "dflash.target.num_layers")]
-    for name, want, found, key in pairs:
-        if want != found:
-            raise TargetBindingError(f"target config.json: {name} is {found}; the drafter expects "
-                                     f"{want} ({key})", path=str(directory / "config.json"),
-                                     field=name, expected=want, found=found)
-
-
-def bind_target(weights, target) -> None:
-    """The artifact must fit the target: geometry, layer count, and the embedding/head the
-    GGUF's hashes name (SHA-256 of the raw bytes of the target's tensors)."""
-    _bind_geometry(weights.contract, target.config, target.directory)
-    for key, want, found, tensor in (
-            ("dflash.target.embed_sha256", weights.embed_sha256, target.embed_sha256,
-             "model.embed_tokens.weight"),
-            ("dflash.target.lm_head_sha256", weights.lm_head_sha256, target.lm_head_sha256,
-             "lm_head.weight")):
-        if want is not None and want != found:
-            raise TargetBindingError(f"target {target.directory}: tensor {tensor!r} has SHA-256 "
-                                     f"{found}; {GGUF_FILE} records {want} ({key})",
-                                     path=str(target.directory), tensor=tensor, field=key,
-                                     expected=want, found=found)
-
-
-def _encode_text(target_dir: Path, text: str, vocab_size: int) -> list[int]:
-    path = target_dir / "tokenizer.json"
-    if not path.is_file():
-        raise SmokeInputError(f"--prompt: {path} not found; the target has no tokenizer, pass "
-                              "token ids with --prompt-ids", path=str(path), field="prompt",
-                              expected="tokenizer.json", found="nothing")
-    from tokenizers import Tokenizer
-
-    try:
-        ids = Tokenizer.from_file(str(path)).encode(text).ids
-    except Exception as exc:  # the tokenizers library raises its own exception types
-        raise SmokeInputError(f"--prompt: {path}: cannot tokenize: {exc}", path=str(path),
-                              field="prompt") from None
-    return list(ids)
-
-
 def _check_prompt(ids: list[int], vocab_size: int, label: str) -> None:
     if not ids:
         raise SmokeInputError(f"{label}: empty prompt", field="prompt", expected="at least one token",
@@ -298,21 +235,10 @@ def _check_prompt(ids: list[int], vocab_size: int, label: str) -> None:
                               field="prompt", expected=f"0..{vocab_size - 1}", found=bad)
 
 
-def _write_atomic(path: Path, write) -> None:
-    """Write a file through a hidden temporary sibling renamed into place."""
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.dspark-tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise write_error(exc, path) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+def _write_report_file(path: Path, write) -> None:
+    """--trace and --plot are reports of this run: replaced when they exist (like a test
+    runner's report), always in one step through a hidden temporary (util/atomic.py)."""
+    atomic_file(path, write, force=True)
 
 
 def _plot(path: Path, rates: list[float | None], tau: float, title: str) -> None:
@@ -331,7 +257,7 @@ def _plot(path: Path, rates: list[float | None], tau: float, title: str) -> None
     ax.set_title(f"{title}  (tau = {tau:.2f})", fontsize=9)
     fig.tight_layout()
     try:
-        _write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
+        _write_report_file(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
     finally:
         plt.close(fig)
 
@@ -374,17 +300,27 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     _check_options(max_new_tokens=max_new_tokens, temperature=temperature,
                    confidence_threshold=confidence_threshold, min_tau=min_tau, seed=seed,
                    max_memory=max_memory)
-    for out in (trace, plot):
-        if out is not None and not Path(out).parent.is_dir():
+    for out, what in ((trace, "--trace"), (plot, "--plot")):
+        if out is None:
+            continue
+        check_path(out, what=what, error=OutputWriteError)
+        if not Path(out).parent.is_dir():
             raise OutputWriteError(f"{out}: cannot write the output: the directory "
                                    f"{Path(out).parent} does not exist", path=str(out),
                                    expected="an existing directory", found="nothing")
+        # A report inside the artifact or the target would change what it reports on (a
+        # stray file in an artifact fails --strict); over one of their files, delete it.
+        refuse_overlap(out, [(artifact, "the artifact"), (target, "the target model")])
+    if reference is not None:
+        check_path(reference, what="--reference", error=ReferenceTraceError)
+    check_path(artifact, what="the artifact", error=InvalidArtifactError)
     import torch
 
     from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.loading import compute_dtype, dtype_name
-    from dspark_convert.runtime.memory import available_memory, estimate_memory, format_bytes as gb
-    from dspark_convert.runtime.qwen3 import Qwen3Target, plan_target
+    from dspark_convert.runtime.memory import available_memory, estimate_memory
+    from dspark_convert.runtime.memory import format_bytes as gb
+    from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.speculative import speculative_generate, target_greedy
     from dspark_convert.runtime.trace import (
         agreement,
@@ -395,26 +331,26 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
         run_to_json,
         trace_to_json,
     )
-    from dspark_convert.runtime.weights import load_drafter_weights, plan_drafter
+    from dspark_convert.runtime.weights import load_drafter_weights
 
     torch_dtype = compute_dtype(dtype)
     dtype = dtype_name(torch_dtype)
     verify = verify_mode(verify, dtype)
-    artifact, target_dir = Path(artifact), Path(target)
+    artifact = Path(artifact)
     dev = resolve_device(device)
-    warnings = _validate(artifact, progress)
-
-    # Everything that can be checked without the weights, before loading them.
-    target_plan = plan_target(target_dir)
-    drafter_plan = plan_drafter(artifact)
+    # The one pairing (validate with the target), then everything that can be checked
+    # without the weights, before loading them.
+    binding = bind(artifact, open_run_target(target, progress), progress=progress)
+    target_plan, drafter_plan = binding.target_plan, binding.drafter_plan
+    target_dir = target_plan.directory
+    warnings = binding.warnings
     cfg = target_plan.config
-    _bind_geometry(drafter_plan.contract, cfg, target_plan.directory)
     vocab, stops = cfg.vocab_size, cfg.stop_token_ids
 
     ref_runs = load_reference(reference) if reference is not None else None
     all_prompts = [list(p) for p in prompts or []]
     if prompt_text is not None:
-        all_prompts.append(_encode_text(target_dir, prompt_text, vocab))
+        all_prompts.append(binding.target.tokenizer.encode(prompt_text))
     if not all_prompts:
         if ref_runs is None:
             raise SmokeInputError("no prompt: pass --prompt-ids, --prompt or --reference",
@@ -477,7 +413,6 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     load_seconds = time.perf_counter() - t_load
-    bind_target(weights, model)
     drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev)
 
     runs_json, summaries, results, greedy_seconds = [], [], [], 0.0
@@ -536,7 +471,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
 
     if trace is not None:
         doc = trace_to_json(runs_json, case=artifact.name, target=str(target_dir), dtype=dtype)
-        _write_atomic(Path(trace), lambda fh: fh.write((json.dumps(doc, indent=1) + "\n").encode()))
+        _write_report_file(Path(trace), lambda fh: fh.write((json.dumps(doc, indent=1) + "\n").encode()))
     if plot is not None:
         _plot(Path(plot), rates, tau, f"{artifact.name}: acceptance by draft position ({dtype})")
 

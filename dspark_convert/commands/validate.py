@@ -16,9 +16,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from dspark_convert import CONVERTER_NAME
 from dspark_convert.artifact.format import (
@@ -34,6 +33,8 @@ from dspark_convert.artifact.format import (
     read_metadata,
 )
 from dspark_convert.contract.dspark import FeatureContract, build_contract, config_dtype, parse_config
+from dspark_convert.checks import Check
+from dspark_convert.contract.inventory import check_gguf_inventory
 from dspark_convert.errors import (
     ContractViolation,
     DSparkError,
@@ -43,38 +44,20 @@ from dspark_convert.errors import (
     ManifestError,
     ManifestMismatchError,
     MetadataError,
-    MissingTensorError,
     NonFiniteTensorError,
     StrataRuleError,
-    TensorDtypeError,
-    TensorShapeError,
-    UnexpectedTensorError,
 )
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
-from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, is_sha256_hex, weights_digest
+from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, weights_digest
 from dspark_convert.artifact.manifest import Manifest
 from dspark_convert.util.paths import check_path
-from dspark_convert.util.patterns import is_commit
+from dspark_convert.util.patterns import is_commit, is_sha256
 from dspark_convert.util.text import shown
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.numerics import non_finite_error
-from dspark_convert.source.checkpoint import read_json_strict
+from dspark_convert.util.models import first_problem
+from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.artifact.strata_rules import strata_checks
-
-# "info": a fact the reader should know that is not a risk (today's Strata loader refuses
-# DSpark heads); unlike "warning", --strict does not fail it.
-Status = Literal["passed", "info", "failed", "warning", "skipped"]
-
-
-class Check(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    status: Status
-    detail: str
-    error: str | None = None        # the error class of a failure
-    exit_code: int | None = None
-
 
 class ValidationReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,10 +67,30 @@ class ValidationReport(BaseModel):
     failed: int
     warnings: int
     checks: list[Check]
+    # What the run built, for a caller that goes on with the artifact (smoke, eval): the
+    # refusal behind each failed check, and the parsed drafter.gguf (validated as far as
+    # the checks went), so it is never parsed twice.
+    _errors: dict[str, DSparkError] = PrivateAttr(default_factory=dict)
+    _gguf: GGUFFile | None = PrivateAttr(default=None)
+    _gguf_sha256: str | None = PrivateAttr(default=None)
 
     @property
     def first_failure(self) -> Check | None:
         return next((c for c in self.checks if c.status == "failed"), None)
+
+    @property
+    def gguf(self) -> GGUFFile | None:
+        return self._gguf
+
+    @property
+    def gguf_sha256(self) -> str | None:
+        """drafter.gguf's SHA-256, as the run computed it (None if it did not read it)."""
+        return self._gguf_sha256
+
+    def first_error(self) -> DSparkError | None:
+        """The refusal of the first failed check, as raised (its own class and exit code)."""
+        failure = self.first_failure
+        return None if failure is None else self._errors[failure.name]
 
     def exit_code(self, *, strict: bool = False) -> int:
         failure = self.first_failure
@@ -99,30 +102,42 @@ class ValidationReport(BaseModel):
 
 
 class _Checks:
+    """The checks of one run, in order; a failure keeps its refusal for the report."""
+
     def __init__(self) -> None:
         self.items: list[Check] = []
+        self.errors: dict[str, DSparkError] = {}
+        self.gguf: GGUFFile | None = None
+        self.gguf_sha256: str | None = None
 
     def passed(self, name: str, detail: str) -> None:
-        self.items.append(Check(name=name, status="passed", detail=detail))
+        self.items.append(Check.passed(name, detail))
 
     def warning(self, name: str, detail: str) -> None:
-        self.items.append(Check(name=name, status="warning", detail=detail))
+        self.items.append(Check.warning(name, detail))
 
     def info(self, name: str, detail: str) -> None:
-        self.items.append(Check(name=name, status="info", detail=detail))
+        self.items.append(Check.info(name, detail))
 
     def skipped(self, name: str, detail: str) -> None:
-        self.items.append(Check(name=name, status="skipped", detail=detail))
+        self.items.append(Check.skipped(name, detail))
 
     def failed(self, name: str, error: DSparkError) -> None:
-        self.items.append(Check(name=name, status="failed", detail=error.message,
-                                error=type(error).__name__, exit_code=error.exit_code))
+        self.items.append(Check.failed(name, error))
+        self.errors.setdefault(name, error)
+
+    def add(self, check: Check) -> None:
+        self.items.append(check)
 
     def report(self, root: Path) -> ValidationReport:
         failed = sum(c.status == "failed" for c in self.items)
-        return ValidationReport(artifact=str(root), ok=not failed, failed=failed,
-                                warnings=sum(c.status == "warning" for c in self.items),
-                                checks=self.items)
+        report = ValidationReport(artifact=str(root), ok=not failed, failed=failed,
+                                  warnings=sum(c.status == "warning" for c in self.items),
+                                  checks=self.items)
+        report._errors.update(self.errors)
+        report._gguf = self.gguf
+        report._gguf_sha256 = self.gguf_sha256
+        return report
 
 
 def _same_value(key: str, want: object, got: object) -> bool:
@@ -150,7 +165,7 @@ def _check_provenance_values(prov: Provenance, label: str) -> None:
     for key, value in (("dflash.source.sha256", prov.source_sha256),
                        ("dflash.target.embed_sha256", prov.embed_sha256),
                        ("dflash.target.lm_head_sha256", prov.lm_head_sha256)):
-        if value is not None and not is_sha256_hex(value):
+        if value is not None and not is_sha256(value):
             raise MetadataError(f"{label}: metadata key '{key}': expected 64 lowercase hex digits, "
                                 f"found {value!r}", path=label, field=key, expected="sha256 hex",
                                 found=value)
@@ -179,40 +194,6 @@ def _check_layout(gguf: GGUFFile, label: str) -> None:
                                   f"expected {offset} (tensors packed in order, {ALIGNMENT}-aligned)",
                                   path=label, tensor=info.name, expected=offset, found=info.offset)
         offset += -(-info.nbytes // ALIGNMENT) * ALIGNMENT
-
-
-def check_gguf_inventory(gguf: GGUFFile, contract: FeatureContract, label: str) -> None:
-    specs = contract.written_tensors
-    found = {t.name: t for t in gguf.tensors}
-    for spec in specs:
-        if spec.gguf_name not in found:
-            raise MissingTensorError(f"{label}: tensor '{spec.gguf_name}' is missing; expected GGUF "
-                                     f"shape {spec.gguf_shape}", path=label, tensor=spec.gguf_name,
-                                     expected=spec.gguf_shape, found="missing")
-    wanted = {s.gguf_name for s in specs}
-    for info in gguf.tensors:
-        if info.name not in wanted:
-            raise UnexpectedTensorError(f"{label}: tensor '{info.name}' is not part of the contract "
-                                        "the metadata describes", path=label, tensor=info.name,
-                                        expected="absent", found="present")
-    order = [t.name for t in gguf.tensors]
-    if order != [s.gguf_name for s in specs]:
-        first = next(i for i, (a, b) in enumerate(zip(order, [s.gguf_name for s in specs])) if a != b)
-        raise UnexpectedTensorError(f"{label}: tensor {first} is '{order[first]}'; expected "
-                                    f"'{specs[first].gguf_name}' (the format's fixed order)",
-                                    path=label, tensor=order[first],
-                                    expected=specs[first].gguf_name, found=order[first])
-    for spec in specs:
-        info = found[spec.gguf_name]
-        if info.ggml_type.name != "BF16":
-            raise TensorDtypeError(f"{label}: tensor '{info.name}': expected type BF16, found "
-                                   f"{info.ggml_type.name}", path=label, tensor=info.name,
-                                   expected="BF16", found=info.ggml_type.name)
-        if list(info.shape) != spec.gguf_shape:
-            raise TensorShapeError(f"{label}: tensor '{info.name}': expected GGUF shape "
-                                   f"{spec.gguf_shape} (= [{', '.join(reversed(spec.shape_expr))}]), "
-                                   f"found {list(info.shape)}", path=label, tensor=info.name,
-                                   expected=spec.gguf_shape, found=list(info.shape))
 
 
 @dataclass(frozen=True)
@@ -285,10 +266,10 @@ def _load_manifest(path: Path) -> Manifest:
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "<root>"
-        raise ManifestError(f"{MANIFEST_FILE}: field '{where}': {err['msg']}", path=str(path),
-                            field=where) from None
+        problem = first_problem(exc)
+        raise ManifestError(f"{MANIFEST_FILE}: {problem.message}", path=str(path),
+                            field=problem.field, expected=problem.expected,
+                            found=problem.found) from None
 
 
 def _check_manifest_layout(manifest: Manifest, gguf: GGUFFile, label: str) -> None:
@@ -492,6 +473,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     label = GGUF_FILE
     try:
         gguf = read_gguf(gguf_path)
+        checks.gguf = gguf
         _check_layout(gguf, label)
         checks.passed("gguf.structure", f"GGUF v{gguf.version}, {len(gguf.kv)} keys, "
                       f"{len(gguf.tensors)} tensors, offsets aligned, in range, non-overlapping")
@@ -547,6 +529,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
                 scan = scan_gguf(gguf, label, progress.advance)
             finally:
                 progress.finish()
+            checks.gguf_sha256 = scan.file_sha256
             if scan.non_finite is not None:
                 checks.failed("gguf.values", scan.non_finite)
             else:
@@ -621,8 +604,7 @@ def _check_target(checks: _Checks, target, contract: FeatureContract | None, kv:
         checks.failed("target", exc)
         return
     for record in records:
-        add = checks.warning if record.status == "warning" else checks.passed
-        add(record.name, record.detail)
+        checks.add(record)
 
 
 def _compare_target_record(manifest: Manifest, actual) -> None:

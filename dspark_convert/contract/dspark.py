@@ -15,23 +15,27 @@ error class of each refusal. ``check_inventory`` compares a checkpoint's tensors
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.errors import (
     ConfigError,
     GeometryLimitError,
     HeadConfigMismatchError,
     MaskTokenError,
-    MissingTensorError,
     TargetLayerError,
-    TensorDtypeError,
-    TensorShapeError,
-    UnexpectedTensorError,
     UnsupportedArchitectureError,
     UnsupportedFeatureError,
+)
+from dspark_convert.contract.qwen3 import (
+    ConfigErrors,
+    Qwen3Config,
+    check_dense,
+    check_heads_divide,
+    check_positive_eps,
+    parse_qwen3_config,
+    rope_theta,
 )
 from dspark_convert.contract.tensor_table import TENSOR_RULES, TensorRule, eval_dim, expand_rule, pretty_dim
 
@@ -50,39 +54,21 @@ CONFIG_DTYPE_NAMES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
 
 
-class _Strict(BaseModel):
-    # Unknown config.json fields are kept (the manifest copies the config verbatim) but
-    # no code reads them.
-    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
-
-
 class _Contract(BaseModel):
     # Our own records: nothing unknown is accepted when one is read back from a manifest.
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class RopeParameters(_Strict):
-    rope_theta: float
-    rope_type: str
+class DSparkConfig(Qwen3Config):
+    """config.json of a Qwen3DSparkModel checkpoint (docs/REFERENCE.md §1): the target's
+    Qwen3 config (contract/qwen3.py) plus DeepSpec's fields.
 
-
-class DSparkConfig(_Strict):
-    """config.json of a Qwen3DSparkModel checkpoint (docs/REFERENCE.md §1).
-
-    Geometry fields are required. ``markov_head_type`` exists only when
-    ``markov_rank > 0`` and ``confidence_head_with_markov`` only with a confidence head,
-    exactly as DeepSpec's ``build_draft_config`` writes them.
+    Geometry fields are required, and so are ``attention_bias`` and ``hidden_act``
+    (DeepSpec's ``build_draft_config`` always writes them). ``markov_head_type`` exists
+    only when ``markov_rank > 0`` and ``confidence_head_with_markov`` only with a
+    confidence head, exactly as DeepSpec writes them.
     """
 
-    architectures: list[str]
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
     attention_bias: bool
     hidden_act: str
     num_target_layers: int
@@ -93,13 +79,12 @@ class DSparkConfig(_Strict):
     enable_confidence_head: bool
     markov_head_type: MarkovHeadType | None = None
     confidence_head_with_markov: bool | None = None
-    # RoPE: transformers 5 writes rope_parameters; 4.x wrote rope_theta (+ rope_scaling).
-    rope_parameters: RopeParameters | None = None
-    rope_theta: float | None = None
-    rope_scaling: dict | None = None
-    use_sliding_window: bool | None = None
-    dtype: str | None = None
-    torch_dtype: str | None = None
+
+
+# A drafter's config problems are contract violations: malformed (13), a feature the format
+# cannot express (15), a value beyond a limit (17).
+DRAFTER_ERRORS = ConfigErrors(malformed=ConfigError, unsupported=UnsupportedFeatureError,
+                              limit=GeometryLimitError)
 
 
 class Geometry(_Contract):
@@ -188,79 +173,31 @@ class FeatureContract(_Contract):
 
 # --- parsing config.json ------------------------------------------------------------------
 
-def _describe(value: object) -> str:
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({type(value).__name__})"
-
-
-_EXPECTED_BY_ERROR = {
-    "int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
-    "string_type": "a string", "list_type": "a list", "dict_type": "an object",
-    "model_type": "an object", "missing": "a value", "literal_error": None,
-}
-
-
 def parse_config(data: object, *, path: str = "config.json") -> DSparkConfig:
     """Validate the parsed JSON of config.json; ConfigError names the first bad field."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}",
-                          path=path, expected="object", found=type(data).__name__)
-    try:
-        return DSparkConfig.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        expected = _EXPECTED_BY_ERROR.get(err["type"]) or err["msg"].removeprefix("Input should be ")
-        if err["type"] == "missing":
-            message = f"{path}: required field '{field}' is missing"
-            found = "nothing"
-        else:
-            found = _describe(err.get("input"))
-            message = f"{path}: field '{field}': expected {expected}, found {found}"
-        raise ConfigError(message, path=path, field=field, expected=expected, found=found) from None
+    return parse_qwen3_config(data, path=path, errors=DRAFTER_ERRORS, model=DSparkConfig)
 
 
 # --- semantic rules -----------------------------------------------------------------------
-
-def _rope_theta(cfg: DSparkConfig, path: str) -> float:
-    thetas = []
-    if cfg.rope_parameters is not None:
-        if cfg.rope_parameters.rope_type != "default":
-            raise UnsupportedFeatureError(
-                f"{path}: field 'rope_parameters.rope_type': expected 'default', found "
-                f"{cfg.rope_parameters.rope_type!r} (RoPE scaling is not expressible in the format)",
-                path=path, field="rope_parameters.rope_type", expected="default",
-                found=cfg.rope_parameters.rope_type)
-        thetas.append(("rope_parameters.rope_theta", cfg.rope_parameters.rope_theta))
-    if cfg.rope_theta is not None:
-        thetas.append(("rope_theta", cfg.rope_theta))
-    if cfg.rope_scaling is not None:
-        raise UnsupportedFeatureError(
-            f"{path}: field 'rope_scaling': expected null, found {cfg.rope_scaling!r} "
-            "(RoPE scaling is not expressible in the format)",
-            path=path, field="rope_scaling", expected=None, found=str(cfg.rope_scaling))
-    if not thetas:
-        raise ConfigError(f"{path}: required field 'rope_parameters.rope_theta' (or 'rope_theta') is missing",
-                          path=path, field="rope_parameters.rope_theta", expected="a number",
-                          found="nothing")
-    if len(thetas) == 2 and thetas[0][1] != thetas[1][1]:
-        raise ConfigError(f"{path}: field 'rope_theta' is {thetas[1][1]} but "
-                          f"'rope_parameters.rope_theta' is {thetas[0][1]}; expected them equal",
-                          path=path, field="rope_theta", expected=thetas[0][1], found=thetas[1][1])
-    field, theta = thetas[0]
-    if not (math.isfinite(theta) and theta > 0):
-        raise GeometryLimitError(f"{path}: field '{field}': expected a positive finite number, found {theta}",
-                                 path=path, field=field, expected="> 0", found=theta)
-    return theta
-
 
 def _positive(path: str, field: str, value: int, upper: int | None = None) -> None:
     if value <= 0 or (upper is not None and value > upper):
         bound = f"1..{upper}" if upper is not None else "a positive integer"
         raise GeometryLimitError(f"{path}: field '{field}': expected {bound}, found {value}",
                                  path=path, field=field, expected=bound, found=value)
+
+
+def tap_problem(layer: int, num_layers: int) -> str | None:
+    """Why ``layer`` (a DeepSpec target_layer_id) cannot be a feature tap of a target of
+    ``num_layers`` layers, or None: the one rule the contract (against num_target_layers)
+    and the pairing (against the target's own count) apply."""
+    if layer == -1:
+        return "the embedding output, which the Strata format cannot express"
+    if not 0 <= layer < num_layers:
+        return f"not a layer of a {num_layers}-layer target"
+    if layer == num_layers - 1:
+        return "the target's last layer, whose HF hidden state is post-norm"
+    return None
 
 
 def _check_taps(cfg: DSparkConfig, path: str) -> None:
@@ -276,21 +213,11 @@ def _check_taps(cfg: DSparkConfig, path: str) -> None:
                                expected=MAX_TARGET_TAPS, found=len(ids))
     for pos, layer in enumerate(ids):
         where = f"{path}: field '{field}[{pos}]'"
-        if layer == -1:
-            raise TargetLayerError(f"{where}: found -1 (the embedding output), which the Strata "
-                                   "format cannot express; expected a layer id in "
-                                   f"[0, {n - 2}]", path=path, field=f"{field}[{pos}]",
-                                   expected=f"0..{n - 2}", found=layer)
-        if layer < 0 or layer >= n:
-            raise TargetLayerError(f"{where}: expected a layer id in [0, {n - 2}] "
-                                   f"(num_target_layers = {n}), found {layer}",
-                                   path=path, field=f"{field}[{pos}]", expected=f"0..{n - 2}",
-                                   found=layer)
-        if layer == n - 1:
-            raise TargetLayerError(f"{where}: found {layer}, the target's last layer, whose HF "
-                                   f"hidden state is post-norm; expected a layer id in [0, {n - 2}]",
-                                   path=path, field=f"{field}[{pos}]", expected=f"0..{n - 2}",
-                                   found=layer)
+        problem = tap_problem(layer, n)
+        if problem is not None:
+            raise TargetLayerError(f"{where}: found {layer}, {problem}; expected a layer id in "
+                                   f"[0, {n - 2}] (num_target_layers = {n})", path=path,
+                                   field=f"{field}[{pos}]", expected=f"0..{n - 2}", found=layer)
         if pos and layer <= ids[pos - 1]:
             raise TargetLayerError(f"{where}: expected ids strictly increasing, found {ids[pos - 1]} "
                                    f"then {layer}", path=path, field=field,
@@ -334,35 +261,15 @@ def build_contract(cfg: DSparkConfig, *, path: str = "config.json") -> FeatureCo
         raise UnsupportedArchitectureError(
             f"{path}: field 'architectures': expected ['{ARCHITECTURE}'], found {cfg.architectures}",
             path=path, field="architectures", expected=[ARCHITECTURE], found=cfg.architectures)
-    if cfg.attention_bias:
-        raise UnsupportedFeatureError(
-            f"{path}: field 'attention_bias': expected false, found true "
-            "(q/k/v/o biases are not part of the format)", path=path, field="attention_bias",
-            expected=False, found=True)
-    if cfg.hidden_act != "silu":
-        raise UnsupportedFeatureError(
-            f"{path}: field 'hidden_act': expected 'silu', found {cfg.hidden_act!r}",
-            path=path, field="hidden_act", expected="silu", found=cfg.hidden_act)
-    if cfg.use_sliding_window:
-        raise UnsupportedFeatureError(
-            f"{path}: field 'use_sliding_window': expected false, found true",
-            path=path, field="use_sliding_window", expected=False, found=True)
+    check_dense(cfg, path=path, errors=DRAFTER_ERRORS)
     for field in ("hidden_size", "intermediate_size", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers"):
         _positive(path, field, getattr(cfg, field))
     _positive(path, "num_hidden_layers", cfg.num_hidden_layers, MAX_DRAFT_LAYERS)
     _positive(path, "block_size", cfg.block_size, MAX_BLOCK_SIZE)
-    if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise GeometryLimitError(
-            f"{path}: field 'num_key_value_heads': expected a divisor of num_attention_heads "
-            f"({cfg.num_attention_heads}), found {cfg.num_key_value_heads}", path=path,
-            field="num_key_value_heads", expected=f"divides {cfg.num_attention_heads}",
-            found=cfg.num_key_value_heads)
-    if not (math.isfinite(cfg.rms_norm_eps) and cfg.rms_norm_eps > 0):
-        raise GeometryLimitError(f"{path}: field 'rms_norm_eps': expected a positive finite number, "
-                                 f"found {cfg.rms_norm_eps}", path=path, field="rms_norm_eps",
-                                 expected="> 0", found=cfg.rms_norm_eps)
-    theta = _rope_theta(cfg, path)
+    check_heads_divide(cfg, path=path, errors=DRAFTER_ERRORS)
+    check_positive_eps(cfg, path=path, errors=DRAFTER_ERRORS)
+    theta = rope_theta(cfg, path=path, errors=DRAFTER_ERRORS)
     _check_taps(cfg, path)
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         raise MaskTokenError(
@@ -430,104 +337,6 @@ def contract_with_tensors(parts: dict) -> FeatureContract:
             shape_expr=[pretty_dim(e) for e in rule.shape], kind=rule.kind,
             required=rule.when != "embedding"))
     return skeleton.model_copy(update={"tensors": tensors})
-
-
-# --- the inventory ------------------------------------------------------------------------
-
-def _shape_text(spec: TensorSpec) -> str:
-    return f"{spec.shape} (= [{', '.join(spec.shape_expr)}])"
-
-
-def check_head_tensors(contract: FeatureContract, names: set[str], *, path: str) -> None:
-    """Refuse Markov / confidence fields that disagree with the tensors present.
-
-    Done before the one-by-one inventory so that a config that names the wrong head gets
-    a message about the head, not a list of missing and unexpected tensors.
-    """
-    markov = contract.markov_head
-    has_markov = any(n.startswith("markov_head.") for n in names)
-    has_gate = any(n.startswith("markov_head.gate_proj.") for n in names)
-    has_joint = any(n.startswith("markov_head.joint_proj.") for n in names)
-    has_conf = any(n.startswith("confidence_head.") for n in names)
-    if markov.rank == 0 and has_markov:
-        raise HeadConfigMismatchError(
-            f"{path}: config says markov_rank 0 but the weights hold markov_head.* tensors; "
-            "expected no Markov head", path=path, field="markov_rank", expected=0,
-            found="markov_head tensors")
-    if markov.rank > 0 and not has_markov:
-        raise HeadConfigMismatchError(
-            f"{path}: config says markov_rank {markov.rank} but the weights hold no markov_head.* "
-            "tensors", path=path, field="markov_rank", expected=markov.rank,
-            found="no markov_head tensors")
-    if markov.rank > 0:
-        found_type = "gated" if has_gate else "rnn" if has_joint else "vanilla"
-        if has_gate and has_joint:
-            found_type = "gated and rnn"
-        if found_type != markov.type:
-            raise HeadConfigMismatchError(
-                f"{path}: config says markov_head_type {markov.type!r} but the weights hold a "
-                f"{found_type} Markov head", path=path, field="markov_head_type",
-                expected=markov.type, found=found_type)
-    if contract.confidence_head.enabled != has_conf:
-        raise HeadConfigMismatchError(
-            f"{path}: config says enable_confidence_head {str(contract.confidence_head.enabled).lower()} "
-            f"but the weights {'hold' if has_conf else 'hold no'} confidence_head.* tensors",
-            path=path, field="enable_confidence_head", expected=contract.confidence_head.enabled,
-            found=has_conf)
-
-
-def check_inventory(contract: FeatureContract, tensors: dict[str, tuple[str, list[int]]],
-                    *, path: str, expected_dtype: str | None = None) -> str:
-    """Compare {name: (dtype, torch shape)} with the contract; return the common dtype.
-
-    Raises the error of the first problem in a fixed order: head fields, missing, unexpected,
-    shape, dtype. ``expected_dtype`` comes from config.json's ``dtype`` when it has one;
-    otherwise every tensor must share one dtype of SOURCE_DTYPES.
-    """
-    names = set(tensors)
-    check_head_tensors(contract, names, path=path)
-    specs = {t.source_name: t for t in contract.tensors}
-    missing = [t.source_name for t in contract.tensors if t.required and t.source_name not in names]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        spec = specs[missing[0]]
-        raise MissingTensorError(f"{path}: tensor '{missing[0]}' is missing; expected shape "
-                                 f"{_shape_text(spec)}{more}", path=path, tensor=missing[0],
-                                 expected=spec.shape, found="missing")
-    unexpected = sorted(names - set(specs))
-    if unexpected:
-        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise UnexpectedTensorError(f"{path}: tensor '{unexpected[0]}' is not part of the "
-                                    f"{contract.family} contract{more}", path=path,
-                                    tensor=unexpected[0], expected="absent", found="present")
-    for spec in contract.tensors:
-        if spec.source_name not in tensors:
-            continue
-        _dtype, shape = tensors[spec.source_name]
-        if list(shape) != spec.shape:
-            raise TensorShapeError(f"{path}: tensor '{spec.source_name}': expected shape "
-                                   f"{_shape_text(spec)}, found {list(shape)}", path=path,
-                                   tensor=spec.source_name, expected=spec.shape, found=list(shape))
-    dtype = expected_dtype
-    # Say where the expectation comes from: config.json's dtype, or the first tensor.
-    origin = " (config.json 'dtype')" if expected_dtype is not None else ""
-    for spec in contract.tensors:
-        if spec.source_name not in tensors:
-            continue
-        found = tensors[spec.source_name][0]
-        if dtype is None:
-            if found not in SOURCE_DTYPES:
-                raise TensorDtypeError(f"{path}: tensor '{spec.source_name}': expected dtype one of "
-                                       f"{', '.join(SOURCE_DTYPES)}, found {found}", path=path,
-                                       tensor=spec.source_name, expected=list(SOURCE_DTYPES),
-                                       found=found)
-            dtype, origin = found, f" (as '{spec.source_name}')"
-        elif found != dtype:
-            raise TensorDtypeError(f"{path}: tensor '{spec.source_name}': expected dtype {dtype}"
-                                   f"{origin}, found {found}", path=path, tensor=spec.source_name,
-                                   expected=dtype, found=found)
-    assert dtype is not None  # at least fc.weight is required and present
-    return dtype
 
 
 def config_dtype(cfg: DSparkConfig, *, path: str) -> str | None:

@@ -32,8 +32,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError, InternalError
-from dspark_convert.util.hashing import is_sha256_hex
-from dspark_convert.source.checkpoint import read_json_strict
+from dspark_convert.util.patterns import is_sha256
+from dspark_convert.util.models import first_problem
+from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.evaluation.environment import TargetIdentity
 from dspark_convert.evaluation.metrics import (
     COARSE_BINS,
@@ -128,7 +129,6 @@ def _ece_at(data: ConfidenceData, temperatures: Sequence[float], k: int) -> floa
         return None
     p, y = pred[rows, k], label[rows, k]
     b = bin_index(p, COARSE_BINS)
-    count = np.bincount(b, minlength=COARSE_BINS).astype(np.float64)
     gap = np.abs(np.bincount(b, weights=p, minlength=COARSE_BINS)
                  - np.bincount(b, weights=y, minlength=COARSE_BINS))
     # sum over bins |mean P - mean y| x count / total = sum |sum P - sum y| / total
@@ -231,12 +231,6 @@ def calibrate(data_fit: ConfidenceData, data_held: ConfidenceData, *, artifact: 
 
 # --- using a calibration ------------------------------------------------------------------
 
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    return f"{where}: {err.get('msg', 'invalid')}" if where else err.get("msg", "invalid")
-
-
 def read_calibration(path: str | os.PathLike) -> CalibrationFile:
     """Read and check a calibration.json (schema only; see ``load_calibration``)."""
     path = Path(path)
@@ -248,8 +242,11 @@ def read_calibration(path: str | os.PathLike) -> CalibrationFile:
     try:
         cal = CalibrationFile.model_validate(raw)
     except ValidationError as exc:
-        raise CalibrationFileError(f"{label}: {_first_error(exc)}", path=str(path)) from None
-    if not is_sha256_hex(cal.drafter_gguf_sha256):
+        problem = first_problem(exc)
+        raise CalibrationFileError(f"{label}: {problem.message}", path=str(path),
+                                   field=problem.field, expected=problem.expected,
+                                   found=problem.found) from None
+    if not is_sha256(cal.drafter_gguf_sha256):
         raise CalibrationFileError(f"{label}: drafter_gguf_sha256: expected 64 lowercase hex digits",
                                    path=str(path), field="drafter_gguf_sha256")
     if cal.block_size < 1 or len(cal.temperatures) != cal.block_size:

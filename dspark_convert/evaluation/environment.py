@@ -10,15 +10,12 @@ same files have the same identity wherever they are; the path is kept for the re
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert import __version__
-from dspark_convert.util.hashing import sha256_file, weights_digest
 from dspark_convert.util.text import shown
 
 
@@ -46,20 +43,19 @@ class TargetIdentity(BaseModel):
         return None
 
 
-def target_identity(directory: str | os.PathLike, model) -> TargetIdentity:
-    """``model``: the runtime's loaded ``Qwen3Target`` for ``directory`` (its embedding and
-    head hashes and config; the weights files are hashed here)."""
-    from dspark_convert.formats.safetensors import read_checkpoint
+def target_identity(target, progress=None) -> TargetIdentity:
+    """The identity of an opened target (target/model.py's ``Target``: what the pairing
+    read): its config and tokenizer file hashes, its weights' hash, its embedding and
+    head hashes (read once per run) and its geometry."""
+    from dspark_convert.target.model import hash_target_tensors, weights_sha256
 
-    directory = Path(directory)
-    files = read_checkpoint(directory).files
-    weights = weights_digest([(p.name, sha256_file(p)) for p in files.weights])
-    tokenizer = directory / "tokenizer.json"
-    cfg = model.config
-    return TargetIdentity(path=shown(directory), config_sha256=sha256_file(files.config),
-                          weights_sha256=weights,
-                          tokenizer_sha256=sha256_file(tokenizer) if tokenizer.is_file() else None,
-                          embed_sha256=model.embed_sha256, lm_head_sha256=model.lm_head_sha256,
+    files = {f.path: f.sha256 for f in target.files}
+    tensors = {t.role: t.sha256 for t in hash_target_tensors(target, progress)}
+    cfg = target.config
+    return TargetIdentity(path=shown(target.directory), config_sha256=files["config.json"],
+                          weights_sha256=weights_sha256(target, progress),
+                          tokenizer_sha256=target.tokenizer.record.sha256,
+                          embed_sha256=tensors["embedding"], lm_head_sha256=tensors["head"],
                           vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                           num_hidden_layers=cfg.num_hidden_layers)
 

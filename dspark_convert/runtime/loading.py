@@ -24,7 +24,6 @@ target's is 70, the artifact's 41): the file changed after its layout was checke
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,7 +118,7 @@ class TensorLoader:
                                                device=self.device)
         return self._device_staging[:nbytes]
 
-    def _read_into(self, spec: StoredTensor, fh, buffer: memoryview, digest) -> None:
+    def _read_into(self, spec: StoredTensor, fh, buffer: memoryview) -> None:
         """Fill ``buffer`` from the file's current position; a short read is a file that
         shrank after its header was checked."""
         done = 0
@@ -128,17 +127,14 @@ class TensorLoader:
             if not n:
                 raise self.truncated(spec)
             done += n
-        if digest is not None:
-            digest.update(buffer)
         self.progress.advance(len(buffer))
 
-    def load(self, spec: StoredTensor, *, sha256: bool = False) -> tuple[torch.Tensor, str | None]:
-        """The tensor in the compute dtype on the device, and the SHA-256 of its stored
-        bytes when asked (the embedding and head are bound by their hashes)."""
+    def load(self, spec: StoredTensor) -> torch.Tensor:
+        """The tensor in the compute dtype on the device. (The target's embedding and head
+        are proven the drafter's by the pairing, target/model.py, which hashes them.)"""
         itemsize = spec.dtype.itemsize
         if spec.nbytes != spec.numel * itemsize:
             raise self.truncated(spec)
-        digest = hashlib.sha256() if sha256 else None
         dest = torch.empty(spec.shape, dtype=self.dtype, device=self.device)
         fh = self._file(spec.file)
         fh.seek(spec.offset)
@@ -154,10 +150,10 @@ class TensorLoader:
             if direct:
                 # The tensor's own memory, as bytes: the file is read straight into it.
                 raw = target_rows.view(-1).view(torch.uint8).numpy()
-                self._read_into(spec, fh, memoryview(raw), digest)
+                self._read_into(spec, fh, memoryview(raw))
                 continue
             staging = self._host_staging(nbytes)
-            self._read_into(spec, fh, memoryview(staging.numpy()), digest)
+            self._read_into(spec, fh, memoryview(staging.numpy()))
             chunk = staging.view(spec.dtype).view(count, -1)
             if self.device.type == "cuda" and spec.dtype != self.dtype:
                 on_device = self._dev_staging(nbytes)
@@ -165,4 +161,4 @@ class TensorLoader:
                 chunk = on_device.view(spec.dtype).view(count, -1)
             # Synchronous: the staging buffer is reused by the next chunk.
             target_rows.copy_(chunk)
-        return dest, None if digest is None else digest.hexdigest()
+        return dest

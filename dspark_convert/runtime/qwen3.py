@@ -18,7 +18,6 @@ index i+1 the output of layer i, and the last one is after the final norm.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Collection
@@ -27,24 +26,29 @@ from pathlib import Path
 
 import torch
 
+from dspark_convert.contract.qwen3 import (ConfigErrors, Qwen3Config, check_dense,
+                                          check_heads_divide, check_positive,
+                                          check_positive_eps, parse_qwen3_config, rope_theta,
+                                          stop_token_ids)
 from dspark_convert.errors import DSparkError, RuntimeTargetError
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import read_checkpoint
-from dspark_convert.source.checkpoint import read_json_strict
+from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
 from dspark_convert.runtime.loading import STORED_DTYPES, StoredTensor, TensorLoader
 
 EMBED = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
-# transformers' Qwen3Config default, used when config.json has no max_position_embeddings.
-DEFAULT_MAX_POSITION_EMBEDDINGS = 32768
 # A layer index in a tensor name. Bounded to 9 digits: int() of a hostile 5,000-digit
 # name would raise; such a name is simply not a layer (and the layer count then differs).
 _LAYER_NAME = re.compile(r"model\.layers\.(\d{1,9})\.")
 
 
 @dataclass(frozen=True)
-class Qwen3Config:
+class RuntimeConfig:
+    """What the runtime computes with, from the target's config.json (read by the one Qwen3
+    config model, contract/qwen3.py) and generation_config.json."""
+
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -59,76 +63,52 @@ class Qwen3Config:
     max_position_embeddings: int      # the context length: prompt + new tokens must fit
 
 
-def _int_field(cfg: dict, name: str, path: str) -> int:
-    value = cfg.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise RuntimeTargetError(f"{path}: field {name!r}: expected a positive integer, found "
-                                 f"{value!r}", path=path, field=name, expected="positive int",
-                                 found=repr(value))
-    return value
+# What the runtime refuses of a target's config: it runs a dense Qwen3 only (70).
+RUNTIME_ERRORS = ConfigErrors(malformed=RuntimeTargetError, unsupported=RuntimeTargetError,
+                              limit=RuntimeTargetError)
+_COUNTS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+           "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
 
 
-def _refuse(path: str, name: str, expected: object, found: object) -> RuntimeTargetError:
-    return RuntimeTargetError(f"{path}: field {name!r}: the reference runtime runs dense Qwen3 "
-                              f"only; expected {expected!r}, found {found!r}", path=path,
-                              field=name, expected=str(expected), found=str(found))
+def runtime_config(cfg: Qwen3Config, directory: Path) -> RuntimeConfig:
+    """The runtime's view of a parsed target config: refused (70) unless it is a dense
+    Qwen3 the runtime computes exactly (no bias, SiLU, no sliding window, default RoPE)."""
+    label = f"target {directory / 'config.json'}"
+    if cfg.model_type != "qwen3":
+        raise RuntimeTargetError(f"{label}: field 'model_type': the reference runtime runs "
+                                 f"dense Qwen3 only; expected 'qwen3', found {cfg.model_type!r}",
+                                 path=label, field="model_type", expected="qwen3",
+                                 found=str(cfg.model_type))
+    check_dense(cfg, path=label, errors=RUNTIME_ERRORS)
+    theta = rope_theta(cfg, path=label, errors=RUNTIME_ERRORS)
+    check_positive(cfg, _COUNTS, path=label, errors=RUNTIME_ERRORS)
+    check_positive_eps(cfg, path=label, errors=RUNTIME_ERRORS)
+    check_heads_divide(cfg, path=label, errors=RUNTIME_ERRORS)
+    stops = stop_token_ids(cfg.eos_token_id)
+    gen_path = directory / "generation_config.json"
+    if gen_path.is_file():
+        gen = read_json_strict(gen_path, error=RuntimeTargetError, label=f"target {gen_path}")
+        if isinstance(gen, dict) and "eos_token_id" in gen:
+            stops = stop_token_ids(gen["eos_token_id"])
+    return RuntimeConfig(
+        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab_size, rms_norm_eps=cfg.rms_norm_eps, rope_theta=theta,
+        tie_word_embeddings=cfg.tie_word_embeddings, stop_token_ids=stops,
+        max_position_embeddings=cfg.context_length)
 
 
-def _eos_ids(value: object) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(dict.fromkeys(value))
-    return ()
-
-
-def read_target_config(directory: Path) -> Qwen3Config:
+def read_target_config(directory: Path) -> RuntimeConfig:
+    """config.json of a target directory, for a runtime used without the pairing (tests,
+    bench/); `dspark smoke` hands over the config the pairing already read."""
     path = directory / "config.json"
     label = f"target {path}"
     if not path.is_file():
         raise RuntimeTargetError(f"{label}: not found; expected the target's config.json",
                                  path=str(path), expected="config.json", found="nothing")
-    cfg = read_json_strict(path, error=RuntimeTargetError, label=label)
-    if not isinstance(cfg, dict):
-        raise RuntimeTargetError(f"{label}: expected a JSON object", path=str(path))
-    if cfg.get("model_type") != "qwen3":
-        raise _refuse(label, "model_type", "qwen3", cfg.get("model_type"))
-    for name, want in (("attention_bias", False), ("hidden_act", "silu")):
-        if cfg.get(name, want) != want:
-            raise _refuse(label, name, want, cfg.get(name))
-    if cfg.get("use_sliding_window"):
-        raise _refuse(label, "use_sliding_window", False, True)
-    rope = cfg.get("rope_parameters") or {}
-    if not isinstance(rope, dict):
-        raise _refuse(label, "rope_parameters", "an object", rope)
-    if rope.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
-        raise _refuse(label, "rope_parameters.rope_type", "default", rope.get("rope_type"))
-    theta = rope.get("rope_theta", cfg.get("rope_theta"))
-    eps = cfg.get("rms_norm_eps")
-    for name, value in (("rope_theta", theta), ("rms_norm_eps", eps)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) \
-                or not math.isfinite(value) or value <= 0:
-            raise RuntimeTargetError(f"{label}: field {name!r}: expected a positive number, "
-                                     f"found {value!r}", path=str(path), field=name,
-                                     expected="> 0", found=repr(value))
-    ints = {name: _int_field(cfg, name, label) for name in (
-        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "vocab_size")}
-    if ints["num_attention_heads"] % ints["num_key_value_heads"]:
-        raise _refuse(label, "num_key_value_heads", "a divisor of num_attention_heads",
-                      ints["num_key_value_heads"])
-    context = DEFAULT_MAX_POSITION_EMBEDDINGS
-    if "max_position_embeddings" in cfg:
-        context = _int_field(cfg, "max_position_embeddings", label)
-    stops = _eos_ids(cfg.get("eos_token_id"))
-    gen_path = directory / "generation_config.json"
-    if gen_path.is_file():
-        gen = read_json_strict(gen_path, error=RuntimeTargetError, label=f"target {gen_path}")
-        if isinstance(gen, dict) and "eos_token_id" in gen:
-            stops = _eos_ids(gen["eos_token_id"])
-    return Qwen3Config(**ints, rms_norm_eps=float(eps), rope_theta=float(theta),
-                       tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                       stop_token_ids=stops, max_position_embeddings=context)
+    raw = read_json_strict(path, error=RuntimeTargetError, label=label)
+    return runtime_config(parse_qwen3_config(raw, path=label, errors=RUNTIME_ERRORS), directory)
 
 
 @dataclass
@@ -158,7 +138,7 @@ class KVCache:
 
 
 
-def tensor_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(cfg: RuntimeConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a dense Qwen3 target must have, with its torch shape, in load order.
     Sized by ``cfg.num_hidden_layers``: call it only once that count has been checked
     against the checkpoint (``plan_target`` does)."""
@@ -184,7 +164,7 @@ class TargetPlan:
     """A target checked from its config and headers: what will be loaded, from where."""
 
     directory: Path
-    config: Qwen3Config
+    config: RuntimeConfig
     tensors: dict[str, StoredTensor]      # tensor_shapes' order
 
     @property
@@ -196,7 +176,7 @@ class TargetPlan:
         return sum(t.nbytes for t in self.tensors.values())
 
 
-def _check_layer_count(names: Collection[str], cfg: Qwen3Config, directory: Path) -> None:
+def _check_layer_count(names: Collection[str], cfg: RuntimeConfig, directory: Path) -> None:
     """num_hidden_layers must be the number of layers the headers hold, before any table is
     built by it. Distinct indices with len n and max n-1 are exactly 0..n-1, so no set of
     n elements is ever built from the config's number."""
@@ -212,13 +192,15 @@ def _check_layer_count(names: Collection[str], cfg: Qwen3Config, directory: Path
             expected=len(present), found=n)
 
 
-def plan_target(directory: str | os.PathLike) -> TargetPlan:
-    """Read and check config.json and the safetensors headers; no tensor byte is read."""
+def plan_target(directory: str | os.PathLike, *, config: Qwen3Config | None = None) -> TargetPlan:
+    """Read and check config.json and the safetensors headers; no tensor byte is read.
+    ``config``: the target's config as the pairing already parsed it (target/model.py), so
+    that `dspark smoke` reads it once."""
     directory = Path(directory)
     if not directory.is_dir():
         raise RuntimeTargetError(f"target {directory}: not a directory", path=str(directory),
                                  expected="a Qwen3 HF directory", found="nothing")
-    cfg = read_target_config(directory)
+    cfg = runtime_config(config, directory) if config is not None else read_target_config(directory)
     try:
         checkpoint = read_checkpoint(directory)
     except RuntimeTargetError:
@@ -259,10 +241,10 @@ class TargetOutput:
 
 
 class Qwen3Target:
-    """The target model, its weights in ``dtype`` on ``device``. ``embed_sha256`` /
-    ``lm_head_sha256``: SHA-256 of the raw stored bytes of its embedding and head tensors
-    (the head is the embedding when tied), taken while they are loaded. ``dtype`` float64
-    exists only to measure float32's own error."""
+    """The target model, its weights in ``dtype`` on ``device``. That its embedding and head
+    are the ones the drafter was made for is the pairing's proof (target/pairing.py, by
+    SHA-256, before anything is loaded). ``dtype`` float64 exists only to measure
+    float32's own error."""
 
     def __init__(self, directory: str | os.PathLike, *, device: torch.device,
                  dtype: torch.dtype = torch.float32, plan: TargetPlan | None = None,
@@ -273,19 +255,16 @@ class Qwen3Target:
         self.config = cfg = plan.config
         self.device, self.dtype = device, dtype
         self.w: dict[str, torch.Tensor] = {}
-        digests: dict[str, str | None] = {}
         progress.start("loading target", plan.stored_bytes)
         try:
             with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
                               progress=progress) as loader:
                 for name, spec in plan.tensors.items():
-                    self.w[name], digests[name] = loader.load(spec, sha256=name in (EMBED, HEAD))
+                    self.w[name] = loader.load(spec)
         finally:
             progress.finish()
         self.embed = self.w[EMBED]
         self.lm_head = self.w[EMBED] if cfg.tie_word_embeddings else self.w[HEAD]
-        self.embed_sha256 = digests[EMBED]
-        self.lm_head_sha256 = digests[EMBED] if cfg.tie_word_embeddings else digests[HEAD]
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, device, dtype)
 
     @torch.inference_mode()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_convert.errors import ReferenceDivergenceError, ReferenceTraceError
-from dspark_convert.source.checkpoint import read_json_strict
+from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.loading import COMPUTE_DTYPES
 from dspark_convert.runtime.speculative import RunResult
 

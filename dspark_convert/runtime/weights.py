@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, provenance_from_metadata
+from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import GGUFFormatError, TensorDtypeError, TensorShapeError
-from dspark_convert.formats.gguf_reader import read_gguf
+from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.runtime.loading import StoredTensor, TensorLoader
 
@@ -34,8 +34,6 @@ class DrafterPlan:
     path: Path
     contract: FeatureContract
     tensors: dict[str, StoredTensor]   # by HF name, the contract's order
-    embed_sha256: str | None           # dflash.target.embed_sha256, when the GGUF records it
-    lm_head_sha256: str | None         # dflash.target.lm_head_sha256
 
     @property
     def numel(self) -> int:
@@ -53,18 +51,15 @@ class DrafterWeights:
 
     contract: FeatureContract
     tensors: dict[str, torch.Tensor]
-    embed_sha256: str | None      # dflash.target.embed_sha256, when the GGUF records it
-    lm_head_sha256: str | None    # dflash.target.lm_head_sha256
 
 
-def plan_drafter(artifact: str | os.PathLike) -> DrafterPlan:
-    """Parse ``artifact/drafter.gguf`` and check the tensors the contract names."""
+def plan_drafter(artifact: str | os.PathLike, *, gguf: GGUFFile | None = None) -> DrafterPlan:
+    """Parse ``artifact/drafter.gguf`` (or take ``gguf``, the file as `dspark validate`
+    already parsed it) and check the tensors the contract names."""
     path = Path(artifact) / GGUF_FILE
-    gguf = read_gguf(path)        # bounds every offset and size against the file
-    kv = {key: value.value for key, value in gguf.kv.items()}
+    gguf = gguf if gguf is not None else read_gguf(path)   # bounds every offset and size
     label = GGUF_FILE
-    contract = contract_from_metadata(kv, path=label)
-    prov = provenance_from_metadata(kv, path=label)
+    contract = contract_from_metadata(read_metadata(gguf, path=label), path=label)
     infos = {t.name: t for t in gguf.tensors}
     tensors: dict[str, StoredTensor] = {}
     for spec in contract.tensors:
@@ -88,8 +83,7 @@ def plan_drafter(artifact: str | os.PathLike) -> DrafterPlan:
         tensors[spec.source_name] = StoredTensor(
             name=spec.gguf_name, file=path, offset=info.data_offset, nbytes=info.nbytes,
             dtype=torch.bfloat16, shape=tuple(torch_shape))
-    return DrafterPlan(path=path, contract=contract, tensors=tensors,
-                       embed_sha256=prov.embed_sha256, lm_head_sha256=prov.lm_head_sha256)
+    return DrafterPlan(path=path, contract=contract, tensors=tensors)
 
 
 def _truncated(spec: StoredTensor) -> GGUFFormatError:
@@ -111,8 +105,7 @@ def load_drafter_weights(artifact: str | os.PathLike, *, device: str | torch.dev
         with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
                           progress=progress) as loader:
             for name, spec in plan.tensors.items():
-                tensors[name], _ = loader.load(spec)
+                tensors[name] = loader.load(spec)
     finally:
         progress.finish()
-    return DrafterWeights(contract=plan.contract, tensors=tensors,
-                          embed_sha256=plan.embed_sha256, lm_head_sha256=plan.lm_head_sha256)
+    return DrafterWeights(contract=plan.contract, tensors=tensors)

@@ -11,42 +11,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_convert.contract.inventory import check_inventory
 from dspark_convert.contract.dspark import (
     DSparkConfig,
     FeatureContract,
     build_contract,
-    check_inventory,
     config_dtype,
     parse_config,
 )
 from dspark_convert.errors import ConfigError, SourceNotFoundError
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.artifact.format import check_storable
-from dspark_convert.util.strict_json import NotVerbatimError, check_verbatim, json_error_text, loads_strict
+from dspark_convert.util.strict_json import NotVerbatimError, check_verbatim, read_json_strict
 from dspark_convert.util.text import shown
-
-MAX_CONFIG_BYTES = 4 * 1024 * 1024
-
-
-def read_json_strict(path: Path, *, error=ConfigError, label: str | None = None) -> object:
-    """JSON with duplicate keys refused and a size cap; ``error`` names the file."""
-    label = label or path.name
-    try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise error(f"{label}: file is {size} bytes; expected at most {MAX_CONFIG_BYTES}",
-                        path=str(path), expected=MAX_CONFIG_BYTES, found=size)
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{label}: not UTF-8 text (byte {exc.start})", path=str(path)) from None
-    except OSError as exc:
-        raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
-                    path=str(path)) from None
-    try:
-        return loads_strict(text)
-    except (ValueError, RecursionError) as exc:
-        raise error(f"{label}: not valid JSON: {json_error_text(exc)}", path=str(path)) from None
-
 
 @dataclass(frozen=True)
 class Source:
@@ -71,7 +48,7 @@ def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
         raise SourceNotFoundError(f"{directory}: config.json not found", path=str(config_path),
                                   expected="config.json", found="missing")
     # Messages name the file as the user gave it, so that one among many is found.
-    raw = read_json_strict(config_path, label=str(config_path))
+    raw = read_json_strict(config_path, error=ConfigError, label=str(config_path))
     # The manifest keeps the config verbatim (source.config): refuse what JSON lets through
     # but could not be written back unchanged, before anything is written.
     try:

@@ -21,20 +21,21 @@ import hashlib
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dspark_convert.contract.dspark import RopeParameters
+from dspark_convert.contract.qwen3 import (ConfigErrors, Qwen3Config, check_positive,
+                                          parse_qwen3_config, rope_theta)
 from dspark_convert.errors import (
+    SafetensorsFormatError,
     SourceError,
     SourceNotFoundError,
     TargetFormatError,
     TargetNotFoundError,
 )
-from dspark_convert.util.hashing import BLOCK, read_blocks
+from dspark_convert.util.hashing import BLOCK, read_blocks, read_full, sha256_file, weights_digest
 from dspark_convert.artifact.manifest import FileRecord, TargetConfigRecord, TargetTensorRecord
 from dspark_convert.formats.numerics import RAW_DTYPES, round_to_bf16
 from dspark_convert.util.paths import check_path
@@ -47,7 +48,7 @@ from dspark_convert.formats.safetensors import (
     _check_openable,
     read_checkpoint,
 )
-from dspark_convert.source.checkpoint import MAX_CONFIG_BYTES, read_json_strict
+from dspark_convert.util.strict_json import MAX_CONFIG_BYTES, read_json_strict
 from dspark_convert.target.tokenizer import (
     TOKENIZER_FILE,
     TokenizerFingerprint,
@@ -88,21 +89,9 @@ def hub_resolver(*, progress: Progress | None = None, **options) -> HubResolver:
     return resolve
 
 
-class _TargetConfig(BaseModel):
-    """The target config.json fields the pairing reads; the rest is not used."""
-
-    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
-
-    architectures: list[str]
-    model_type: str
-    hidden_size: int
-    vocab_size: int
-    num_hidden_layers: int
-    rms_norm_eps: float
-    rope_parameters: RopeParameters | None = None
-    rope_theta: float | None = None
-    # Qwen3Config's own default when the field is absent (transformers): untied.
-    tie_word_embeddings: bool = False
+# A target's config problems: the target's format (61), whatever the kind.
+TARGET_ERRORS = ConfigErrors(malformed=TargetFormatError, unsupported=TargetFormatError,
+                             limit=TargetFormatError)
 
 
 @dataclass(frozen=True)
@@ -112,12 +101,16 @@ class Target:
     repo: str | None
     revision: str                   # 40-hex commit, or "local"
     raw_config: dict
-    config: TargetConfigRecord
+    qwen3: Qwen3Config              # config.json, read by the one Qwen3 config model
+    config: TargetConfigRecord      # what the pairing compares, as the manifest records it
     checkpoint: Checkpoint          # headers only
     embed: TensorEntry
     head: TensorEntry               # the embedding itself when tied
     tokenizer: TokenizerFingerprint
     files: tuple[FileRecord, ...]   # config.json and tokenizer.json, hashed
+    # The embedding's and head's hashes, once read (hash_target_tensors): one read of those
+    # bytes per run, however many artifacts are paired with this target.
+    _tensor_hashes: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def head_tied(self) -> bool:
@@ -163,7 +156,7 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
 
     config_path = checkpoint.files.config
     raw = read_json_strict(config_path, error=TargetFormatError, label=f"target {config_path}")
-    config = _parse_config(raw, f"target {config_path}")
+    qwen3, config = _parse_config(raw, f"target {config_path}")
 
     tokenizer_path = directory / TOKENIZER_FILE
     tok_label = f"target {tokenizer_path}"
@@ -190,7 +183,7 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
              FileRecord(path=tokenizer_path.name, size=tokenizer.record.size,
                         sha256=tokenizer.record.sha256))
     return Target(spec=text, directory=directory, repo=repo, revision=revision, raw_config=raw,
-                  config=config, checkpoint=checkpoint, embed=embed, head=head,
+                  qwen3=qwen3, config=config, checkpoint=checkpoint, embed=embed, head=head,
                   tokenizer=tokenizer, files=files)
 
 
@@ -210,44 +203,21 @@ def _read(path: Path, limit: int) -> bytes:
     return data
 
 
-def _parse_config(raw: object, label: str) -> TargetConfigRecord:
-    if not isinstance(raw, dict):
-        raise TargetFormatError(f"{label}: expected a JSON object, found {type(raw).__name__}",
-                                path=label, expected="object", found=type(raw).__name__)
-    try:
-        cfg = _TargetConfig.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "<root>"
-        if err["type"] == "missing":
-            raise TargetFormatError(f"{label}: required field '{field}' is missing", path=label,
-                                    field=field, expected="a value", found="nothing") from None
-        found = repr(err.get("input"))[:60]
-        raise TargetFormatError(f"{label}: field '{field}': {err['msg'].lower()}, found {found}",
-                                path=label, field=field, expected=err["msg"],
-                                found=found) from None
-    thetas = [t for t in (cfg.rope_parameters and cfg.rope_parameters.rope_theta, cfg.rope_theta)
-              if t is not None]
-    if not thetas:
-        raise TargetFormatError(f"{label}: required field 'rope_parameters.rope_theta' (or "
-                                "'rope_theta') is missing", path=label,
-                                field="rope_parameters.rope_theta", expected="a number",
-                                found="nothing")
-    if len(thetas) == 2 and thetas[0] != thetas[1]:
-        raise TargetFormatError(f"{label}: field 'rope_theta' is {thetas[1]} but "
-                                f"'rope_parameters.rope_theta' is {thetas[0]}; expected them equal",
-                                path=label, field="rope_theta", expected=thetas[0],
-                                found=thetas[1])
-    for field in ("hidden_size", "vocab_size", "num_hidden_layers"):
-        if getattr(cfg, field) <= 0:
-            raise TargetFormatError(f"{label}: field '{field}': expected a positive integer, "
-                                    f"found {getattr(cfg, field)}", path=label, field=field,
-                                    expected="> 0", found=getattr(cfg, field))
-    return TargetConfigRecord(
+def _parse_config(raw: object, label: str) -> tuple[Qwen3Config, TargetConfigRecord]:
+    """config.json through the one Qwen3 config model (contract/qwen3.py)."""
+    cfg = parse_qwen3_config(raw, path=label, errors=TARGET_ERRORS)
+    if cfg.model_type is None:
+        raise TargetFormatError(f"{label}: required field 'model_type' is missing", path=label,
+                                field="model_type", expected="a value", found="nothing")
+    theta = rope_theta(cfg, path=label, errors=TARGET_ERRORS)
+    check_positive(cfg, ("hidden_size", "vocab_size", "num_hidden_layers"), path=label,
+                   errors=TARGET_ERRORS)
+    record = TargetConfigRecord(
         architectures=list(cfg.architectures), model_type=cfg.model_type,
         hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-        num_hidden_layers=cfg.num_hidden_layers, rope_theta=float(thetas[0]),
+        num_hidden_layers=cfg.num_hidden_layers, rope_theta=theta,
         rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings)
+    return cfg, record
 
 
 def _check_layers(checkpoint: Checkpoint, config: TargetConfigRecord, weights_label: str,
@@ -348,6 +318,8 @@ def _cast(block, src: str, dst: str) -> bytes:
 def hash_target_tensors(target: Target, progress: Progress | None = None) -> list[TargetTensorRecord]:
     """The embedding's and the head's SHA-256 in their own dtype (one read each; one for a
     tied head)."""
+    if target._tensor_hashes:
+        return list(target._tensor_hashes)
     progress = progress or NoProgress()
     entries = [target.embed] + ([] if target.head_tied else [target.head])
     progress.start("hash target embedding and head", sum(e.nbytes for e in entries))
@@ -355,6 +327,77 @@ def hash_target_tensors(target: Target, progress: Progress | None = None) -> lis
         digests = {e.name: tensor_sha256(e, progress=progress) for e in entries}
     finally:
         progress.finish()
-    return [TargetTensorRecord(role=role, name=e.name, dtype=e.dtype, shape=list(e.shape),
-                               sha256=digests[e.name])
-            for role, e in (("embedding", target.embed), ("head", target.head))]
+    records = [TargetTensorRecord(role=role, name=e.name, dtype=e.dtype, shape=list(e.shape),
+                                  sha256=digests[e.name])
+               for role, e in (("embedding", target.embed), ("head", target.head))]
+    target._tensor_hashes.extend(records)
+    return records
+
+
+def weights_sha256(target: Target, progress: Progress | None = None) -> str:
+    """dflash.source.sha256's rule applied to the target's weights files (one file: its
+    SHA-256; shards: of the sorted "<file> <sha256>" lines): the identity of its weights
+    as a whole, for a report (`dspark eval`). Reads every weights byte once."""
+    progress = progress or NoProgress()
+    files = target.checkpoint.files.weights
+    progress.start("hash target weights", sum(p.stat().st_size for p in files))
+    try:
+        return weights_digest([(p.name, sha256_file(p, progress.advance)) for p in files])
+    finally:
+        progress.finish()
+
+
+# --- comparing a drafter's copy with the target's, row by row ------------------------------
+
+def first_different_row(a: TensorEntry, b: TensorEntry) -> int | None:
+    """The first row where two [rows, cols] tensors of one dtype differ, read a block of
+    rows at a time; None when they cannot be compared that way or do not differ. ``a`` is
+    the drafter checkpoint's copy, ``b`` the target's: a file that shrank while it was read
+    is refused with its side's error (12 or 61) before any short block is compared."""
+    if a.dtype != b.dtype or a.shape != b.shape or len(a.shape) != 2:
+        return None
+    row_bytes = a.nbytes // a.shape[0] if a.shape[0] else 0
+    if not row_bytes:
+        return None
+    rows_per_block = max(1, BLOCK // row_bytes)
+    buffers = (bytearray(rows_per_block * row_bytes), bytearray(rows_per_block * row_bytes))
+    with _open_tensor(a, target=False) as fa, _open_tensor(b, target=True) as fb:
+        for start in range(0, a.shape[0], rows_per_block):
+            count = min(rows_per_block, a.shape[0] - start) * row_bytes
+            xa = _read_rows(fa, a, start * row_bytes, memoryview(buffers[0])[:count], False)
+            xb = _read_rows(fb, b, start * row_bytes, memoryview(buffers[1])[:count], True)
+            differs = (xa.reshape(-1, row_bytes) != xb.reshape(-1, row_bytes)).any(axis=1)
+            if differs.any():
+                return start + int(np.argmax(differs))
+    return None
+
+
+def _open_tensor(entry: TensorEntry, *, target: bool):
+    try:
+        return open(entry.file, "rb")
+    except OSError as exc:
+        raise _read_error(entry, exc, target) from None
+
+
+def _read_rows(fh, entry: TensorEntry, offset: int, view: memoryview, target: bool) -> np.ndarray:
+    """``len(view)`` bytes of ``entry`` from ``offset`` into it, all of them or refused."""
+    try:
+        fh.seek(entry.begin + offset)
+        got = read_full(fh, view)
+    except OSError as exc:
+        raise _read_error(entry, exc, target) from None
+    if got != len(view):
+        if target:
+            raise shrank_error(entry)
+        raise SafetensorsFormatError(f"{entry.file}: the file shrank while '{entry.name}' was "
+                                     "read; expected it unchanged during conversion",
+                                     path=str(entry.file), tensor=entry.name)
+    return np.frombuffer(view, dtype=np.uint8)
+
+
+def _read_error(entry: TensorEntry, exc: OSError, target: bool):
+    if target:
+        return read_error(entry, exc)
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return SourceNotFoundError(f"{entry.file}: cannot read '{entry.name}': {reason}",
+                               path=str(entry.file), tensor=entry.name)

@@ -2,7 +2,7 @@
 
 A drafter converted against the wrong target loads and then proposes garbage, or reads
 out of bounds. Three groups of checks, each raising the error class of its kind with a
-message naming both values, and returning one ``CheckRecord`` per check that passed (or
+message naming both values, and returning one ``Check`` per check that passed (or
 warned):
 
 * ``check_compatibility``: config geometry (family, hidden size, vocabulary, layer count
@@ -23,36 +23,33 @@ The drafter side is a ``Drafter``: a contract plus how to name its fields in mes
 
 from __future__ import annotations
 
+from dspark_convert.checks import Check
+
 import math
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 
 from dspark_convert.artifact.format import CONFIG_FIELD_KEYS, as_float32
-from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.contract.dspark import FeatureContract, tap_problem
 from dspark_convert.errors import (
     EmbeddingIdentityError,
     MaskTokenCollisionError,
-    SafetensorsFormatError,
-    SourceNotFoundError,
     TargetGeometryError,
     TargetLayerMismatchError,
     TargetVocabError,
     TokenizerMismatchError,
 )
-from dspark_convert.util.hashing import read_full
-from dspark_convert.artifact.manifest import CheckRecord, TargetRecord, TargetTensorRecord, TokenizerRecord
+from dspark_convert.artifact.manifest import TargetRecord, TargetTensorRecord, TokenizerRecord
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import TensorEntry
 from dspark_convert.target.model import (
     TARGET_MODEL_TYPE,
+    first_different_row,
     Target,
     hash_target_tensors,
     open_target,
-    read_error,
-    shrank_error,
     tensor_sha256,
 )
 from dspark_convert.util.text import shown
@@ -89,21 +86,13 @@ class Drafter:
         return f"{self.label} {key}"
 
 
-def _passed(name: str, detail: str) -> CheckRecord:
-    return CheckRecord(name=name, status="passed", detail=detail)
-
-
-def _warning(name: str, detail: str) -> CheckRecord:
-    return CheckRecord(name=name, status="warning", detail=detail)
-
-
 def _short(sha: str) -> str:
     return sha[:16] + "…"
 
 
 # --- geometry ----------------------------------------------------------------------------------
 
-def check_geometry(drafter: Drafter, target: Target) -> list[CheckRecord]:
+def check_geometry(drafter: Drafter, target: Target) -> list[Check]:
     tcfg, g = target.config, drafter.contract.geometry
     where = f"target {target.checkpoint.files.config}"
     checks = []
@@ -114,21 +103,21 @@ def check_geometry(drafter: Drafter, target: Target) -> list[CheckRecord]:
             f"{where}: model_type is {tcfg.model_type!r}; the drafter "
             f"({drafter.contract.architecture}) expects {expected!r} ({drafter.field('model_type')})",
             path=where, field="model_type", expected=expected, found=tcfg.model_type)
-    checks.append(_passed("target.family", f"{tcfg.model_type} ({', '.join(tcfg.architectures)})"))
+    checks.append(Check.passed("target.family", f"{tcfg.model_type} ({', '.join(tcfg.architectures)})"))
 
     if tcfg.hidden_size != g.hidden_size:
         raise TargetGeometryError(
             f"{where}: hidden_size is {tcfg.hidden_size}; the drafter expects {g.hidden_size} "
             f"({drafter.field('hidden_size')})", path=where, field="hidden_size",
             expected=g.hidden_size, found=tcfg.hidden_size)
-    checks.append(_passed("target.hidden_size", f"{g.hidden_size} on both sides"))
+    checks.append(Check.passed("target.hidden_size", f"{g.hidden_size} on both sides"))
 
     if tcfg.vocab_size != g.vocab_size:
         raise TargetVocabError(
             f"{where}: vocab_size is {tcfg.vocab_size}; the drafter expects {g.vocab_size} "
             f"({drafter.field('vocab_size')})", path=where, field="vocab_size",
             expected=g.vocab_size, found=tcfg.vocab_size)
-    checks.append(_passed("target.vocab_size", f"{g.vocab_size} embedding rows on both sides"))
+    checks.append(Check.passed("target.vocab_size", f"{g.vocab_size} embedding rows on both sides"))
 
     checks.append(_check_layers(drafter, target, where))
 
@@ -144,52 +133,47 @@ def check_geometry(drafter: Drafter, target: Target) -> list[CheckRecord]:
     return checks
 
 
-def _check_layers(drafter: Drafter, target: Target, where: str) -> CheckRecord:
+def _check_layers(drafter: Drafter, target: Target, where: str) -> Check:
     n = target.config.num_hidden_layers
     taps = drafter.contract.taps
     for pos, layer in enumerate(taps.target_layer_ids):
         field = f"{drafter.field('target_layer_ids')}[{pos}]"
-        if not 0 <= layer < n:
+        problem = tap_problem(layer, n)
+        if problem is not None:
             raise TargetLayerMismatchError(
-                f"{field} is {layer}; the target has {n} layers ({where} num_hidden_layers), "
-                f"expected a layer id in [0, {n - 2}]", path=drafter.label,
+                f"{field} is {layer}, {problem} ({where} num_hidden_layers = {n}); expected a "
+                f"layer id in [0, {n - 2}]", path=drafter.label,
                 field=f"target_layer_ids[{pos}]", expected=f"0..{n - 2}", found=layer)
-        if layer == n - 1:
-            raise TargetLayerMismatchError(
-                f"{field} is {layer}, the target's last layer ({where} num_hidden_layers = {n}), "
-                f"whose HF hidden state is post-norm; expected a layer id in [0, {n - 2}]",
-                path=drafter.label, field=f"target_layer_ids[{pos}]", expected=f"0..{n - 2}",
-                found=layer)
     if taps.num_target_layers != n:
         raise TargetLayerMismatchError(
             f"{where}: num_hidden_layers is {n}; the drafter expects {taps.num_target_layers} "
             f"({drafter.field('num_target_layers')})", path=where, field="num_hidden_layers",
             expected=taps.num_target_layers, found=n)
-    return _passed("target.layers", f"{n} target layers; taps {taps.target_layer_ids} are "
+    return Check.passed("target.layers", f"{n} target layers; taps {taps.target_layer_ids} are "
                    f"layers of it, none the last")
 
 
-def _check_norms(drafter: Drafter, target: Target, where: str) -> list[CheckRecord]:
+def _check_norms(drafter: Drafter, target: Target, where: str) -> list[Check]:
     g, tcfg = drafter.contract.geometry, target.config
     checks = []
     # An artifact holds rms_norm_eps as FLOAT32: compare what the file can hold.
     eps_target = as_float32(tcfg.rms_norm_eps) if drafter.from_metadata else tcfg.rms_norm_eps
-    for field, want, got, shown in (("rope_theta", g.rope_theta, tcfg.rope_theta, tcfg.rope_theta),
+    for field, want, got, as_given in (("rope_theta", g.rope_theta, tcfg.rope_theta, tcfg.rope_theta),
                                     ("rms_norm_eps", g.rms_norm_eps, eps_target, tcfg.rms_norm_eps)):
         if want != got:
             drafter_field = "rope_parameters.rope_theta" if field == "rope_theta" else field
             raise TargetGeometryError(
-                f"{where}: {field} is {shown}; the drafter expects {want} "
+                f"{where}: {field} is {as_given}; the drafter expects {want} "
                 f"({drafter.field(drafter_field)})", path=where, field=field, expected=want,
-                found=shown)
-    checks.append(_passed("target.norms", f"rope theta {tcfg.rope_theta:g} and RMS eps "
+                found=as_given)
+    checks.append(Check.passed("target.norms", f"rope theta {tcfg.rope_theta:g} and RMS eps "
                           f"{tcfg.rms_norm_eps:g} on both sides"))
     unusual = [f"{name} {value:g} (Qwen3 uses {norm:g})"
                for name, value, norm in (("rope theta", tcfg.rope_theta, FAMILY_ROPE_THETA),
                                          ("RMS eps", tcfg.rms_norm_eps, FAMILY_RMS_EPS))
                if not math.isclose(value, norm, rel_tol=1e-6)]
     if unusual:
-        checks.append(_warning("target.family_norms", "unusual for the family: "
+        checks.append(Check.warning("target.family_norms", "unusual for the family: "
                                + "; ".join(unusual)))
     return checks
 
@@ -197,7 +181,7 @@ def _check_norms(drafter: Drafter, target: Target, where: str) -> list[CheckReco
 # --- tokenizer ---------------------------------------------------------------------------------
 
 def check_tokenizer(drafter: Drafter, target: Target,
-                    recorded: TokenizerRecord | None = None) -> list[CheckRecord]:
+                    recorded: TokenizerRecord | None = None) -> list[Check]:
     """The tokenizer against the embedding and the mask token, and against the
     fingerprint an artifact recorded (``recorded``; None: nothing to compare with)."""
     tok = target.tokenizer
@@ -217,7 +201,7 @@ def check_tokenizer(drafter: Drafter, target: Target,
                   f"rows: the embedding is padded beyond the tokenizer, which is normal")
     else:
         detail = f"{rec.vocab_size} tokens fill the {rows} embedding rows"
-    checks.append(_passed("target.tokenizer_vocab", detail))
+    checks.append(Check.passed("target.tokenizer_vocab", detail))
 
     mask = drafter.contract.block.mask_token_id
     kind, content = tok.classify(mask)
@@ -235,7 +219,7 @@ def check_tokenizer(drafter: Drafter, target: Target,
             f"{field} is {mask}, which {where} produces for the probe text {rec.probe_text!r}; "
             "expected an id the tokenizer never produces for ordinary text", path=drafter.label,
             field="mask_token_id", expected="not in the probe's ids", found=mask)
-    checks.append(_passed("target.mask_token", f"{mask} is " + (
+    checks.append(Check.passed("target.mask_token", f"{mask} is " + (
         f"the special token {content!r}" if kind == "special"
         else "a padding row: no token of the tokenizer")))
 
@@ -247,10 +231,10 @@ def check_tokenizer(drafter: Drafter, target: Target,
                 f"{where}: tokenizer {name} is {_shown(got)}; the drafter was converted with a "
                 f"tokenizer whose {name} is {_shown(want)} (manifest.json target.tokenizer)",
                 path=where, field=f"tokenizer.{name}", expected=_shown(want), found=_shown(got))
-        checks.append(_passed("target.tokenizer_fingerprint",
+        checks.append(Check.passed("target.tokenizer_fingerprint",
                               f"tokenizer.json {_short(rec.sha256)} matches the recorded fingerprint"))
     else:
-        checks.append(_passed("target.tokenizer_fingerprint",
+        checks.append(Check.passed("target.tokenizer_fingerprint",
                               f"tokenizer.json {_short(rec.sha256)}: {rec.vocab_size} tokens, "
                               f"{len(rec.special_tokens)} special"
                               + ("" if drafter.from_metadata else "; fingerprint recorded")))
@@ -263,7 +247,7 @@ def _shown(value: object) -> str:
 
 
 def check_compatibility(drafter: Drafter, target: Target,
-                        recorded: TokenizerRecord | None = None) -> list[CheckRecord]:
+                        recorded: TokenizerRecord | None = None) -> list[Check]:
     """Geometry and tokenizer checks; no tensor byte is read."""
     return check_geometry(drafter, target) + check_tokenizer(drafter, target, recorded)
 
@@ -273,7 +257,7 @@ def check_compatibility(drafter: Drafter, target: Target,
 def check_identity(drafter: Drafter, target: Target, target_tensors: list[TargetTensorRecord],
                    drafter_tensors: dict[str, tuple[str, str]], *,
                    drafter_entries: dict[str, TensorEntry] | None = None,
-                   progress: Progress | None = None) -> list[CheckRecord]:
+                   progress: Progress | None = None) -> list[Check]:
     """Compare the drafter's copies {name: (dtype, sha256)} with the target's tensors
     (``hash_target_tensors``). A copy in another dtype is compared with the target's bytes
     cast to that dtype. ``drafter_entries`` (the checkpoint's tensors) let a mismatch name
@@ -287,13 +271,13 @@ def check_identity(drafter: Drafter, target: Target, target_tensors: list[Target
         tied = " (tied: the head is the embedding)" if role == "head" and target.head_tied else ""
         if name not in drafter_tensors and drafter.from_metadata:
             # An artifact converted without a target from a drafter without copies.
-            checks.append(_warning(f"target.identity.{role}",
+            checks.append(Check.warning(f"target.identity.{role}",
                                    f"the artifact records no {role} hash "
                                    f"({drafter.field(name)}): the runtime cannot check that it "
                                    "binds this target; convert with --target to record it"))
             continue
         if name not in drafter_tensors:
-            checks.append(_passed(f"target.identity.{role}",
+            checks.append(Check.passed(f"target.identity.{role}",
                                   f"the drafter has no {name}; the target's {theirs.name}{tied} "
                                   f"SHA-256 {_short(theirs.sha256)} is recorded for the runtime"))
             continue
@@ -315,64 +299,10 @@ def check_identity(drafter: Drafter, target: Target, target_tensors: list[Target
                 f"{drafter.field(name)} SHA-256 is {_short(ours)}; the target's "
                 f"{theirs.name}{tied}{cast} is {_short(want)}: not this target's "
                 f"{role}{row}", path=drafter.label, tensor=name, expected=want, found=ours)
-        checks.append(_passed(f"target.identity.{role}",
+        checks.append(Check.passed(f"target.identity.{role}",
                               f"{name} equals the target's {theirs.name}{tied} "
                               f"(SHA-256 {_short(want)}, {dtype})"))
     return checks
-
-
-def first_different_row(a: TensorEntry, b: TensorEntry) -> int | None:
-    """The first row where two [rows, cols] tensors of one dtype differ, read a block of
-    rows at a time; None when they cannot be compared that way or do not differ. ``a`` is
-    the drafter checkpoint's copy, ``b`` the target's: a file that shrank while it was read
-    is refused with its side's error (12 or 61) before any short block is compared."""
-    if a.dtype != b.dtype or a.shape != b.shape or len(a.shape) != 2:
-        return None
-    row_bytes = a.nbytes // a.shape[0] if a.shape[0] else 0
-    if not row_bytes:
-        return None
-    rows_per_block = max(1, (8 * 1024 * 1024) // row_bytes)
-    buffers = (bytearray(rows_per_block * row_bytes), bytearray(rows_per_block * row_bytes))
-    with _open_tensor(a, target=False) as fa, _open_tensor(b, target=True) as fb:
-        for start in range(0, a.shape[0], rows_per_block):
-            count = min(rows_per_block, a.shape[0] - start) * row_bytes
-            xa = _read_rows(fa, a, start * row_bytes, memoryview(buffers[0])[:count], False)
-            xb = _read_rows(fb, b, start * row_bytes, memoryview(buffers[1])[:count], True)
-            differs = (xa.reshape(-1, row_bytes) != xb.reshape(-1, row_bytes)).any(axis=1)
-            if differs.any():
-                return start + int(np.argmax(differs))
-    return None
-
-
-def _open_tensor(entry: TensorEntry, *, target: bool):
-    try:
-        return open(entry.file, "rb")
-    except OSError as exc:
-        raise _read_error(entry, exc, target) from None
-
-
-def _read_rows(fh, entry: TensorEntry, offset: int, view: memoryview, target: bool) -> np.ndarray:
-    """``len(view)`` bytes of ``entry`` from ``offset`` into it, all of them or refused."""
-    try:
-        fh.seek(entry.begin + offset)
-        got = read_full(fh, view)
-    except OSError as exc:
-        raise _read_error(entry, exc, target) from None
-    if got != len(view):
-        if target:
-            raise shrank_error(entry)
-        raise SafetensorsFormatError(f"{entry.file}: the file shrank while '{entry.name}' was "
-                                     "read; expected it unchanged during conversion",
-                                     path=str(entry.file), tensor=entry.name)
-    return np.frombuffer(view, dtype=np.uint8)
-
-
-def _read_error(entry: TensorEntry, exc: OSError, target: bool):
-    if target:
-        return read_error(entry, exc)
-    reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    return SourceNotFoundError(f"{entry.file}: cannot read '{entry.name}': {reason}",
-                               path=str(entry.file), tensor=entry.name)
 
 
 def recorded_hashes(drafter_tensors: dict[str, tuple[str, str]],
@@ -387,7 +317,7 @@ def recorded_hashes(drafter_tensors: dict[str, tuple[str, str]],
 
 
 def target_record(target: Target, tensors: list[TargetTensorRecord],
-                  checks: list[CheckRecord]) -> TargetRecord:
+                  checks: list[Check]) -> TargetRecord:
     return TargetRecord(
         repo=target.repo, revision=target.revision,
         path=None if target.repo is not None else shown(target.spec),
@@ -405,7 +335,7 @@ class SourcePairing:
 
     source: Source
     target: Target
-    checks: list[CheckRecord]
+    checks: list[Check]
     tensors: list[TargetTensorRecord]
 
     def target_sha256(self, drafter_name: str) -> str | None:
@@ -443,7 +373,7 @@ def pair_source(source: Source, target: Target | str | os.PathLike,
 
 def pair_artifact(contract: FeatureContract, kv: dict[str, object], manifest: Manifest | None,
                   target: Target | str | os.PathLike, *, label: str,
-                  progress: Progress | None = None) -> list[CheckRecord]:
+                  progress: Progress | None = None) -> list[Check]:
     """Re-run the pairing on an artifact: its contract (rebuilt from the metadata) against
     the target's config and tokenizer, the fingerprint manifest.json recorded, and the
     embedding / head hashes the metadata records (dflash.target.*) against the target's."""

@@ -58,6 +58,13 @@ class TokenizerFingerprint:
     model_vocab: Mapping[int, str] = field(repr=False)
     # id -> (content, special) of the added tokens
     added: Mapping[int, tuple[str, bool]] = field(repr=False)
+    # the loaded tokenizers.Tokenizer, for text prompts (smoke --prompt, eval's prompt sets)
+    tokenizer: object = field(repr=False, compare=False, default=None)
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of ``text`` as the target's tokenizer gives them (special tokens added
+        the way the tokenizer's post-processor adds them, as `tokenizer(text)` does)."""
+        return list(self.tokenizer.encode(text).ids)
 
     def classify(self, token_id: int) -> tuple[TokenKind, str | None]:
         """What the tokenizer makes of ``token_id``: a token of its model vocabulary
@@ -115,7 +122,8 @@ def fingerprint_tokenizer(path: str | os.PathLike, *, label: str | None = None) 
         special_tokens=[SpecialTokenRecord(id=i, content=added[i][0])
                         for i in sorted(added) if added[i][1]],
         probe_text=PROBE_TEXT, probe_ids=list(probe))
-    return TokenizerFingerprint(record=record, model_vocab=model_vocab, added=added)
+    return TokenizerFingerprint(record=record, model_vocab=model_vocab, added=added,
+                                tokenizer=tokenizer)
 
 
 def _read_capped(path: Path, label: str) -> bytes:

@@ -78,8 +78,6 @@ def weights_digest(files: list[tuple[str, str]]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-# The pattern lives in patterns.py (the one regex home); the old name stays for callers.
-from dspark_convert.util.patterns import is_sha256 as is_sha256_hex  # noqa: E402
 
 
 def read_full(fh, view: memoryview) -> int:

@@ -8,6 +8,8 @@ either is ambiguous, so every JSON file we read goes through ``loads_strict``.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 
 class DuplicateKeyError(ValueError):
@@ -97,3 +99,31 @@ def _check_text(text: str, where: str) -> None:
         raise NotVerbatimError(where.encode("utf-8", "backslashreplace").decode() or "<root>",
                                "a string that is not Unicode text (a lone UTF-16 surrogate "
                                "escape)") from None
+
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+def read_json_strict(path: Path, *, error, label: str | None = None) -> object:
+    """A small JSON file (a config, a manifest, a lock, a trace) read with duplicate keys and
+    NaN refused and at most MAX_CONFIG_BYTES read: ``error`` (a DSparkError class) names
+    the file (``label``, else its name) in every refusal."""
+    label = label or path.name
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
+                    path=str(path)) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise error(f"{label}: file is over {MAX_CONFIG_BYTES} bytes; expected at most "
+                    f"{MAX_CONFIG_BYTES}", path=str(path), expected=MAX_CONFIG_BYTES,
+                    found=f"> {MAX_CONFIG_BYTES}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{label}: not UTF-8 text (byte {exc.start})", path=str(path)) from None
+    try:
+        return loads_strict(text)
+    except (ValueError, RecursionError) as exc:
+        raise error(f"{label}: not valid JSON: {json_error_text(exc)}", path=str(path)) from None

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dspark_convert.util.atomic import atomic_file
 from dspark_convert.errors import HubSpecError
+from dspark_convert.util.models import first_problem
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
 
@@ -57,7 +58,7 @@ def lock_json(lock: LockFile) -> str:
 
 def read_lock(path: str | os.PathLike) -> LockFile:
     """Parse a lock file; anything malformed raises HubSpecError naming the file and field."""
-    from dspark_convert.source.checkpoint import read_json_strict
+    from dspark_convert.util.strict_json import read_json_strict
 
     path = check_path(path, what="the lock file", error=HubSpecError)
     if not path.is_file():
@@ -67,11 +68,10 @@ def read_lock(path: str | os.PathLike) -> LockFile:
     try:
         return LockFile.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise HubSpecError(f"{path}: {where}: {first['msg']}", path=str(path), field=where,
-                           expected="a dspark-lock v1 file", found=str(first.get("input"))[:80]
-                           ) from None
+        problem = first_problem(exc)
+        raise HubSpecError(f"{path}: {problem.message} (a dspark-lock v1 file)", path=str(path),
+                           field=problem.field, expected=problem.expected,
+                           found=problem.found) from None
 
 
 def write_lock(lock: LockFile, path: str | os.PathLike, *, force: bool = False) -> Path:

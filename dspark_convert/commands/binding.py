@@ -1,0 +1,57 @@
+"""An artifact bound to its target for a run (`dspark smoke`, `dspark eval`).
+
+The one pairing decides whether they belong together: ``validate_artifact`` with the
+target (target/pairing.py: geometry, layer count and taps, tokenizer and the recorded
+fingerprint, the embedding and head by SHA-256), each mismatch with its own exit code
+(62-67), before any weight is loaded. The plans that follow reuse what was read: the
+target's config as the pairing parsed it, the drafter's GGUF as validate parsed it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark_convert.commands.validate import ValidationReport, validate_artifact
+from dspark_convert.target.model import Target, open_target
+from dspark_convert.util.progress import NoProgress, Progress
+
+
+@dataclass(frozen=True)
+class Binding:
+    artifact: Path
+    target: Target
+    report: ValidationReport       # validate with the target: every check passed
+    target_plan: object            # runtime.qwen3.TargetPlan
+    drafter_plan: object           # runtime.weights.DrafterPlan
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{c.name}: {c.detail}" for c in self.report.checks if c.status == "warning"]
+
+
+def open_run_target(spec: str | os.PathLike, progress: Progress | None = None) -> Target:
+    """The target of a run, opened once for every artifact bound to it."""
+    return open_target(spec, progress=progress or NoProgress())
+
+
+def bind(artifact: str | os.PathLike, target: Target, *,
+         progress: Progress | None = None) -> Binding:
+    """Validate ``artifact`` against ``target`` and plan both for loading (no weight is
+    read). A failed check is raised as its own refusal, naming the artifact."""
+    from dspark_convert.runtime.qwen3 import plan_target
+    from dspark_convert.runtime.weights import plan_drafter
+
+    progress = progress or NoProgress()
+    artifact = Path(artifact)
+    report = validate_artifact(artifact, target=target, progress=progress)
+    error = report.first_error()
+    if error is not None:
+        failure = report.first_failure
+        raise type(error)(f"{artifact}: validate: {failure.name}: {error.message}",
+                          path=error.path or str(artifact), field=error.field,
+                          tensor=error.tensor, expected=error.expected, found=error.found)
+    return Binding(artifact=artifact, target=target, report=report,
+                   target_plan=plan_target(target.directory, config=target.qwen3),
+                   drafter_plan=plan_drafter(artifact, gguf=report.gguf))

@@ -1,0 +1,64 @@
+"""One way to turn a pydantic ValidationError into the one-line refusal every reader gives.
+
+Configs, manifests, lock files, calibrations and prompt lines are all read by strict
+pydantic models; the first problem pydantic finds becomes ``FieldProblem`` (the field's
+dotted path, what was expected in words, what was found, short), and the reader raises its
+own error class with ``problem.message``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+# pydantic error type -> what was expected, in words (for the types a JSON file holds).
+_EXPECTED_BY_TYPE = {
+    "int_type": "an integer", "int_parsing": "an integer", "float_type": "a number",
+    "bool_type": "true or false", "string_type": "a string", "list_type": "a list",
+    "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
+    "missing": "a value", "extra_forbidden": "no such field",
+}
+_MAX_QUOTE = 60
+
+
+def describe_value(value: object) -> str:
+    """A value from a file, short and on one line, with its Python type: ``'32' (str)``
+    (repr escapes control characters and quotes strings, so "32" and 32 read apart)."""
+    text = repr(value)
+    if len(text) > _MAX_QUOTE:
+        text = text[:_MAX_QUOTE - 3] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    field: str          # dotted path into the document; "<root>" for the document itself
+    expected: str
+    found: str          # "nothing" when the field is missing
+    missing: bool
+
+    @property
+    def message(self) -> str:
+        if self.missing:
+            return f"required field '{self.field}' is missing"
+        return f"field '{self.field}': expected {self.expected}, found {self.found}"
+
+
+def first_problem(exc: ValidationError, *,
+                  expected_by_field: Mapping[str, str] | None = None) -> FieldProblem:
+    """The first problem of a ValidationError. ``expected_by_field`` words the expectation
+    of fields whose pydantic message would not say it well (a union, a constrained list)."""
+    err = exc.errors()[0]
+    loc = tuple(str(p) for p in err.get("loc", ()))
+    field = ".".join(loc) or "<root>"
+    kind = err.get("type", "")
+    if kind == "missing":
+        return FieldProblem(field, "a value", "nothing", True)
+    expected = (expected_by_field or {}).get(loc[0] if loc else "") or _EXPECTED_BY_TYPE.get(kind)
+    if expected is None:
+        expected = str(err.get("msg", "a valid value")).removeprefix("Input should be ") \
+            .removeprefix("Value error, ")
+    found = "present" if kind == "extra_forbidden" else describe_value(err.get("input"))
+    return FieldProblem(field, expected, found, False)
