@@ -1,26 +1,15 @@
-"""Shared fixtures: the golden data and a converted copy of each golden checkpoint."""
+"""Shared fixtures: the golden data and a converted copy of each golden checkpoint. Helpers
+shared by test modules live in tests/support/; test modules never import each other."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "golden"
-REFERENCE_DRAFTER = GOLDEN / "reference" / "vanilla_conf_markov" / "draft"
-EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
-
-
-def golden_source(name: str) -> Path:
-    return GOLDEN / EXPECTED[name]["source"]
-
-
-def dspark_cmd(*args: str) -> list[str]:
-    """The CLI as a user runs it, in a subprocess of this interpreter."""
-    return [sys.executable, "-m", "dspark_convert.cli.main", *args]
+# Re-exported: test modules read the data's paths and the CLI's argv from here.
+from support.cli import dspark_cmd  # noqa: F401
+from support.paths import EXPECTED, GOLDEN, REFERENCE_DRAFTER, ROOT, golden_source  # noqa: F401
 
 
 @pytest.fixture(scope="session")

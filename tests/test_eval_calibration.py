@@ -33,7 +33,7 @@ from dspark_convert.evaluation.calibration import (
 )
 from dspark_convert.evaluation.environment import TargetIdentity
 from dspark_convert.evaluation.metrics import confidence_data
-from test_eval_metrics import _plain
+from support.confidence import plain_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STOPS = (2,)
@@ -89,7 +89,7 @@ def test_fit_is_the_sequential_grid_argmin():
         scores = []
         for t in grid:
             trial = chosen + [t] + [1.0] * (3 - k - 1)
-            scores.append((_plain(steps, 3, STOPS, trial)[k]["ece"], abs(math.log(t)), t))
+            scores.append((plain_metrics(steps, 3, STOPS, trial)[k]["ece"], abs(math.log(t)), t))
         best = min(scores)
         # equal ECEs (to rounding) resolve to the temperature nearest 1
         near = [s for s in scores if s[0] <= best[0] + 1e-12]
@@ -109,7 +109,7 @@ def test_sts_recovers_a_known_miscalibration_and_lowers_held_out_ece():
     # after STS the held-out ECE is near what a calibrated head shows on this much data
     assert cal.ece_mean_after < 1.5 * cal.ece_floor_mean_after
     # Held-out numbers are DeepSpec's, before and after, recomputed the plain way.
-    before, after = _plain(held_steps, 4, STOPS), _plain(held_steps, 4, STOPS, cal.temperatures)
+    before, after = plain_metrics(held_steps, 4, STOPS), plain_metrics(held_steps, 4, STOPS, cal.temperatures)
     for p, b, a in zip(cal.per_position, before, after):
         assert p.ece_before == pytest.approx(b["ece"], abs=1e-7)
         assert p.ece_after == pytest.approx(a["ece"], abs=1e-7)

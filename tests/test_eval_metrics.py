@@ -4,7 +4,8 @@ The confidence metrics are checked against a second, deliberately plain computat
 DeepSpec's definitions (deepspec/eval/dspark/confidence_head.py: cumulative product of the
 float32 sigmoids in float64, clamp, 20 coarse bins for ECE and reliability, 1000 fine bins
 for AUROC with ties one half, Brier, means): Python loops over (prediction, label) pairs,
-AUROC by comparing every positive with every negative. On hand-made cycles whose numbers
+AUROC by comparing every positive with every negative (tests/support/confidence.py). On
+hand-made cycles whose numbers
 are worked out by hand, and on DeepSeek's own cycles in the golden reference.json.
 """
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from conftest import GOLDEN
+from support.confidence import assert_same_metrics, plain_metrics
 from dspark_convert.evaluation.metrics import (
     MemoryProbe,
     acceptance,
@@ -33,81 +35,6 @@ from dspark_convert.evaluation.metrics import (
 
 REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
 STOPS = (2,)
-
-
-# --- the plain computation ----------------------------------------------------------------
-
-def _plain(steps, block_size, stops, temperatures=None):
-    """DeepSpec's per-position metrics, the long way round."""
-    pairs = [[] for _ in range(block_size)]
-    for proposed, accepted, logits in steps:
-        L = len(proposed)
-        if accepted > 0 and proposed[accepted - 1] in stops:
-            L = accepted
-        if L == 0:
-            continue
-        x = torch.tensor(logits[:L], dtype=torch.float32)
-        if temperatures is not None:
-            x = x / torch.tensor(temperatures[:L], dtype=torch.float32)
-        step = [float(v) for v in torch.sigmoid(x)]      # DeepSpec: sigmoid in float32
-        prod = 1.0
-        for k in range(L):
-            prod *= step[k]                               # then a float64 cumulative product
-            p = min(max(prod, 1e-8), 1 - 1e-8)
-            pairs[k].append((p, 1.0 if k < accepted else 0.0))
-    out = []
-    for k, items in enumerate(pairs):
-        if not items:
-            out.append(dict(position=k, total_weight=0.0, ece=None, auc=None, brier=None,
-                            pred_mean=None, target_mean=None, reliability=[]))
-            continue
-        n = len(items)
-        coarse = {}
-        for p, y in items:
-            coarse.setdefault(min(int(p * 20), 19), []).append((p, y))
-        ece = 0.0
-        reliability = []
-        for b in sorted(coarse):
-            group = coarse[b]
-            mp = sum(p for p, _ in group) / len(group)
-            my = sum(y for _, y in group) / len(group)
-            ece += abs(mp - my) * len(group) / n
-            reliability.append(dict(bin=b, range=[b / 20, (b + 1) / 20], avg_pred=mp, avg_target=my,
-                                    weight=float(len(group))))
-        pos = [min(int(p * 1000), 999) for p, y in items if y == 1.0]
-        neg = [min(int(p * 1000), 999) for p, y in items if y == 0.0]
-        auc = None
-        if pos and neg:
-            auc = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in pos for b in neg) / (len(pos) * len(neg))
-        out.append(dict(position=k, total_weight=float(n), ece=ece, auc=auc,
-                        brier=sum((p - y) ** 2 for p, y in items) / n,
-                        pred_mean=sum(p for p, _ in items) / n, target_mean=sum(y for _, y in items) / n,
-                        reliability=reliability))
-    return out
-
-
-# torch's float32 sigmoid can differ by one ulp between its vectorised path (eval sees
-# every step at once) and a short tensor (one step, as here and in DeepSpec): ~1e-9 on the
-# numbers. Counts, bins and weights are compared exactly.
-TOL = 1e-7
-
-
-def _assert_same(report_entries, plain, tol=TOL):
-    assert len(report_entries) == len(plain)
-    for got, want in zip(report_entries, plain):
-        got = got.model_dump()
-        assert got["position"] == want["position"]
-        assert got["total_weight"] == want["total_weight"]
-        for key in ("ece", "auc", "brier", "pred_mean", "target_mean"):
-            if want[key] is None:
-                assert got[key] is None, key
-            else:
-                assert got[key] == pytest.approx(want[key], abs=tol), (want["position"], key)
-        assert len(got["reliability"]) == len(want["reliability"])
-        for g, w in zip(got["reliability"], want["reliability"]):
-            assert g["bin"] == w["bin"] and g["range"] == w["range"] and g["weight"] == w["weight"]
-            assert g["avg_pred"] == pytest.approx(w["avg_pred"], abs=tol)
-            assert g["avg_target"] == pytest.approx(w["avg_target"], abs=tol)
 
 
 # --- hand-made cycles ---------------------------------------------------------------------
@@ -137,7 +64,7 @@ def test_hand_made_cycles_worked_out_by_hand():
     assert p1.brier == pytest.approx((0.5625 + 0.0625 + 0.140625) / 3, abs=1e-6)
     # DeepSpec's summary: means weighted by total_weight
     assert rep.summary.ece_mean == pytest.approx((p0.ece + p1.ece) / 2)
-    _assert_same(rep.per_position, _plain(HAND, 2, STOPS))
+    assert_same_metrics(rep.per_position, plain_metrics(HAND, 2, STOPS))
 
 
 def test_stop_token_cuts_the_proposal_and_empty_positions_have_no_numbers():
@@ -153,7 +80,7 @@ def test_stop_token_cuts_the_proposal_and_empty_positions_have_no_numbers():
     assert rep.per_position[0].auc is None                   # no negative: undefined
     last = rep.per_position[3]
     assert last.ece is None and last.brier is None and last.reliability == []
-    _assert_same(rep.per_position, _plain(steps, 4, STOPS))
+    assert_same_metrics(rep.per_position, plain_metrics(steps, 4, STOPS))
 
 
 def test_clamp_and_extreme_logits():
@@ -163,7 +90,7 @@ def test_clamp_and_extreme_logits():
     for e in rep.per_position:
         for b in e.reliability:
             assert 1e-8 <= b.avg_pred <= 1 - 1e-8
-    _assert_same(rep.per_position, _plain(steps, 3, STOPS))
+    assert_same_metrics(rep.per_position, plain_metrics(steps, 3, STOPS))
 
 
 def test_random_cycles_against_the_plain_computation():
@@ -178,9 +105,9 @@ def test_random_cycles_against_the_plain_computation():
         steps.append((proposed, accepted, [float(v) for v in rng.normal(0.5, 2.0, L)]))
     temps = [0.7, 1.3, 2.0, 0.5, 1.0, 3.0, 0.9]
     data = confidence_data(steps, block_size=7, stop_token_ids=STOPS)
-    _assert_same(confidence_report(data, temperature=1.0).per_position, _plain(steps, 7, STOPS))
-    _assert_same(confidence_report(data, temperature=1.0, temperatures=temps).per_position,
-                 _plain(steps, 7, STOPS, temps))
+    assert_same_metrics(confidence_report(data, temperature=1.0).per_position, plain_metrics(steps, 7, STOPS))
+    assert_same_metrics(confidence_report(data, temperature=1.0, temperatures=temps).per_position,
+                 plain_metrics(steps, 7, STOPS, temps))
 
 
 @pytest.mark.parametrize("run_index", [0, 2, 3, 5])
@@ -192,7 +119,7 @@ def test_deepspec_cycles_from_the_golden_reference(run_index):
     rep = confidence_report(confidence_data(steps, block_size=7, stop_token_ids=STOPS),
                             temperature=run["temperature"])
     assert rep.proposals == len(run["cycles"])
-    _assert_same(rep.per_position, _plain(steps, 7, STOPS))
+    assert_same_metrics(rep.per_position, plain_metrics(steps, 7, STOPS))
 
 
 def test_all_golden_cycles_together():
@@ -200,7 +127,7 @@ def test_all_golden_cycles_together():
     steps = [(c["proposed"], c["accepted"], c["confidence_logits"]) for r in runs for c in r["cycles"]]
     rep = confidence_report(confidence_data(steps, block_size=7, stop_token_ids=STOPS), temperature=0.0)
     assert [e.total_weight for e in rep.per_position] == [float(len(steps))] * 7
-    _assert_same(rep.per_position, _plain(steps, 7, STOPS))
+    assert_same_metrics(rep.per_position, plain_metrics(steps, 7, STOPS))
 
 
 def test_a_step_with_drafts_must_carry_its_logits():

@@ -32,7 +32,7 @@ from dspark_convert.evaluation.metrics import confidence_data
 from dspark_convert.evaluation.prompts import load_prompt_set, resolve_prompts
 from dspark_convert.evaluation.report import EvalReport, comparable, read_report, write_report
 from dspark_convert.commands.evaluate import EvalInterrupted, run_eval
-from test_eval_metrics import _assert_same, _plain
+from support.confidence import assert_same_metrics, plain_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -126,7 +126,7 @@ def test_confidence_metrics_are_deepspecs_on_the_same_cycles(report):
     assert art.confidence == run.confidence and art.confidence.temperature == 0.0
     steps = [(c.proposed, c.accepted, c.confidence_logits) for p in run.prompts for c in p.cycles]
     assert art.confidence.proposals == len(steps)
-    _assert_same(art.confidence.per_position, _plain(steps, 7, STOPS))
+    assert_same_metrics(art.confidence.per_position, plain_metrics(steps, 7, STOPS))
     fields = set(art.confidence.per_position[0].model_dump())
     assert fields == {"position", "total_weight", "ece", "auc", "brier", "pred_mean", "target_mean",
                       "reliability"}
@@ -149,14 +149,14 @@ def test_sts_on_the_golden_drafter(report, prompts):
     fit_steps = [s for k in cal.split.calibration_ids for s in by_id[k]]
     held_steps = [s for k in cal.split.held_out_ids for s in by_id[k]]
     assert fit_sts(confidence_data(fit_steps, block_size=7, stop_token_ids=STOPS), cal.grid) == cal.temperatures
-    before, after = _plain(held_steps, 7, STOPS), _plain(held_steps, 7, STOPS, cal.temperatures)
+    before, after = plain_metrics(held_steps, 7, STOPS), plain_metrics(held_steps, 7, STOPS, cal.temperatures)
     for p, b, a in zip(cal.per_position, before, after):
         assert p.ece_before == pytest.approx(b["ece"], abs=1e-7)
         assert p.ece_after == pytest.approx(a["ece"], abs=1e-7)
         assert p.step_auc_before == p.step_auc_after       # order-preserving
     assert abs(cal.per_position[0].auc_after - cal.per_position[0].auc_before) < 0.02
-    _assert_same(art.held_out_raw.per_position, before)
-    _assert_same(art.held_out_calibrated.per_position, after)
+    assert_same_metrics(art.held_out_raw.per_position, before)
+    assert_same_metrics(art.held_out_calibrated.per_position, after)
     # Lowered, or the report says by how much it was not.
     assert cal.improved == (cal.ece_mean_after < cal.ece_mean_before)
     shown = f"{100 * cal.ece_mean_before:.2f}% -> {100 * cal.ece_mean_after:.2f}%"

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import re
 
-import sys
-
 from conftest import ROOT
+from support.tools import load_tool
 
 from dspark_convert import errors
 
-# The generators are tools of the repository (tools/), not package code.
-sys.path.insert(0, str(ROOT / "tools"))
-import docs  # noqa: E402
-import schemas  # noqa: E402
+# The generators are tools of the repository (tools/), not package code: loaded by path.
+docs = load_tool("tools/docs.py", siblings=("generated",))
+schemas = load_tool("tools/schemas.py", siblings=("generated",))
 
 
 def test_schemas_are_current():

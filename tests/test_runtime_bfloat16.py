@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
 
-from conftest import GOLDEN, ROOT
+from conftest import GOLDEN
+from support.tools import load_tool
 from dspark_convert.errors import ReferenceDivergenceError
 from dspark_convert.runtime.drafter import DSparkDrafter, probs_from_logits
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
@@ -103,8 +103,8 @@ def test_a_broken_drafter_is_still_lossless_in_bfloat16(bf16_models):
 def flat_models(tmp_path_factory):
     """A random-weight target (H 256, 3 layers, V 8192) and drafter, in bfloat16: nearly
     flat logits, so near-ties at almost every position."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from sparse_models import Geometry, make_random_pair
+    sparse_models = load_tool("bench/sparse_models.py", siblings=("make_checkpoint",))
+    Geometry, make_random_pair = sparse_models.Geometry, sparse_models.make_random_pair
 
     from dspark_convert.commands.convert import convert
 

@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, dspark_cmd
+from conftest import dspark_cmd
+from support.tools import load_tool
 from dspark_convert.commands.convert import convert
 
-sys.path.insert(0, str(ROOT / "bench"))
-from sparse_models import Geometry, make_sparse_pair  # noqa: E402
+# bench/sparse_models.py (beside its make_checkpoint.py): a script, loaded by path.
+_sparse_models = load_tool("bench/sparse_models.py", siblings=("make_checkpoint",))
+Geometry, make_sparse_pair = _sparse_models.Geometry, _sparse_models.make_sparse_pair
 
 SMALL = Geometry("small", hidden_size=1024, intermediate_size=3072, target_layers=4, heads=8,
                  kv_heads=2, head_dim=128, vocab_size=32768, tied_head=False, taps=(0, 2),
@@ -44,19 +46,32 @@ def small_pair(tmp_path_factory):
     return target, artifact
 
 
+# The child is started by a bare interpreter, as a user's shell starts it, not forked from
+# this process: Linux carries the high-water RSS of a process' image before exec into its
+# ru_maxrss (exec_mmap), so a child forked from a pytest process of 700 MB "peaked" at 700
+# MB whatever it did (the kernel's number and the report's own, both), and these tests
+# failed in a full run only. The launcher is ~10 MB; it reports its child's wait4.
+LAUNCHER = """
+import os, subprocess, sys
+with open(sys.argv[1], "wb") as out:
+    proc = subprocess.Popen(sys.argv[2:], stdout=out)
+    _, status, usage = os.wait4(proc.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
 def _smoke_peak(artifact: Path, target: Path, *args: str) -> tuple[int, dict, int]:
     """(exit code, JSON report, peak RSS in bytes of the child, from the kernel)."""
     out = artifact.parent / "smoke.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(out, "wb") as fh:
-        proc = subprocess.Popen(dspark_cmd("smoke", str(artifact), "--target", str(target),
-                                           "--device", "cpu", "--json", *args),
-                                stdout=fh, stderr=subprocess.PIPE, env=env)
-        stderr = proc.stderr.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    assert b"Traceback" not in stderr, stderr.decode()[-2000:]
-    return code, json.loads(out.read_text()), usage.ru_maxrss * 1024
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, str(out),
+                           *dspark_cmd("smoke", str(artifact), "--target", str(target),
+                                       "--device", "cpu", "--json", *args)],
+                          capture_output=True, env=env, timeout=300)
+    assert b"Traceback" not in proc.stderr, proc.stderr.decode()[-2000:]
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    code, maxrss_kib = (int(word) for word in proc.stdout.split())
+    return code, json.loads(out.read_text()), maxrss_kib * 1024
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -10,7 +10,6 @@ examples per property for a long run, e.g. ``DSPARK_FUZZ_EXAMPLES=20000``.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import time
 import tempfile
@@ -18,9 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 from safetensors import safe_open
+from support.fuzz import fuzz_settings
 
 from dspark_convert.formats import safetensors as safetensors_reader
 from dspark_convert.errors import SafetensorsFormatError
@@ -31,15 +31,9 @@ from dspark_convert.formats.safetensors import (
     read_safetensors_header,
 )
 
-EXAMPLES = int(os.environ.get("DSPARK_FUZZ_EXAMPLES", "0")) or None
 # Reading a header of a few KiB must be near-instant (per example; hypothesis's own
 # deadline is off because the first examples pay for imports).
 MAX_SECONDS_PER_PARSE = 1.0
-
-
-def fuzz_settings(default: int):
-    return settings(max_examples=EXAMPLES or default, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @pytest.fixture(scope="module")

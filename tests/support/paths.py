@@ -1,0 +1,17 @@
+"""Where the tests' data lives: the repository and its golden fixtures (golden/). Tests read
+them from here or through conftest.py, which re-exports them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+GOLDEN = ROOT / "golden"
+REFERENCE_DRAFTER = GOLDEN / "reference" / "vanilla_conf_markov" / "draft"
+GOLDEN_TARGET = GOLDEN / "reference" / "target"
+EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
+
+
+def golden_source(name: str) -> Path:
+    return GOLDEN / EXPECTED[name]["source"]
