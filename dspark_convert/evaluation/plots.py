@@ -146,7 +146,7 @@ def reliability_plot(artifact, path: Path, held_out_raw=None, held_out_calibrate
 def speed_plot(report, path: Path) -> bool:
     if not report.runs:
         return False
-    from dspark_convert.evaluation.report import _mib, _ms, _run_label
+    from dspark_convert.evaluation.cells import mib_cell, ms_cell, run_label
 
     plt = _plt()
     header = ["run", "T", "tok/s", "speedup", "draft ms p50/p90", "verify ms p50/p90", "peak MiB"]
@@ -154,9 +154,9 @@ def speed_plot(report, path: Path) -> bool:
     for r in report.runs:
         speed = "1.00x" if r.kind == "target" else (f"{r.speedup:.2f}x" if r.speedup else "-")
         tps = "-" if r.committed_tokens_per_second is None else f"{r.committed_tokens_per_second:.0f}"
-        rows.append([_run_label(r).replace("\\|", "|"), f"{r.temperature:g}", tps, speed,
-                     _ms(r.draft_seconds_per_step), _ms(r.verify_seconds_per_step),
-                     _mib(r.peak_memory)])
+        rows.append([run_label(r).replace("\\|", "|"), f"{r.temperature:g}", tps, speed,
+                     ms_cell(r.draft_seconds_per_step), ms_cell(r.verify_seconds_per_step),
+                     mib_cell(r.peak_memory)])
     fig, ax = plt.subplots(figsize=(8, 0.3 * (len(rows) + 2)))
     ax.axis("off")
     table = ax.table(cellText=rows, colLabels=header, loc="center", cellLoc="left")

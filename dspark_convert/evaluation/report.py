@@ -17,9 +17,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.util.atomic import atomic_directory, write_error
-from dspark_convert.util.text import shown
 from dspark_convert.evaluation.calibration import CalibrationFile
 from dspark_convert.evaluation.environment import Environment, TargetIdentity
+from dspark_convert.evaluation.cells import md_cell, mib_cell, ms_cell, run_label
 from dspark_convert.evaluation.metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
 from dspark_convert.evaluation.prompts import PromptSetInfo
 
@@ -174,40 +174,20 @@ def _pct(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{100 * value:.{digits}f}%"
 
 
-def _ms(spread: Spread | None) -> str:
-    return "-" if spread is None else f"{1000 * spread.median:.2f} / {1000 * spread.p90:.2f}"
-
-
-def _mib(mem: PeakMemory | None) -> str:
-    return "-" if mem is None else f"{mem.bytes / 2 ** 20:.0f}"
-
-
-def _md_cell(text: object) -> str:
-    """A value from the inputs as a table cell: escaped (text.shown), no pipe."""
-    return shown(text).replace("|", "\\|")
-
-
-def _run_label(r: RunReport) -> str:
-    if r.kind == "target":
-        return "target alone"
-    thr = "off" if not r.confidence_threshold else f"{r.confidence_threshold:g}"
-    return f"{_md_cell(r.artifact)} (cutoff {thr})"
-
-
 def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> str:
     out: list[str] = []
     env, s = report.environment, report.settings
     out.append("# dspark eval")
     out.append("")
     if not report.complete:
-        out.append(f"> **INCOMPLETE**: {_md_cell(report.incomplete_reason or 'interrupted')}. "
+        out.append(f"> **INCOMPLETE**: {md_cell(report.incomplete_reason or 'interrupted')}. "
                    "The runs below finished; the rest are listed under *Not run*.")
         out.append("")
     target = report.target.path if report.target else "-"
-    out.append(f"Target `{_md_cell(target)}`, {report.prompt_set.count} prompts "
-               f"(`{_md_cell(report.prompt_set.path)}`, SHA-256 `{report.prompt_set.sha256[:16]}…`), "
-               f"max {s.max_new_tokens} new tokens, seed {s.seed}; {_md_cell(env.device)} "
-               f"({_md_cell(env.device_name)}), {env.dtype}, torch {env.torch_version}, "
+    out.append(f"Target `{md_cell(target)}`, {report.prompt_set.count} prompts "
+               f"(`{md_cell(report.prompt_set.path)}`, SHA-256 `{report.prompt_set.sha256[:16]}…`), "
+               f"max {s.max_new_tokens} new tokens, seed {s.seed}; {md_cell(env.device)} "
+               f"({md_cell(env.device_name)}), {env.dtype}, torch {env.torch_version}, "
                f"{env.torch_threads} thread(s), dspark-convert {env.dspark_convert_version}.")
     out.append("")
     if report.lossless is not None:
@@ -224,14 +204,14 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
     for r in report.runs:
         a = r.acceptance
         lossless = "-" if r.lossless is None else ("yes" if r.lossless else "**NO**")
-        out.append(f"| {_run_label(r)} | {r.temperature:g} | {_f(a.tau if a else None)} | "
+        out.append(f"| {run_label(r)} | {r.temperature:g} | {_f(a.tau if a else None)} | "
                    f"{_f(a.accepted_per_verify if a else None)} | "
                    f"{_f(a.mean_verified_length if a else None)} | "
                    f"{_pct(a.acceptance_rate_verified if a else None)} | "
                    f"{_f(r.committed_tokens_per_second, 0)} | "
                    f"{'1.00x' if r.kind == 'target' else (_f(r.speedup) + 'x' if r.speedup else '-')} | "
-                   f"{_ms(r.draft_seconds_per_step)} | {_ms(r.verify_seconds_per_step)} | "
-                   f"{_mib(r.peak_memory)} | {lossless} |")
+                   f"{ms_cell(r.draft_seconds_per_step)} | {ms_cell(r.verify_seconds_per_step)} | "
+                   f"{mib_cell(r.peak_memory)} | {lossless} |")
     out.append("")
     notes = sorted({r.timing_note for r in report.runs if r.timing_note})
     mem = next((r.peak_memory for r in report.runs if r.peak_memory), None)
@@ -257,7 +237,7 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
             for which, rates in (("", r.acceptance.acceptance_by_position),
                                  (" cumulative", r.acceptance.acceptance_by_position_cumulative)):
                 cells = " | ".join(_f(x) for x in rates)
-                out.append(f"| {_md_cell(r.artifact)}{which} | {r.temperature:g} | {cells} |")
+                out.append(f"| {md_cell(r.artifact)}{which} | {r.temperature:g} | {cells} |")
         out.append("")
 
     cutoff = [r for r in report.runs if r.kind == "drafter" and r.confidence_threshold]
@@ -272,7 +252,7 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
                           key=lambda r: (r.temperature, r.confidence_threshold or 0.0))
             for r in rows:
                 a = r.acceptance
-                out.append(f"| {_md_cell(art.name)} | {r.temperature:g} | "
+                out.append(f"| {md_cell(art.name)} | {r.temperature:g} | "
                            f"{r.confidence_threshold or 0:g} | {_f(a.tau)} | "
                            f"{_f(a.mean_verified_length)} | {_pct(a.acceptance_rate_verified)} | "
                            f"{_f(r.committed_tokens_per_second, 0)} | "
@@ -283,7 +263,7 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
         if art.confidence is None:
             continue
         c = art.confidence
-        out.append(f"## Confidence head: {_md_cell(art.name)} (T={c.temperature:g}, threshold 0, "
+        out.append(f"## Confidence head: {md_cell(art.name)} (T={c.temperature:g}, threshold 0, "
                    f"{c.proposals} proposals)")
         out.append("")
         out.append("DeepSpec's metrics of the cumulative prediction P_k = prod sigmoid(cl_i), "
@@ -300,11 +280,11 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
         out.append("")
         cal = art.calibration
         if cal is not None:
-            out.append(f"### Sequential Temperature Scaling: {_md_cell(art.name)}")
+            out.append(f"### Sequential Temperature Scaling: {md_cell(art.name)}")
             out.append("")
             out.append(f"Fitted on {len(cal.split.calibration_ids)} prompts, scored on "
                        f"{len(cal.split.held_out_ids)} held-out prompts (seed {cal.split.seed}); "
-                       f"`{_md_cell(art.calibration_file)}`. {_md_cell(cal.note)}.")
+                       f"`{md_cell(art.calibration_file)}`. {md_cell(cal.note)}.")
             out.append("")
             out.append("| position | T | held-out weight | ECE before | ECE after | ECE floor | "
                        "AUROC before | AUROC after | Brier before | Brier after |")
@@ -336,7 +316,7 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
             if n.confidence_threshold is not None:
                 where.append(f"threshold {n.confidence_threshold:g}")
             suffix = f" ({', '.join(where)})" if where else ""
-            out.append(f"- {_md_cell(what)}{suffix}: {_md_cell(n.reason)}")
+            out.append(f"- {md_cell(what)}{suffix}: {md_cell(n.reason)}")
         out.append("")
 
     out.append("## Artifacts")
@@ -344,7 +324,7 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
     out.append("| name | path | drafter.gguf SHA-256 | block | Markov head | confidence head |")
     out.append("|---|---|---|---|---|---|")
     for art in report.artifacts:
-        out.append(f"| {_md_cell(art.name)} | `{_md_cell(art.path)}` | `{art.drafter_gguf_sha256}` | "
+        out.append(f"| {md_cell(art.name)} | `{md_cell(art.path)}` | `{art.drafter_gguf_sha256}` | "
                    f"{art.block_size} | {art.markov_head} | {'yes' if art.confidence_head else 'no'} |")
     if report.target is not None:
         t = report.target
