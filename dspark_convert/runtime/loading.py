@@ -76,6 +76,21 @@ class StoredTensor:
         return math.prod(self.shape)
 
 
+@dataclass(frozen=True)
+class StoredModel:
+    """A model's tensors as they are stored: what a plan (target or drafter) loads."""
+
+    tensors: dict[str, StoredTensor]
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
 class TensorLoader:
     """Loads StoredTensors into ``dtype`` tensors on ``device``, reporting bytes read to
     ``progress``. Use as a context manager: it keeps each file open until the end."""

@@ -35,7 +35,7 @@ from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import read_checkpoint
 from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
-from dspark_convert.runtime.loading import STORED_DTYPES, StoredTensor, TensorLoader
+from dspark_convert.runtime.loading import STORED_DTYPES, StoredModel, StoredTensor, TensorLoader
 
 EMBED = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
@@ -44,23 +44,15 @@ HEAD = "lm_head.weight"
 _LAYER_NAME = re.compile(r"model\.layers\.(\d{1,9})\.")
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """What the runtime computes with, from the target's config.json (read by the one Qwen3
-    config model, contract/qwen3.py) and generation_config.json."""
+class RuntimeConfig(Qwen3Config):
+    """The target's config as the runtime computes with it: the one Qwen3 config model
+    (contract/qwen3.py) with what it resolves filled in: ``rope_theta`` (from either of
+    its two fields), ``max_position_embeddings`` (its default), and the stop tokens
+    (generation_config.json's eos_token_id, else config.json's)."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
     rope_theta: float
-    tie_word_embeddings: bool
-    stop_token_ids: tuple[int, ...]   # generation_config.json's eos_token_id (else config's)
-    max_position_embeddings: int      # the context length: prompt + new tokens must fit
+    max_position_embeddings: int
+    stop_token_ids: tuple[int, ...]
 
 
 # What the runtime refuses of a target's config: it runs a dense Qwen3 only (70).
@@ -90,13 +82,9 @@ def runtime_config(cfg: Qwen3Config, directory: Path) -> RuntimeConfig:
         gen = read_json_strict(gen_path, error=RuntimeTargetError, label=f"target {gen_path}")
         if isinstance(gen, dict) and "eos_token_id" in gen:
             stops = stop_token_ids(gen["eos_token_id"])
-    return RuntimeConfig(
-        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-        vocab_size=cfg.vocab_size, rms_norm_eps=cfg.rms_norm_eps, rope_theta=theta,
-        tie_word_embeddings=cfg.tie_word_embeddings, stop_token_ids=stops,
-        max_position_embeddings=cfg.context_length)
+    return RuntimeConfig.model_validate({
+        **cfg.model_dump(), "rope_theta": theta, "rope_parameters": None,
+        "max_position_embeddings": cfg.context_length, "stop_token_ids": stops})
 
 
 def read_target_config(directory: Path) -> RuntimeConfig:
@@ -160,20 +148,12 @@ def tensor_shapes(cfg: RuntimeConfig) -> dict[str, tuple[int, ...]]:
 
 
 @dataclass(frozen=True)
-class TargetPlan:
-    """A target checked from its config and headers: what will be loaded, from where."""
+class TargetPlan(StoredModel):
+    """A target checked from its config and headers: what will be loaded, from where
+    (``tensors`` in tensor_shapes' order)."""
 
     directory: Path
     config: RuntimeConfig
-    tensors: dict[str, StoredTensor]      # tensor_shapes' order
-
-    @property
-    def numel(self) -> int:
-        return sum(t.numel for t in self.tensors.values())
-
-    @property
-    def stored_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
 
 
 def _check_layer_count(names: Collection[str], cfg: RuntimeConfig, directory: Path) -> None:

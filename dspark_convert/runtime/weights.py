@@ -24,24 +24,16 @@ from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import GGUFFormatError, TensorDtypeError, TensorShapeError
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.util.progress import NoProgress, Progress
-from dspark_convert.runtime.loading import StoredTensor, TensorLoader
+from dspark_convert.runtime.loading import StoredModel, StoredTensor, TensorLoader
 
 
 @dataclass(frozen=True)
-class DrafterPlan:
-    """An artifact checked from its GGUF header: the contract and where each tensor is."""
+class DrafterPlan(StoredModel):
+    """An artifact checked from its GGUF header: the contract and where each tensor is
+    (``tensors`` by HF name, the contract's order)."""
 
     path: Path
     contract: FeatureContract
-    tensors: dict[str, StoredTensor]   # by HF name, the contract's order
-
-    @property
-    def numel(self) -> int:
-        return sum(t.numel for t in self.tensors.values())
-
-    @property
-    def stored_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
 
 
 @dataclass(frozen=True)
