@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 REFERENCE := golden/reference/vanilla_conf_markov/draft
 
-.PHONY: install demo test schemas docs fixtures check-generated bench bench-runtime gate fuzz clean
+.PHONY: install demo test test-fast schemas docs fixtures check-generated bench bench-runtime gate fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,13 @@ demo: $(STAMP)
 	    --reference golden/reference/vanilla_conf_markov/reference.json --max-new-tokens 24 \
 	    --trace build/demo/smoke-trace.json --plot build/demo/acceptance.png
 
+# The whole suite, the slow tests included: what CI runs (.ci/run).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The inner loop (under a minute on 2 cores): the suite without the tests marked slow.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # Regenerate checked-in outputs (tests fail when they are stale).
 schemas: $(STAMP)

@@ -1,11 +1,12 @@
 """Every case of the hostile-input corpus (tests/hostile/), through the real CLI.
 
 The corpus is built into a temporary directory by tests/hostile/make_corpus.py. Each case
-runs as a real `dspark` subprocess: `convert INPUT -o OUT -q --json` or `validate INPUT
---strict --json` (what the CI gate runs). The rule for bad input: the intended error class
-(named in the JSON report) and its exit code, exactly one `error:` line on stderr, no
-traceback, and nothing written: no output, no hidden temporary sibling, no created
-parent, the input and its directory unchanged.
+runs the real app: `convert INPUT -o OUT -q --json` or `validate INPUT --strict --json`
+(what the CI gate runs), in-process (tests/support/cli.py); a canary of each group also
+runs as a real `dspark` process, and the slow test runs every case that way. The rule for
+bad input: the intended error class (named in the JSON report) and its exit code, exactly
+one `error:` line on stderr, no traceback, and nothing written: no output, no hidden
+temporary sibling, no created parent, the input and its directory unchanged.
 """
 
 from __future__ import annotations
@@ -13,22 +14,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_cli_refusals import assert_refused, temp_siblings
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "hostile"))
-import make_corpus
+from hostile import make_corpus
+from support.cli import assert_refused, run_cli, run_process, temp_siblings
 
 from dspark_convert import errors
 
-DSPARK = Path(sys.executable).parent / "dspark"
 CASES = {case.name: case for case in make_corpus.CASES}
-# CLI runs are mostly interpreter start-up and imports: a few at a time keep 2 cores busy.
+# One case of each group, also run as a real process in the fast loop.
+CANARIES = ["st-header-duplicate-key", "cfg-nan-literal", "dir-pickle-only", "art-bad-magic"]
+# Real CLI runs are mostly interpreter start-up and imports: a few at a time keep 2 cores busy.
 WORKERS = 4
 
 
@@ -48,7 +46,8 @@ def snapshot(directory: Path) -> dict[str, str]:
     return out
 
 
-def run_case(case_dir: Path, outputs: Path) -> dict:
+def run_case(case_dir: Path, outputs: Path, run) -> dict:
+    """One case through ``run`` (run_cli or run_process), with what it left around it."""
     record = json.loads((case_dir / "case.json").read_text())
     inp = case_dir / "input"
     before = snapshot(case_dir)
@@ -60,37 +59,13 @@ def run_case(case_dir: Path, outputs: Path) -> dict:
     else:
         out_parent, out = None, None
         args = ["validate", str(inp), "--strict", "--json"]
-    proc = subprocess.run([str(DSPARK), *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200"})
+    proc = run(*args)
     return {"record": record, "proc": proc, "before": before, "after": snapshot(case_dir),
-            "out_parent": out_parent, "out": out}
+            "out_parent": out_parent, "out": out, "input": inp}
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, dict]:
-    corpus = tmp_path_factory.mktemp("corpus")
-    outputs = tmp_path_factory.mktemp("outputs")
-    built = make_corpus.build_corpus(corpus)
-    with ThreadPoolExecutor(WORKERS) as pool:
-        done = list(pool.map(lambda d: run_case(d, outputs), built))
-    return {r["record"]["name"]: r for r in done}
-
-
-def test_corpus_size_and_coverage():
-    assert len(CASES) == len(make_corpus.CASES) >= 40
-    groups = {c.group for c in CASES.values()}
-    assert groups == {"safetensors", "config", "directory", "artifact"}
-    for group in groups:
-        assert sum(c.group == group for c in CASES.values()) >= 8, group
-    # Every case names a concrete error class of the closed hierarchy.
-    concrete = set(errors.concrete_errors())
-    assert all(c.error in concrete for c in CASES.values())
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_case_is_refused_as_intended(results, name):
-    result = results[name]
-    case, proc = CASES[name], result["proc"]
+def check_refused_as_intended(result: dict) -> None:
+    case, proc = CASES[result["record"]["name"]], result["proc"]
     line = assert_refused(proc, case.error, [])
     report = json.loads(proc.stdout)
     assert report["ok"] is False
@@ -108,17 +83,69 @@ def test_case_is_refused_as_intended(results, name):
         assert line == f"error: {failed[0]['name']}: {failed[0]['detail']}"
     # The input, and everything next to it, is exactly as the generator left it.
     assert result["after"] == result["before"]
-    assert not (Path(proc.args[2]).parent / "UNPICKLED").exists(), "a pickle was unpickled"
+    assert not (result["input"].parent / "UNPICKLED").exists(), "a pickle was unpickled"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> list[Path]:
+    return make_corpus.build_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def results(corpus, tmp_path_factory) -> dict[str, dict]:
+    """Every case in-process, one after the other (the app is not run from two threads)."""
+    outputs = tmp_path_factory.mktemp("outputs")
+    done = [run_case(d, outputs, run_cli) for d in corpus]
+    return {r["record"]["name"]: r for r in done}
+
+
+def in_processes(case_dirs: list[Path], outputs: Path) -> list[dict]:
+    with ThreadPoolExecutor(WORKERS) as pool:
+        return list(pool.map(lambda d: run_case(d, outputs, run_process), case_dirs))
+
+
+def test_corpus_size_and_coverage():
+    assert len(CASES) == len(make_corpus.CASES) >= 40
+    groups = {c.group for c in CASES.values()}
+    assert groups == {"safetensors", "config", "directory", "artifact"}
+    for group in groups:
+        assert sum(c.group == group for c in CASES.values()) >= 8, group
+    # Every case names a concrete error class of the closed hierarchy.
+    concrete = set(errors.concrete_errors())
+    assert all(c.error in concrete for c in CASES.values())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_is_refused_as_intended(results, name):
+    check_refused_as_intended(results[name])
+
+
+def test_canaries_as_real_processes(corpus, tmp_path):
+    """A real `dspark` for one case of each group: what a user's terminal gets."""
+    assert {CASES[name].group for name in CANARIES} == {c.group for c in CASES.values()}
+    for result in in_processes([d for d in corpus if d.name in CANARIES], tmp_path):
+        check_refused_as_intended(result)
+
+
+@pytest.mark.slow
+def test_every_case_as_a_real_process(corpus, tmp_path):
+    """Every case again, each in a fresh `dspark` process (~106 interpreter start-ups):
+    nothing that one case leaves in the interpreter decides another's outcome."""
+    failures = []
+    for result in in_processes(corpus, tmp_path):
+        try:
+            check_refused_as_intended(result)
+        except AssertionError as exc:
+            failures.append(f"{result['record']['name']}: {exc}")
+    assert not failures, "\n".join(failures)
 
 
 def test_good_inputs_pass_the_same_commands(tmp_path):
     """The corpus' bases are good: the refusals come from the edits, not the fixtures."""
     art = tmp_path / "art"
-    proc = subprocess.run([str(DSPARK), "convert", str(make_corpus.DSPARK), "-o", str(art), "-q",
-                           "--json"], capture_output=True, text=True, timeout=120)
+    proc = run_cli("convert", str(make_corpus.DSPARK), "-o", str(art), "-q", "--json")
     assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run([str(DSPARK), "validate", str(art), "--strict", "--json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("validate", str(art), "--strict", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["exit_code"] == 0
 
