@@ -40,14 +40,18 @@ class StrippedTensor(_Record):
     sha256: str = Sha256
 
 
+# What a Hub file's SHA-256 was checked against (source/hub/verify.py makes the checks).
+Verification = Literal["hub-lfs-sha256", "hub-git-blob-sha1", "cache-blob-sha256",
+                       "cache-blob-sha1", "lock", "pin"]
+
+
 class HubFileRecord(_Record):
     """One file of a Hub snapshot: its size and SHA-256 as computed by the converter, and
     what that hash was checked against."""
     path: str = Field(description="path inside the repository")
     size: int = Field(ge=0)
     sha256: str = Sha256
-    verified_against: list[Literal["hub-lfs-sha256", "hub-git-blob-sha1", "cache-blob-sha256",
-                                   "cache-blob-sha1", "lock", "pin"]] = Field(
+    verified_against: list[Verification] = Field(
         description="hub-*: the Hub's metadata (LFS SHA-256 or git blob SHA-1); cache-blob-*: "
                     "the HF cache's content address (offline); lock: the lock file; pin: --sha256")
 

@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 # What a file's hash was verified against: the Hub's metadata (LFS SHA-256, git blob SHA-1),
 # the cache's content address (offline), the lock file, a --sha256 pin. The manifest
 # records these as ``source.hub.files[].verified_against`` (docs/ARTIFACT_FORMAT.md).
-Verification = Literal["hub-lfs-sha256", "hub-git-blob-sha1", "cache-blob-sha256",
-                       "cache-blob-sha1", "lock", "pin"]
+# The kinds of check, as manifest.json records them (one definition, in the manifest).
+from dspark_convert.artifact.manifest import Verification  # noqa: E402
+
 Algorithm = Literal["sha256", "git-sha1"]
 
 
