@@ -56,9 +56,53 @@ def exit_code_table() -> str:
     return "\n".join(rows)
 
 
+# The limits that bound what an input may declare (README, "What every bad input gets"):
+# (module, constant, what it bounds). Read from the code, so the table cannot drift.
+LIMITS = [
+    ("dspark_convert.formats.safetensors", "MAX_HEADER_BYTES", "bytes of one safetensors JSON header (the library's own cap)"),
+    ("dspark_convert.formats.safetensors", "MAX_HEADER_TENSORS", "tensors in one safetensors header"),
+    ("dspark_convert.formats.safetensors", "MAX_HEADER_ITEMS", "JSON values in one safetensors header, counted before parsing"),
+    ("dspark_convert.formats.safetensors", "MAX_INDEX_ITEMS", "JSON values in model.safetensors.index.json"),
+    ("dspark_convert.util.strict_json", "MAX_CONFIG_BYTES", "bytes of config.json, manifest.json, a lock file, a trace"),
+    ("dspark_convert.util.strict_json", "MAX_VERBATIM_DEPTH", "nesting of a config kept verbatim in manifest.json"),
+    ("dspark_convert.contract.dspark", "MAX_DRAFT_LAYERS", "draft layers (Strata's limit)"),
+    ("dspark_convert.contract.dspark", "MAX_BLOCK_SIZE", "block size (Strata's limit)"),
+    ("dspark_convert.contract.dspark", "MAX_TARGET_TAPS", "target layer taps (Strata's limit)"),
+    ("dspark_convert.formats.gguf_reader", "MAX_TENSORS", "tensors in drafter.gguf"),
+    ("dspark_convert.formats.gguf_reader", "MAX_KV_PAIRS", "metadata keys in drafter.gguf"),
+    ("dspark_convert.formats.gguf_reader", "MAX_KEY_LENGTH", "bytes of a metadata key or tensor name"),
+    ("dspark_convert.formats.gguf_reader", "MAX_STRING_LENGTH", "bytes of one metadata string"),
+    ("dspark_convert.formats.gguf_reader", "MAX_ARRAY_LENGTH", "elements of one metadata array"),
+    ("dspark_convert.formats.gguf_reader", "MAX_ARRAYS", "metadata arrays in one file (nested ones included)"),
+    ("dspark_convert.formats.gguf_reader", "MAX_DECODED_BYTES", "memory all decoded metadata may take"),
+    ("dspark_convert.formats.gguf_reader", "MAX_DIMS", "dimensions of a tensor"),
+    ("dspark_convert.target.tokenizer", "MAX_TOKENIZER_BYTES", "bytes of the target's tokenizer.json"),
+    ("dspark_convert.target.tokenizer", "MAX_TOKENIZER_ITEMS", "JSON values in tokenizer.json, counted before the library parses it"),
+    ("dspark_convert.target.tokenizer", "MAX_TOKENIZER_TOKENS", "tokens in the target's tokenizer"),
+    ("dspark_convert.util.paths", "NAME_MAX", "bytes of one path component"),
+    ("dspark_convert.util.paths", "PATH_MAX", "bytes of a whole path (exclusive)"),
+    ("dspark_convert.commands.inspection", "MAX_UNEXPECTED_ROWS", "unexpected tensors `inspect` lists (the rest are counted)"),
+]
+
+
+def limits_table() -> str:
+    import importlib
+
+    rows = ["| limit | value | bounds | where |", "|---|---|---|---|"]
+    for module, name, what in LIMITS:
+        value = getattr(importlib.import_module(module), name)
+        rows.append(f"| `{name}` | {value:,} | {what} | `{module.replace('.', '/')}.py` |")
+    rows.append("")
+    rows.append("Also checked before anything is sized by them: a target's layer count against "
+                "the layers its headers hold; `smoke`'s prompt plus `--max-new-tokens` against "
+                "the target's `max_position_embeddings` (73); `smoke`'s memory estimate against "
+                "what the device has (78).")
+    return "\n".join(rows)
+
+
 SECTIONS = {
     "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table},
-    "README.md": {"exit-codes": exit_code_table},
+    "README.md": {"exit-codes": exit_code_table, "limits": limits_table},
 }
 
 

@@ -31,11 +31,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dspark_convert.errors import OutputExistsError, OutputWriteError
+from dspark_convert.util.paths import NAME_MAX
 
 TMP_MARK = ".dspark-tmp-"
-# The longest file name Linux file systems take (NAME_MAX). A temporary's name must fit
-# too, so a long output name is shortened in its temporary (see _tmp_stem).
-NAME_MAX = 255
+# A temporary's name must fit in NAME_MAX too, so a long output name is shortened in its
+# temporary (see _tmp_stem).
 # What a temporary adds to its stem: "." + TMP_MARK + pid (<= 7 digits) + "-" +
 # "old-"(4) + 8 hex digits, with room to spare.
 _TMP_SUFFIX_BYTES = 1 + len(TMP_MARK) + 10 + 1 + 4 + 8

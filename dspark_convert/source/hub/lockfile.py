@@ -21,7 +21,6 @@ from dspark_convert.util.paths import check_path
 from dspark_convert.util.patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
 
 LOCK_FORMAT = "dspark-lock"
-MAX_LOCK_BYTES = 4 * 1024 * 1024
 
 
 class _Strict(BaseModel):
