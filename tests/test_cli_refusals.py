@@ -1,10 +1,12 @@
-"""Every refusal of `dspark convert`, through the real CLI in a subprocess.
+"""Every refusal of `dspark convert`, through the real CLI.
 
 Each case builds a bad checkpoint in tmp_path with the synthetic module, runs the CLI and
 checks the project's rule for bad input: exactly one `error: ...` line on stderr naming the
 file / field / tensor, the error class's own exit code, no traceback, and nothing written
 next to the output (no output directory, no hidden `.NAME.dspark-tmp-*` sibling, no parent
-directories).
+directories). The app runs in-process (tests/support/cli.py); the first two cases and the
+existing-output refusal also run as real processes (the `dspark` console script and
+`python -m dspark_convert.cli.main`), so a traceback on a real stderr would show.
 """
 
 from __future__ import annotations
@@ -12,16 +14,14 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.cli import assert_refused, run_cli, run_process, temp_siblings
 
-from dspark_convert.util.atomic import TMP_MARK
 from dspark_convert.errors import (
     ConfigError,
     DSparkError,
@@ -43,60 +43,9 @@ from dspark_convert.errors import (
 )
 from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
 
-DSPARK = Path(sys.executable).parent / "dspark"
-CLI_TIMEOUT = 120
-
-
-def run_in_process(*args: str) -> subprocess.CompletedProcess:
-    """The same CLI through typer's CliRunner (no interpreter start-up: keeps the table fast)."""
-    from typer.testing import CliRunner
-
-    from dspark_convert.cli.main import app
-
-    result = CliRunner().invoke(app, list(args))
-    # Anything but the CLI's own exit is an exception that escaped `run`: show it.
-    if not isinstance(result.exception, (SystemExit, type(None))):
-        import traceback
-        tb = "".join(traceback.format_exception(result.exception))
-        return subprocess.CompletedProcess(args, 99, result.stdout, result.stderr + tb)
-    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
-
-
-def run_cli(*args: str, console_script: bool = False, in_process: bool = False
-            ) -> subprocess.CompletedProcess:
-    """The real CLI in a fresh interpreter: `python -m dspark_convert.cli.main` or `dspark`."""
-    if in_process:
-        return run_in_process(*args)
-    cmd = [str(DSPARK)] if console_script else [sys.executable, "-m", "dspark_convert.cli.main"]
-    env = {**os.environ, "COLUMNS": "200", "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=CLI_TIMEOUT,
-                          env=env)
-
 
 def listing(directory: Path) -> list[str]:
     return sorted(os.listdir(directory))
-
-
-def temp_siblings(out: Path) -> list[str]:
-    prefix = f".{out.name}{TMP_MARK}"
-    if not out.parent.is_dir():
-        return []
-    return [n for n in os.listdir(out.parent) if n.startswith(prefix)]
-
-
-def assert_refused(proc: subprocess.CompletedProcess, error: type[DSparkError],
-                   needles: list[str]) -> str:
-    """The one-line contract; returns the line."""
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{proc.stderr}"
-    line = lines[0]
-    assert line.startswith("error: "), line
-    assert proc.returncode == error.exit_code, (
-        f"exit {proc.returncode}, expected {error.exit_code} ({error.__name__}): {line}")
-    for needle in needles:
-        assert needle in line, f"{needle!r} not in {line!r}"
-    return line
 
 
 # --- building bad checkpoints --------------------------------------------------------------
@@ -370,11 +319,10 @@ def test_refusal(case: Case, tmp_path: Path) -> None:
     before = listing(parent)
     tmp_before = listing(tmp_path)
     out = parent / "art"
-    # Half of the cases run in a real subprocess (the `dspark` console script or `python -m`),
-    # proving no traceback reaches a real stderr; the other half in-process, for speed.
-    mode = ("module", "script", "in-process", "in-process")[CASES.index(case) % 4]
-    proc = run_cli("convert", str(src), "-o", str(out), "-q",
-                   console_script=mode == "script", in_process=mode == "in-process")
+    args = ("convert", str(src), "-o", str(out), "-q")
+    # Two canaries in real processes (the console script, `python -m`); the rest in-process.
+    index = CASES.index(case)
+    proc = run_process(*args, console_script=index == 0) if index < 2 else run_cli(*args)
     line = assert_refused(proc, case.error, [n.format(src=src) for n in case.needles])
     assert not out.exists(), line
     assert temp_siblings(out) == []
@@ -442,7 +390,7 @@ def test_output_exists_is_refused_and_untouched(good_source: Path, tmp_path: Pat
     (out / "sub" / "drafter.gguf").write_bytes(b"old")
     before = _snapshot(out)
     parent_before = listing(tmp_path)
-    proc = run_cli("convert", str(good_source), "-o", str(out), "-q", console_script=True)
+    proc = run_process("convert", str(good_source), "-o", str(out), "-q")
     assert_refused(proc, OutputExistsError, [str(out), "already exists", "--force"])
     assert _snapshot(out) == before
     assert listing(tmp_path) == parent_before
@@ -466,7 +414,7 @@ def test_force_replaces_and_validates(good_source: Path, tmp_path: Path) -> None
     assert "Traceback" not in proc.stderr
     assert sorted(os.listdir(out)) == ["drafter.gguf", "manifest.json"]
     assert listing(tmp_path) == ["art"]          # no old/tmp sibling left behind
-    check = run_cli("validate", str(out), console_script=True)
+    check = run_cli("validate", str(out))
     assert check.returncode == 0, check.stdout + check.stderr
 
 

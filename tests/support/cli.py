@@ -62,6 +62,14 @@ def run_process(*args: str, console_script: bool = True, timeout: float = PROCES
                           env=child_env(env), cwd=cwd, preexec_fn=preexec_fn)
 
 
+def dspark(*args: str, timeout: float = PROCESS_TIMEOUT,
+           env: dict | None = None) -> subprocess.CompletedProcess:
+    """The console script ``dspark ARGS...`` in a real child; ``env``, when given, is the
+    child's whole environment (run_process adds to this one's instead)."""
+    return subprocess.run([str(DSPARK), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
 def child_env(extra: dict | None = None) -> dict[str, str]:
     env = {**os.environ, "COLUMNS": COLUMNS}
     for key, value in (extra or {}).items():
