@@ -1,8 +1,10 @@
 """The output directory is all or nothing (docs/ARTIFACT_FORMAT.md, "Directory").
 
-Conversions are real `dspark convert` subprocesses. A ~130 MB synthetic checkpoint (the
-two Markov matrices, V=65536 x r=512 in BF16) keeps the hidden temporary sibling on disk
-long enough to be seen and the process to be signalled while it writes drafter.gguf.
+Signals need a real `dspark convert` process: a ~130 MB synthetic checkpoint (the two
+Markov matrices, V=65536 x r=512 in BF16) keeps the hidden temporary sibling on disk long
+enough to be seen and the process to be signalled while it writes drafter.gguf. The other
+cases run the app in-process (tests/support/cli.py); reproducibility compares a conversion
+in a real process with one in this one (a hash-seed-dependent order would differ).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +19,14 @@ import numpy as np
 import pytest
 
 from dspark_convert.util.atomic import TMP_MARK
-from support.cli import DSPARK, assert_one_error_line, assert_valid, dspark, temp_siblings
+from support.cli import (
+    DSPARK,
+    assert_one_error_line,
+    assert_valid,
+    run_cli,
+    run_process,
+    temp_siblings,
+)
 from dspark_convert.errors import (
     NonFiniteTensorError,
     OutputWriteError,
@@ -96,6 +104,7 @@ def overflow_source(tmp_path_factory) -> Path:
 
 # --- signals --------------------------------------------------------------------------------
 
+@pytest.mark.slow   # SIGTERM and SIGINT are the fast loop's canaries; this converts 130 MB twice
 def test_sigkill_mid_write_leaves_no_output(big_source: Path, tmp_path: Path) -> None:
     out = tmp_path / "art"
     proc, seen = start_and_signal(big_source, out, signal.SIGKILL)
@@ -108,7 +117,7 @@ def test_sigkill_mid_write_leaves_no_output(big_source: Path, tmp_path: Path) ->
     assert all(name.startswith(f".art{TMP_MARK}{proc.pid}-") for name in stale)
 
     # The next run writing the same output removes the stale sibling and succeeds.
-    again = dspark("convert", str(big_source), "-o", str(out), "-q")
+    again = run_cli("convert", str(big_source), "-o", str(out), "-q")
     assert again.returncode == 0, again.stderr
     assert temp_siblings(out) == []
     assert os.listdir(tmp_path) == ["art"]
@@ -154,7 +163,7 @@ def test_unwritable_parent(small_source: Path, tmp_path: Path) -> None:
     if os.geteuid() == 0:
         # chmod does not stop root; /proc accepts no new directory from anyone.
         out = Path("/proc") / f"dspark-test-{os.getpid()}-art"
-        proc = dspark("convert", str(small_source), "-o", str(out), "-q")
+        proc = run_cli("convert", str(small_source), "-o", str(out), "-q")
         assert_one_error_line(proc, OutputWriteError.exit_code, "/proc", "cannot write the output")
         assert not out.exists()
         assert temp_siblings(out) == []
@@ -164,7 +173,7 @@ def test_unwritable_parent(small_source: Path, tmp_path: Path) -> None:
     parent.chmod(0o555)
     try:
         out = parent / "art"
-        proc = dspark("convert", str(small_source), "-o", str(out), "-q")
+        proc = run_cli("convert", str(small_source), "-o", str(out), "-q")
         assert_one_error_line(proc, OutputWriteError.exit_code, str(parent), "cannot write the output")
         assert os.listdir(parent) == []
     finally:
@@ -175,7 +184,7 @@ def test_unwritable_missing_parent_under_proc(small_source: Path) -> None:
     """A missing parent that cannot be created: refused, nothing created (root or not)."""
     top = Path("/proc") / f"dspark-test-{os.getpid()}"
     out = top / "a" / "art"
-    proc = dspark("convert", str(small_source), "-o", str(out), "-q")
+    proc = run_cli("convert", str(small_source), "-o", str(out), "-q")
     assert_one_error_line(proc, OutputWriteError.exit_code, str(top))
     assert not top.exists()
 
@@ -184,7 +193,7 @@ def test_parent_is_a_file(small_source: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory\n")
     out = blocker / "sub" / "art"
-    proc = dspark("convert", str(small_source), "-o", str(out), "-q")
+    proc = run_cli("convert", str(small_source), "-o", str(out), "-q")
     assert_one_error_line(proc, OutputWriteError.exit_code, str(blocker), "not a directory")
     assert sorted(os.listdir(tmp_path)) == ["file"]
     assert blocker.read_text() == "not a directory\n"
@@ -194,7 +203,7 @@ def test_parent_is_a_file(small_source: Path, tmp_path: Path) -> None:
 
 def test_missing_parents_are_created_on_success(small_source: Path, tmp_path: Path) -> None:
     out = tmp_path / "x" / "y" / "z" / "art"
-    proc = dspark("convert", str(small_source), "-o", str(out), "-q")
+    proc = run_cli("convert", str(small_source), "-o", str(out), "-q")
     assert proc.returncode == 0, proc.stderr
     assert_valid(out)
     assert os.listdir(tmp_path / "x" / "y" / "z") == ["art"]
@@ -202,7 +211,7 @@ def test_missing_parents_are_created_on_success(small_source: Path, tmp_path: Pa
 
 def test_missing_parents_are_removed_when_writing_fails(overflow_source: Path, tmp_path: Path) -> None:
     out = tmp_path / "a" / "b" / "c"
-    proc = dspark("convert", str(overflow_source), "-o", str(out), "-q")
+    proc = run_cli("convert", str(overflow_source), "-o", str(out), "-q")
     assert_one_error_line(proc, NonFiniteTensorError.exit_code, "layers.1.mlp.up_proj.weight")
     assert os.listdir(tmp_path) == []
 
@@ -212,7 +221,7 @@ def test_only_the_parents_it_created_are_removed(overflow_source: Path, tmp_path
     (tmp_path / "a" / "mine.txt").write_text("x\n")
     (tmp_path / "a" / "empty").mkdir()
     out = tmp_path / "a" / "empty" / "b" / "c"
-    proc = dspark("convert", str(overflow_source), "-o", str(out), "-q")
+    proc = run_cli("convert", str(overflow_source), "-o", str(out), "-q")
     assert_one_error_line(proc, NonFiniteTensorError.exit_code)
     assert sorted(os.listdir(tmp_path / "a")) == ["empty", "mine.txt"]
     assert os.listdir(tmp_path / "a" / "empty") == []
@@ -224,7 +233,7 @@ def test_missing_parents_are_not_created_for_a_contract_refusal(tmp_path: Path) 
     cfg = (src / "config.json").read_text().replace('"attention_bias": false', '"attention_bias": true')
     (src / "config.json").write_text(cfg)
     out = tmp_path / "a" / "b" / "c"
-    proc = dspark("convert", str(src), "-o", str(out), "-q")
+    proc = run_cli("convert", str(src), "-o", str(out), "-q")
     assert_one_error_line(proc, UnsupportedFeatureError.exit_code, "attention_bias")
     assert os.listdir(tmp_path) == ["src"]
 
@@ -236,13 +245,13 @@ def test_converting_twice_is_byte_identical(tmp_path: Path, dtype: str, shards: 
     src = tmp_path / "src"
     make_synthetic_checkpoint(src, dtype=dtype, shards=shards, markov_head_type="gated")
     first, second = tmp_path / "one" / "art", tmp_path / "two" / "art"
-    for out in (first, second):
-        proc = dspark("convert", str(src), "-o", str(out), "-q")
+    for out, run in ((first, run_process), (second, run_cli)):
+        proc = run("convert", str(src), "-o", str(out), "-q")
         assert proc.returncode == 0, proc.stderr
     for name in ("drafter.gguf", "manifest.json"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     # --force over an existing artifact writes the same bytes again
-    proc = dspark("convert", str(src), "-o", str(first), "-q", "--force")
+    proc = run_cli("convert", str(src), "-o", str(first), "-q", "--force")
     assert proc.returncode == 0, proc.stderr
     for name in ("drafter.gguf", "manifest.json"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name

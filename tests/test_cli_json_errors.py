@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.cli import dspark
+from support.cli import run_cli
 
 from dspark_convert.errors import SourceNotFoundError
 
@@ -15,7 +15,7 @@ from dspark_convert.errors import SourceNotFoundError
 def test_a_refusal_with_json_prints_json(tmp_path, command):
     missing = tmp_path / "missing"
     args = [command, str(missing), "--json"] + (["-o", str(tmp_path / "o")] if command == "convert" else [])
-    proc = dspark(*args)
+    proc = run_cli(*args)
     assert proc.returncode != 0 and len(proc.stderr.splitlines()) == 1
     report = json.loads(proc.stdout)
     assert report["ok"] is False

@@ -1,9 +1,11 @@
 """Faults while writing an artifact: a full disk, a file-size limit, a kill during --force.
 
-Every run is a real `dspark convert` subprocess. The rule: exit 31 (OutputWriteError) with
-one `error:` line and no traceback, or the signal's code; no output directory, no hidden
-temporary sibling, no parent directory it created; with --force the old artifact is left
-byte for byte as it was. (Interruption by SIGINT/SIGTERM/SIGKILL without --force, an
+A fault or a signal needs a real `dspark convert` process (a resource limit, a namespace, a
+process to kill or stop); the rest runs the app in-process (tests/support/cli.py). The
+rule: exit 31 (OutputWriteError) with one `error:` line and no traceback, or the signal's
+code; no output directory, no hidden temporary sibling, no parent directory it created;
+with --force the old artifact is left byte for byte as it was. One case of each kind of
+fault is in the fast loop; the others are marked slow. (Interruption by SIGINT/SIGTERM/SIGKILL without --force, an
 unwritable parent and an existing output are in test_atomic_output.py and
 test_cli_refusals.py.)
 
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REFERENCE_DRAFTER, dspark_cmd
-from support.cli import assert_one_error_line, assert_valid, temp_siblings
+from support.cli import assert_one_error_line, assert_valid, run_cli, temp_siblings
 
 from dspark_convert.errors import OutputExistsError, OutputWriteError, SourceLayoutError
 
@@ -50,18 +52,21 @@ def convert_with_file_size_limit(source: Path, out: Path, limit: int, *extra: st
                           capture_output=True, text=True, timeout=120, preexec_fn=limit_file_size)
 
 
+slow = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def good_artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("good") / "art"
-    proc = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q"),
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q")
     assert proc.returncode == 0, proc.stderr
     return out
 
 
 # --- a file-size limit (EFBIG) ----------------------------------------------------------------
 
-@pytest.mark.parametrize("limit", [0, 1000, 50_000, 150_000],
+@pytest.mark.parametrize("limit", [pytest.param(0, marks=slow), pytest.param(1000, marks=slow),
+                                   50_000, pytest.param(150_000, marks=slow)],
                          ids=["nothing", "in-metadata", "in-tensors", "near-the-end"])
 def test_file_size_limit_leaves_nothing(tmp_path: Path, good_artifact: Path, limit: int) -> None:
     assert (good_artifact / "drafter.gguf").stat().st_size > limit
@@ -124,6 +129,7 @@ def test_disk_full_writing_the_gguf(tmp_path: Path, good_artifact: Path) -> None
     assert left == []
 
 
+@slow
 @needs_tmpfs
 def test_disk_full_writing_the_manifest(tmp_path: Path, good_artifact: Path) -> None:
     """drafter.gguf fits, manifest.json does not: still nothing left behind."""
@@ -135,6 +141,7 @@ def test_disk_full_writing_the_manifest(tmp_path: Path, good_artifact: Path) -> 
     assert left == []
 
 
+@slow
 @needs_tmpfs
 def test_disk_with_room_converts(tmp_path: Path, good_artifact: Path) -> None:
     """The same tiny disk with room for both files: the failures above are the disk's."""
@@ -154,6 +161,7 @@ def poll_until(condition, timeout: float = APPEAR_TIMEOUT_S) -> bool:
     return False
 
 
+@slow
 def test_sigkill_during_force_keeps_the_old_artifact(big_source: Path, tmp_path: Path,  # noqa: F811
                                                      good_artifact: Path) -> None:
     """A kill cannot be caught: while the new artifact is written the old one stays whole
@@ -173,13 +181,11 @@ def test_sigkill_during_force_keeps_the_old_artifact(big_source: Path, tmp_path:
     assert _snapshot(out) == before
     assert temp_siblings(out) != []          # the dead run's hidden sibling, never `art`
 
-    again = subprocess.run(dspark_cmd("validate", str(out), "--strict", "--json"),
-                           capture_output=True, text=True, timeout=120)
+    again = run_cli("validate", str(out), "--strict", "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["exit_code"] == 0
 
-    rerun = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q",
-                                      "--force"), capture_output=True, text=True, timeout=120)
+    rerun = run_cli("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q", "--force")
     assert rerun.returncode == 0, rerun.stderr
     assert temp_siblings(out) == [] and os.listdir(tmp_path) == ["art"]
     assert _snapshot(out) == before          # the same source gives the same bytes
@@ -221,6 +227,7 @@ def test_output_that_appears_while_converting_is_refused_and_untouched(big_sourc
     assert temp_siblings(out) == []
 
 
+@slow
 def test_an_empty_directory_that_appears_is_not_replaced_either(big_source: Path,
                                                                   tmp_path: Path) -> None:
     # rename(2) replaces an empty directory silently; the rename used must not.
@@ -232,26 +239,26 @@ def test_an_empty_directory_that_appears_is_not_replaced_either(big_source: Path
     assert temp_siblings(out) == []
 
 
+@slow
 def test_two_runs_at_once_one_wins_the_other_is_refused(big_source: Path, tmp_path: Path) -> None:
     out = tmp_path / "art"
-    slow = _start(big_source, out)
-    fast = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q"),
-                          capture_output=True, text=True, timeout=120)
+    stopped = _start(big_source, out)
+    fast = run_cli("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q")
     assert fast.returncode == 0, fast.stderr
     winner = _snapshot(out)
-    assert_one_error_line(_resume(slow), OutputExistsError.exit_code, str(out))
+    assert_one_error_line(_resume(stopped), OutputExistsError.exit_code, str(out))
     assert _snapshot(out) == winner, "the first run's artifact was replaced"
     assert_valid(out)
     assert os.listdir(tmp_path) == ["art"]
 
 
+@slow
 def test_force_replaces_an_output_that_appeared_in_one_step(big_source: Path, tmp_path: Path) -> None:
     out = tmp_path / "art"
-    slow = _start(big_source, out, "--force")
-    first = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q"),
-                           capture_output=True, text=True, timeout=120)
+    stopped = _start(big_source, out, "--force")
+    first = run_cli("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q")
     assert first.returncode == 0, first.stderr
-    code, stderr = _resume(slow)
+    code, stderr = _resume(stopped)
     assert code == 0, stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["name"] == big_source.name
@@ -291,8 +298,7 @@ def test_long_output_names_get_a_temporary_that_fits(tmp_path: Path) -> None:
     too (it is shortened, with a hash of the full name), and stale ones are still found."""
     for length in (227, 240, 255):
         out = tmp_path / ("a" * length)
-        proc = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q"),
-                              capture_output=True, text=True, timeout=120)
+        proc = run_cli("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q")
         assert proc.returncode == 0, proc.stderr
         assert_valid(out)
     assert sorted(len(n) for n in os.listdir(tmp_path)) == [227, 240, 255]
@@ -324,8 +330,7 @@ def _cache_layout(root: Path, blobs_to: Path | None) -> Path:
 def test_a_cache_layout_whose_blobs_is_a_link_cannot_reach_other_files(tmp_path: Path) -> None:
     snap = _cache_layout(tmp_path / "cache", blobs_to=Path("/"))
     out = tmp_path / "art"
-    proc = subprocess.run(dspark_cmd("convert", str(snap), "-o", str(out), "-q"),
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("convert", str(snap), "-o", str(out), "-q")
     assert_one_error_line(proc, SourceLayoutError.exit_code, "model.safetensors",
                           "leaves the source directory")
     assert not out.exists()
@@ -334,7 +339,6 @@ def test_a_cache_layout_whose_blobs_is_a_link_cannot_reach_other_files(tmp_path:
 def test_a_real_cache_layout_still_converts(tmp_path: Path) -> None:
     snap = _cache_layout(tmp_path / "cache", blobs_to=None)
     out = tmp_path / "art"
-    proc = subprocess.run(dspark_cmd("convert", str(snap), "-o", str(out), "-q"),
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("convert", str(snap), "-o", str(out), "-q")
     assert proc.returncode == 0, proc.stderr
     assert_valid(out)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import EXPECTED, GOLDEN, REFERENCE_DRAFTER, ROOT, dspark_cmd, golden_source
+from conftest import EXPECTED, GOLDEN, REFERENCE_DRAFTER, ROOT, golden_source
+from support.cli import run_cli, run_process
 from dspark_convert.contract.dspark import build_contract, parse_config
 from dspark_convert.formats.gguf_reader import read_gguf, tensor_data
 from dspark_convert.util.hashing import sha256_file
@@ -110,12 +111,12 @@ def test_reference_contract_matches_deepspec_config(converted):
 
 
 def test_cli_convert_then_validate_reference(tmp_path):
+    """The golden bytes from a real `dspark convert` process; validate in-process."""
     out = tmp_path / "a"
-    run = subprocess.run(dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q"),
-                         capture_output=True, text=True, check=False)
+    run = run_process("convert", str(REFERENCE_DRAFTER), "-o", str(out), "-q")
     assert run.returncode == 0, run.stderr
     assert "drafter.gguf" in run.stdout
-    run = subprocess.run(dspark_cmd("validate", str(out)), capture_output=True, text=True, check=False)
+    run = run_cli("validate", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED" in run.stdout
     assert sha256_file(out / "drafter.gguf") == EXPECTED["reference"]["drafter.gguf"]
@@ -130,6 +131,7 @@ def test_converting_twice_gives_identical_bytes(tmp_path):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
 
+@pytest.mark.slow   # a fresh interpreter that rebuilds and compares every golden fixture
 def test_fixture_script_regenerates_identical_fixtures():
     """golden/make_fixtures.py --check rebuilds every fixture and compares bytes and hashes."""
     run = subprocess.run([sys.executable, str(GOLDEN / "make_fixtures.py"), "--check"],

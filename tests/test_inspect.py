@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
-from conftest import REFERENCE_DRAFTER, dspark_cmd
+from conftest import REFERENCE_DRAFTER
+from support.cli import run_cli
 from dspark_convert.errors import MissingTensorError, TensorShapeError
 from dspark_convert.commands.inspection import inspect_path
 from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
@@ -58,14 +58,13 @@ def test_cli_inspect_writes_nothing_and_exits_with_the_problem(tmp_path):
     tensors["fc.weight"] = tensors["fc.weight"][:, :10].copy()
     write_checkpoint(tmp_path / "bad", cfg, tensors)
     before = sorted(p.name for p in (tmp_path / "bad").iterdir())
-    run = subprocess.run(dspark_cmd("inspect", str(tmp_path / "bad")), capture_output=True, text=True)
+    run = run_cli("inspect", str(tmp_path / "bad"))
     assert run.returncode == TensorShapeError.exit_code
     assert "fc.weight" in run.stdout
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: ")
     assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == before
 
-    run = subprocess.run(dspark_cmd("inspect", str(REFERENCE_DRAFTER), "--json"),
-                         capture_output=True, text=True)
+    run = run_cli("inspect", str(REFERENCE_DRAFTER), "--json")
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     assert data["contract"]["taps"]["target_layer_ids"] == [0, 2, 4]

@@ -1,5 +1,7 @@
 """Names from inputs (directory and file names, tensor names, paths) through the real CLI:
-never exit 1, never a raw control character on the terminal (hostile inputs, round 2)."""
+never exit 1, never a raw control character on the terminal (hostile inputs, round 2). The
+app runs in-process; a directory name that is not UTF-8 also goes through a real process'
+argv (bytes, decoded by the interpreter)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import GOLDEN, REFERENCE_DRAFTER
-from support.cli import assert_one_error_line, assert_valid, dspark
+from support.cli import assert_one_error_line, assert_valid, run_cli, run_process
 
 from dspark_convert import errors
 from dspark_convert.util.text import shown
@@ -37,7 +39,7 @@ def test_shown_escapes_only_what_does_not_print():
 def test_a_checkpoint_directory_whose_name_is_not_utf8_converts(tmp_path: Path):
     src = _bytes_dir(tmp_path, b"draft-\xff\xfe")
     out = tmp_path / "art"
-    proc = dspark("convert", os.fsdecode(os.fsencode(src)), "-o", str(out))
+    proc = run_process("convert", os.fsdecode(os.fsencode(src)), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["name"] == "draft-\\xff\\xfe"   # escaped, recorded as UTF-8 text
@@ -45,7 +47,7 @@ def test_a_checkpoint_directory_whose_name_is_not_utf8_converts(tmp_path: Path):
     # ... and an artifact directory named so validates, its table printed escaped.
     moved = Path(os.fsdecode(os.fsencode(tmp_path) + b"/art-\xff"))
     out.rename(moved)
-    proc = dspark("validate", str(moved))
+    proc = run_cli("validate", str(moved))
     assert proc.returncode == 0, proc.stderr
     assert "art-\\xff" in proc.stdout
 
@@ -56,7 +58,7 @@ def test_a_stray_file_with_a_hostile_name_is_listed_escaped(tmp_path: Path, name
     src = _bytes_dir(tmp_path, b"src")
     (Path(os.fsencode(src).decode()) / os.fsdecode(name)).write_text("not opened\n")
     out = tmp_path / "art"
-    proc = dspark("convert", str(src), "-o", str(out))
+    proc = run_cli("convert", str(src), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stdout + proc.stderr
     layout = json.loads((out / "manifest.json").read_text())["checks"][0]
@@ -74,7 +76,7 @@ def test_a_tensor_name_with_escape_sequences_is_refused_escaped(tmp_path: Path):
     header["\x1b[2K\rembed_tokens.weight"] = header.pop("embed_tokens.weight")
     text = json.dumps(header).encode()
     (src / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length:])
-    proc = dspark("convert", str(src), "-o", str(tmp_path / "art"))
+    proc = run_cli("convert", str(src), "-o", str(tmp_path / "art"))
     line = assert_one_error_line(proc, errors.UnexpectedTensorError.exit_code,
                                  "\\x1b[2K embed_tokens.weight")  # \r: white space, folded
     assert "\x1b" not in proc.stderr and "\r" not in proc.stderr, line
@@ -85,7 +87,7 @@ def test_a_tensor_name_with_escape_sequences_is_refused_escaped(tmp_path: Path):
 
 def test_long_path_components(tmp_path: Path):
     art = tmp_path / "art"
-    assert dspark("convert", str(REFERENCE_DRAFTER), "-o", str(art), "-q").returncode == 0
+    assert run_cli("convert", str(REFERENCE_DRAFTER), "-o", str(art), "-q").returncode == 0
     long = str(tmp_path / LONG)
     cases = [
         (("convert", long, "-o", str(tmp_path / "x")), errors.SourceNotFoundError),
@@ -98,6 +100,6 @@ def test_long_path_components(tmp_path: Path):
         (("lock", "org/name@" + "0" * 40, "-o", long), errors.OutputWriteError),
     ]
     for args, error in cases:
-        proc = dspark(*args)
+        proc = run_cli(*args)
         assert_one_error_line(proc, error.exit_code, "256 bytes long", "at most 255 bytes")
     assert sorted(os.listdir(tmp_path)) == ["art"]

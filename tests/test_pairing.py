@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import REFERENCE_DRAFTER
-from test_target import GOLDEN_TARGET, make_target
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from support.targets import GOLDEN_TARGET, byte_bpe, make_target
 
 from dspark_convert.errors import (
     EmbeddingIdentityError,
@@ -50,23 +49,6 @@ def drafter_hashes(source) -> dict[str, tuple[str, str]]:
     entries = source.checkpoint.tensors
     return {n: (entries[n].dtype, tensor_sha256(entries[n]))
             for n in ("embed_tokens.weight", "lm_head.weight")}
-
-
-def byte_bpe(size_extra: int = 0, added=()) -> str:
-    """A byte-level BPE with 256 byte tokens (+ ``size_extra`` padding words) and added
-    tokens, as a tokenizer.json string."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {t: i for i, t in enumerate(alphabet)}
-    for i in range(size_extra):
-        vocab[f"w{i:04d}"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    for content, special in added:
-        if special:
-            tok.add_special_tokens([AddedToken(content, special=True)])
-        else:
-            tok.add_tokens([AddedToken(content, special=False)])
-    return tok.to_str()
 
 
 def test_golden_pair_passes(source, golden_target):

@@ -1,20 +1,18 @@
 """target.py: opening a target from its config, weights headers and tokenizer, and hashing
 its embedding and head one tensor at a time. Targets are the golden one or variants of it
-written here with the real safetensors library (``make_target``, also used by the pairing
-tests)."""
+written with the real safetensors library (``make_target``, tests/support/targets.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import GOLDEN
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from support.targets import GOLDEN_TARGET, make_target
 
 from dspark_convert.errors import TargetFormatError, TargetNotFoundError
 from dspark_convert.formats.safetensors import read_checkpoint
@@ -26,62 +24,6 @@ from dspark_convert.target.model import (
     parse_hub_spec,
     tensor_sha256,
 )
-
-GOLDEN_TARGET = GOLDEN / "reference" / "target"
-
-
-def make_target(root: Path, *, hidden: int | None = None, vocab: int | None = None,
-                layers: int | None = None, tie: bool = False, shift_embedding: int = 0,
-                tokenizer: str | Path | None = None, config: dict | None = None,
-                sharded: bool = False) -> Path:
-    """A variant of the golden target in ``root``: other hidden size / vocabulary / layer
-    count (embedding and head resized to match, so only the pairing can object), a tied
-    head, embedding rows rolled by ``shift_embedding``, another tokenizer.json, config
-    overrides, or its weights in two shards with an index."""
-    root.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((GOLDEN_TARGET / "config.json").read_text())
-    tensors = load_file(GOLDEN_TARGET / "model.safetensors")
-    n_layers = layers if layers is not None else cfg["num_hidden_layers"]
-    layer0 = {k.split(".", 3)[3]: v for k, v in tensors.items() if k.startswith("model.layers.0.")}
-    tensors = {k: v for k, v in tensors.items()
-               if not k.startswith("model.layers.") or int(k.split(".")[2]) < n_layers}
-    for i in range(cfg["num_hidden_layers"], n_layers):   # more layers: copies of layer 0
-        tensors.update({f"model.layers.{i}.{k}": v.clone() for k, v in layer0.items()})
-    cfg["num_hidden_layers"] = n_layers
-    cfg["layer_types"] = ["full_attention"] * n_layers
-    for name in (EMBED_NAME, HEAD_NAME):
-        t = tensors[name]
-        if vocab is not None:
-            t = t.repeat((vocab + t.shape[0] - 1) // t.shape[0], 1)[:vocab]
-        if hidden is not None:
-            t = t.repeat(1, (hidden + t.shape[1] - 1) // t.shape[1])[:, :hidden]
-        tensors[name] = t.contiguous()
-    if shift_embedding:
-        tensors[EMBED_NAME] = torch.roll(tensors[EMBED_NAME], shift_embedding, dims=0).contiguous()
-    cfg["vocab_size"] = vocab or cfg["vocab_size"]
-    cfg["hidden_size"] = hidden or cfg["hidden_size"]
-    if tie:
-        del tensors[HEAD_NAME]
-        cfg["tie_word_embeddings"] = True
-    cfg.update(config or {})
-    (root / "config.json").write_text(json.dumps(cfg, indent=2))
-    if sharded:
-        names = sorted(tensors)
-        halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-                  "model-00002-of-00002.safetensors": names[len(names) // 2:]}
-        weight_map = {}
-        for shard, part in halves.items():
-            save_file({k: tensors[k] for k in part}, root / shard)
-            weight_map.update({k: shard for k in part})
-        (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    else:
-        save_file(tensors, root / "model.safetensors")
-    if isinstance(tokenizer, str):
-        (root / "tokenizer.json").write_text(tokenizer)
-    else:
-        shutil.copy(tokenizer or GOLDEN_TARGET / "tokenizer.json", root / "tokenizer.json")
-    return root
-
 
 def torch_sha256(path: Path, name: str, dtype: torch.dtype | None = None) -> str:
     """The oracle: the tensor as the safetensors library reads it, its bytes hashed."""

@@ -1,18 +1,18 @@
 """`convert --target` and `validate --target` end to end: the golden drafter with its golden
 target, and one drafter/target made wrong in each way the issue names, each refused with
-one `error:` line, its own exit code and nothing left behind."""
+one `error:` line, its own exit code and nothing left behind. The app runs in-process
+(tests/support/cli.py)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import pytest
-from conftest import REFERENCE_DRAFTER, dspark_cmd
+from conftest import REFERENCE_DRAFTER
 from safetensors.torch import load_file, save_file
-from test_pairing import byte_bpe
-from test_target import GOLDEN_TARGET, make_target
+from support.cli import run_cli
+from support.targets import GOLDEN_TARGET, byte_bpe, make_target
 
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
@@ -27,11 +27,6 @@ from dspark_convert.errors import (
 from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.target.model import hash_target_tensors, open_target
 from dspark_convert.commands.validate import validate_artifact
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(dspark_cmd(*args), capture_output=True, text=True, timeout=300,
-                          check=False)
 
 
 def drafter_copy(root, *, config: dict | None = None, drop=()):

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
 from gguf.constants import GGMLQuantizationType, GGUFValueType
+from support.cli import run_cli
 
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
@@ -1279,16 +1280,11 @@ def test_every_truncation_is_reported_not_raised(artifact):
 
 
 # --------------------------------------------------------------------------------------------
-# the CLI
+# the CLI (in-process, tests/support/cli.py: the real app, its streams and its exit code)
 # --------------------------------------------------------------------------------------------
 
-def dspark(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dspark_convert.cli.main", *args],
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_cli_json_good_artifact(built):
-    proc = dspark("validate", str(built["plain"]), "--json")
+    proc = run_cli("validate", str(built["plain"]), "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["ok"] is True and data["exit_code"] == 0 and data["strict"] is False
@@ -1302,7 +1298,7 @@ def test_cli_json_bad_artifact(artifact):
     art = artifact("reference")
     _flip_low_mantissa_bit(art, "blk.0.attn_k.weight", 5)
     refresh_manifest(art)
-    proc = dspark("validate", str(art), "--json")
+    proc = run_cli("validate", str(art), "--json")
     assert proc.returncode == IntegrityError.exit_code == 44, proc.stderr
     data = json.loads(proc.stdout)
     assert data["ok"] is False and data["exit_code"] == 44 and data["failed"] == 1
@@ -1318,7 +1314,7 @@ def test_cli_json_bad_artifact(artifact):
 def test_cli_json_non_finite(artifact):
     art = artifact("reference")
     patch(art / GGUF, element_offset(art, "blk.0.attn_k.weight", 5), struct.pack("<H", 0x7FC0))
-    proc = dspark("validate", str(art), "--json")
+    proc = run_cli("validate", str(art), "--json")
     assert proc.returncode == NonFiniteTensorError.exit_code == 24, proc.stderr
     data = json.loads(proc.stdout)
     assert data["ok"] is False and data["exit_code"] == 24
@@ -1332,13 +1328,13 @@ def test_cli_json_non_finite(artifact):
 def test_cli_human_bad_artifact_and_missing_path(artifact, tmp_path):
     art = artifact("plain")
     os.truncate(art / GGUF, 1000)
-    proc = dspark("validate", str(art))
+    proc = run_cli("validate", str(art))
     assert proc.returncode == GGUFFormatError.exit_code
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: gguf.structure: ")
     assert "FAILED" in proc.stdout and "Traceback" not in proc.stderr + proc.stdout
 
-    proc = dspark("validate", str(tmp_path / "missing"), "--json")
+    proc = run_cli("validate", str(tmp_path / "missing"), "--json")
     assert proc.returncode == InvalidArtifactError.exit_code
     assert json.loads(proc.stdout)["checks"][0]["error"] == "InvalidArtifactError"
     lines = proc.stderr.splitlines()
@@ -1347,7 +1343,7 @@ def test_cli_human_bad_artifact_and_missing_path(artifact, tmp_path):
 
 def test_cli_strict_on_dspark_artifact(built):
     """A DSpark drafter passes the strict gate: today's loader refusal is info, not a risk."""
-    proc = dspark("validate", str(built["reference"]), "--strict", "--json")
+    proc = run_cli("validate", str(built["reference"]), "--strict", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["ok"] is True and data["strict"] is True and data["exit_code"] == 0
@@ -1355,18 +1351,18 @@ def test_cli_strict_on_dspark_artifact(built):
     assert [c["name"] for c in data["checks"] if c["status"] == "info"] == ["strata.current_loader"]
     assert proc.stderr == ""
 
-    proc = dspark("validate", str(built["plain"]), "--strict")
+    proc = run_cli("validate", str(built["plain"]), "--strict")
     assert proc.returncode == 0 and proc.stderr == ""
 
 
 def test_cli_strict_fails_a_warning(artifact):
     art = artifact("reference")
     (art / "notes.txt").write_text("not part of the artifact\n")
-    proc = dspark("validate", str(art), "--json")
+    proc = run_cli("validate", str(art), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["warnings"] == 1
 
-    proc = dspark("validate", str(art), "--strict", "--json")
+    proc = run_cli("validate", str(art), "--strict", "--json")
     assert proc.returncode == StrataRuleError.exit_code == 45
     data = json.loads(proc.stdout)
     assert data["ok"] is True and data["strict"] is True and data["exit_code"] == 45
