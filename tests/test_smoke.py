@@ -1,17 +1,19 @@
-"""dspark_convert/smoke.py and `dspark smoke`: the golden drafter passes, broken ones fail loudly."""
+"""dspark_convert/smoke.py and `dspark smoke`: the golden drafter passes, broken ones fail loudly.
+
+The CLI cases run the app in-process (tests/support/cli.py, torch on one thread); the golden
+run with its trace and plot is also a real `dspark smoke` process."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import GOLDEN, REFERENCE_DRAFTER, dspark_cmd
+from conftest import GOLDEN, REFERENCE_DRAFTER
+from support.cli import run_cli, run_process
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
     AcceptanceFloorError,
@@ -190,15 +192,12 @@ def test_cuda_requested_without_cuda(converted):
 
 # --- the CLI, as a user runs it ------------------------------------------------------------
 
-def _dspark(*args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(dspark_cmd(*args), capture_output=True, text=True, env=env, timeout=300)
-
-
 def test_cli_golden_json(converted, tmp_path):
-    proc = _dspark("smoke", str(converted["reference"]), "--target", str(TARGET), "--device", "cpu",
-                   "--reference", str(REFERENCE), "--max-new-tokens", "24", "--json",
-                   "--trace", str(tmp_path / "t.json"), "--plot", str(tmp_path / "a.png"))
+    # A real process: torch, the runtime and matplotlib as a user's `dspark smoke` loads them.
+    proc = run_process("smoke", str(converted["reference"]), "--target", str(TARGET), "--device",
+                       "cpu", "--reference", str(REFERENCE), "--max-new-tokens", "24", "--json",
+                       "--trace", str(tmp_path / "t.json"), "--plot", str(tmp_path / "a.png"),
+                       env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] and report["tau"] == pytest.approx(2.55) and report["lossless"] is True
@@ -213,7 +212,7 @@ def test_cli_dtype_and_verify_are_recorded(converted, tmp_path, dtype, verify, m
     """The dtype and verification mode reach the JSON report and the trace; the estimate is
     printed before loading in the human report."""
     trace = tmp_path / "t.json"
-    proc = _dspark("smoke", str(converted["reference"]), "--target", str(TARGET), "--device", "cpu",
+    proc = run_cli("smoke", str(converted["reference"]), "--target", str(TARGET), "--device", "cpu",
                    "--prompt-ids", "1,17,33", "--max-new-tokens", "8", "--dtype", dtype,
                    "--verify", verify, "--json", "--trace", str(trace))
     assert proc.returncode == 0, proc.stderr
@@ -223,7 +222,7 @@ def test_cli_dtype_and_verify_are_recorded(converted, tmp_path, dtype, verify, m
     assert report["verify_seconds_per_cycle"] > 0 and report["draft_seconds_per_cycle"] > 0
     assert report["memory"]["peak_rss_bytes"] > 0 and report["memory"]["estimate_bytes"] > 0
     assert json.loads(trace.read_text())["dtype"] == dtype
-    human = _dspark("smoke", str(converted["reference"]), "--target", str(TARGET), "--device",
+    human = run_cli("smoke", str(converted["reference"]), "--target", str(TARGET), "--device",
                     "cpu", "--prompt-ids", "1,17,33", "--max-new-tokens", "8", "--dtype", dtype,
                     "--verify", verify)
     lines = human.stdout.splitlines()
@@ -232,7 +231,7 @@ def test_cli_dtype_and_verify_are_recorded(converted, tmp_path, dtype, verify, m
 
 
 def test_cli_broken_artifact_fails_with_one_line(broken):
-    proc = _dspark("smoke", str(broken["transposed"]), "--target", str(TARGET), "--device", "cpu",
+    proc = run_cli("smoke", str(broken["transposed"]), "--target", str(TARGET), "--device", "cpu",
                    "--reference", str(REFERENCE), "--max-new-tokens", "24", "--prompt-ids",
                    ",".join(map(str, PROMPTS[1])))
     assert proc.returncode == 75
