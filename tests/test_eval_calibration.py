@@ -196,26 +196,39 @@ def test_malformed_calibration_files(tmp_path, change, words):
 
 # --- applying the temperatures ------------------------------------------------------------
 
-def test_scaling_and_the_cutoff_match_the_runtime(golden_models):
-    """cut_length on the raw logits is the drafter's own cut; temperatures scale cl_k by 1/T_k
-    before the threshold's sigmoid (tensor or list)."""
+def test_scaling_and_the_cutoff_match_the_runtime(golden_models, converted):
+    """cut_length on the raw logits is the drafter's own cut; a drafter given temperatures
+    (``--calibration``) cuts at sigmoid(cl_k / T_k) < threshold, exactly where cut_length
+    predicts from the raw logits it still returns."""
+    from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.qwen3 import KVCache
+    from dspark_convert.runtime.weights import load_drafter_weights
 
     target, drafter = golden_models
-    for prompt in ([1, 17, 33, 90, 250, 7, 7, 401], [1, 40, 43, 46, 49, 52]):
-        drafter.reset()
+    temps = [0.5, 2.0, 1.5, 0.7, 3.0, 1.0, 0.8]
+    calibrated = DSparkDrafter(load_drafter_weights(converted["reference"]), embed=target.embed,
+                               lm_head=target.lm_head, device=torch.device("cpu"),
+                               confidence_temperatures=temps)
+    changed = 0
+    for prompt in ([1, 17, 33, 90, 250, 7, 7, 401], [1, 40, 43, 46, 49, 52], [1, 5, 9, 300, 77]):
         out = target.forward(torch.tensor(prompt), KVCache())
-        drafter.add_context(drafter.features(out.hidden_states))
+        for d in (drafter, calibrated):
+            d.reset()
+            d.add_context(d.features(out.hidden_states))
         anchor = int(out.logits[-1].argmax())
         lengths = set()
         for thr in (0.2, 0.4, 0.5, 0.6, 0.8):
             p = drafter.propose(anchor, confidence_threshold=thr)
             assert cut_length(p.confidence_logits.tolist(), thr) == p.length
             lengths.add(p.length)
+            c = calibrated.propose(anchor, confidence_threshold=thr)
+            assert torch.equal(c.confidence_logits, p.confidence_logits)     # kept raw
+            assert torch.equal(c.tokens, p.tokens)
+            assert c.length == cut_length(c.confidence_logits.tolist(), thr, temps)
+            changed += c.length != p.length
         assert len(lengths) > 1                                 # the thresholds do cut
-    logits = torch.tensor([1.0, -2.0, 0.5])
+    assert changed > 0                                          # and the temperatures move the cut
     temps = [2.0, 0.5, 1.0, 4.0]
-    assert scale_confidence_logits(logits, temps).tolist() == [0.5, -4.0, 0.5]
     assert scale_confidence_logits([1.0, -2.0], temps) == [0.5, -4.0]
     assert cut_length([1.0, 0.1, 3.0], 0.6) == 1                # sigmoid(0.1) = 0.52
     assert cut_length([1.0, 0.1, 3.0], 0.6, [1.0, 0.01, 1.0]) == 3   # sigmoid(10)
@@ -223,3 +236,7 @@ def test_scaling_and_the_cutoff_match_the_runtime(golden_models):
     assert cut_length([0.2, 0.2], 0.0) == 2                     # threshold 0: the cutoff is off
     with pytest.raises(ValueError):
         scale_confidence_logits([1.0, 1.0], [1.0])
+    with pytest.raises(ValueError, match="expected 7 positive"):
+        DSparkDrafter(load_drafter_weights(converted["reference"]), embed=target.embed,
+                      lm_head=target.lm_head, device=torch.device("cpu"),
+                      confidence_temperatures=[1.0] * 6)

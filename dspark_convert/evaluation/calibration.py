@@ -32,9 +32,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError, InternalError
+from dspark_convert.util.hashing import sha256_file
 from dspark_convert.util.patterns import is_sha256
 from dspark_convert.util.models import first_problem
 from dspark_convert.util.strict_json import read_json_strict
+from dspark_convert.util.text import shown
 from dspark_convert.evaluation.environment import TargetIdentity
 from dspark_convert.evaluation.metrics import (
     COARSE_BINS,
@@ -270,7 +272,14 @@ def _short(text: object) -> str:
 def load_calibration(path: str | os.PathLike, *, drafter_gguf_sha256: str, block_size: int,
                      target: TargetIdentity) -> CalibrationFile:
     """A calibration for exactly this artifact and target, or one refusal line."""
-    cal = read_calibration(path)
+    return check_calibration(read_calibration(path), path, drafter_gguf_sha256=drafter_gguf_sha256,
+                             block_size=block_size, target=target)
+
+
+def check_calibration(cal: CalibrationFile, path: str | os.PathLike, *, drafter_gguf_sha256: str,
+                      block_size: int, target: TargetIdentity) -> CalibrationFile:
+    """``cal`` (read from ``path``) if it was made for this artifact and target, else
+    CalibrationMismatchError naming the first difference."""
     label = f"calibration {path}"
     if cal.drafter_gguf_sha256 != drafter_gguf_sha256:
         raise CalibrationMismatchError(
@@ -292,16 +301,36 @@ def load_calibration(path: str | os.PathLike, *, drafter_gguf_sha256: str, block
     return cal
 
 
-def scale_confidence_logits(logits, temperatures: Sequence[float]):
-    """cl_k / T_k for the first len(logits) positions: a torch tensor [L] (any device) or a
-    sequence of floats. Apply before the threshold's sigmoid."""
+class AppliedCalibration(BaseModel):
+    """What a run says about the calibration it applied (``--calibration FILE``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    sha256: str                     # of the file's bytes
+    method: str
+    temperatures: list[float]
+    prompt_set_sha256: str          # what it was fitted on
+    note: str
+
+
+APPLIED_NOTE = ("the temperatures scale the confidence logits before the threshold's sigmoid "
+                "(sigmoid(cl_k / T_k) < threshold cuts the block); confidence_logits in traces "
+                "and reports stay the raw head's")
+
+
+def applied(cal: CalibrationFile, path: str | os.PathLike) -> AppliedCalibration:
+    return AppliedCalibration(path=shown(path), sha256=sha256_file(path), method=cal.method,
+                              temperatures=list(cal.temperatures),
+                              prompt_set_sha256=cal.prompt_set_sha256, note=APPLIED_NOTE)
+
+
+def scale_confidence_logits(logits: Sequence[float], temperatures: Sequence[float]) -> list[float]:
+    """cl_k / T_k for the first len(logits) positions, in float64 (what the runtime's
+    calibrated cut computes: runtime/drafter.py ``DSparkDrafter.confidence_cut``)."""
     n = len(logits)
     if n > len(temperatures):
         raise ValueError(f"{n} confidence logits, {len(temperatures)} temperatures")
-    if hasattr(logits, "device"):
-        import torch
-
-        return logits / torch.tensor(list(temperatures[:n]), dtype=logits.dtype, device=logits.device)
     return [float(c) / float(t) for c, t in zip(logits, temperatures)]
 
 

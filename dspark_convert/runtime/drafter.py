@@ -12,6 +12,8 @@ token at ``start+1+j`` (anchor first). Block rows are never cached.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +61,8 @@ def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | 
 
 class DSparkDrafter:
     def __init__(self, weights: DrafterWeights, *, embed: torch.Tensor, lm_head: torch.Tensor,
-                 device: torch.device) -> None:
+                 device: torch.device,
+                 confidence_temperatures: Sequence[float] | None = None) -> None:
         c = weights.contract
         g = c.geometry
         self.contract = c
@@ -77,6 +80,16 @@ class DSparkDrafter:
         self.dtype = embed.dtype           # the compute dtype, the target's
         self.rope = Rope(g.head_dim, g.rope_theta, device, self.dtype)
         self.device = device
+        # A calibration (Sequential Temperature Scaling, calibration.json): one temperature
+        # per draft position, applied to the confidence logits before the threshold's
+        # sigmoid. None: the raw head, as DeepSpec cuts.
+        self.confidence_temperatures = None
+        if confidence_temperatures is not None:
+            temps = [float(t) for t in confidence_temperatures]
+            if len(temps) != self.block_size or not all(t > 0 and math.isfinite(t) for t in temps):
+                raise ValueError(f"confidence temperatures: expected {self.block_size} positive "
+                                 f"finite numbers, found {temps}")
+            self.confidence_temperatures = torch.tensor(temps, dtype=torch.float64, device=device)
         self.reset()
 
     def reset(self) -> None:
@@ -188,8 +201,20 @@ class DSparkDrafter:
             conf = linear(features, self.w["confidence_head.proj.weight"],
                           self.w["confidence_head.proj.bias"])[:, 0]
             if confidence_threshold > 0.0:
-                below = (torch.sigmoid(conf) < confidence_threshold).nonzero()
-                if below.numel():
-                    length = int(below[0, 0])
+                length = self.confidence_cut(conf, confidence_threshold)
+        # The raw confidence logits (uncalibrated) are what the proposal and a trace keep.
         return Proposal(block_hidden=hb, base_logits=base, corrected_logits=corrected,
                         tokens=token_tensor, confidence_logits=conf, length=length)
+
+    def confidence_cut(self, conf: torch.Tensor, threshold: float) -> int:
+        """The static cutoff: the first position k whose step confidence is below
+        ``threshold``, else the whole block. Raw: sigmoid(cl_k) in the logits' dtype, as
+        DeepSpec cuts. Calibrated: sigmoid(cl_k / T_k) in float64, the arithmetic
+        evaluation/calibration.py ``cut_length`` does on a trace's logits, so that the
+        report's cut can be predicted from what it records."""
+        if self.confidence_temperatures is None:
+            step = torch.sigmoid(conf)
+        else:
+            step = torch.sigmoid(conf.to(torch.float64) / self.confidence_temperatures)
+        below = (step < threshold).nonzero()
+        return int(below[0, 0]) if below.numel() else len(conf)
