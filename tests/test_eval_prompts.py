@@ -10,9 +10,12 @@ import pytest
 from conftest import GOLDEN
 from dspark_convert.errors import PromptSetError
 from dspark_convert.evaluation.prompts import DEFAULT_PROMPTS, load_prompt_set, resolve_prompts
+from dspark_convert.target.tokenizer import fingerprint_tokenizer
 
 TARGET = GOLDEN / "reference" / "target"
 REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
+# The target's tokenizer as the opened target carries it (target/tokenizer.py).
+TOKENIZER = fingerprint_tokenizer(TARGET / "tokenizer.json")
 
 
 def _write(tmp_path, text: str | bytes, name="prompts.jsonl"):
@@ -25,7 +28,7 @@ def test_default_set_ships_with_the_package_and_runs_on_the_golden_target():
     ps = load_prompt_set()
     assert ps.path == DEFAULT_PROMPTS and ps.info().default
     assert ps.sha256 == hashlib.sha256(DEFAULT_PROMPTS.read_bytes()).hexdigest()
-    prompts = resolve_prompts(ps, target_dir=TARGET, vocab_size=512)
+    prompts = resolve_prompts(ps, tokenizer=TOKENIZER, vocab_size=512)
     assert len(prompts) == len(ps.records) >= 12
     assert len({p.key for p in prompts}) == len(prompts)
     # The two DeepSpec reference prompts are in it, unchanged, so that eval and smoke
@@ -57,7 +60,7 @@ def test_both_forms_ids_and_categories(tmp_path):
     assert [r.key for r in ps.records] == ["a", "7"]
     assert ps.lines == (1, 2)
     assert ps.info().categories == {"x": 1, "": 1}
-    prompts = resolve_prompts(ps, target_dir=TARGET, vocab_size=512)
+    prompts = resolve_prompts(ps, tokenizer=TOKENIZER, vocab_size=512)
     from tokenizers import Tokenizer
 
     want = Tokenizer.from_file(str(TARGET / "tokenizer.json")).encode("hello world").ids
@@ -115,7 +118,21 @@ def test_control_characters_in_an_id_are_escaped(tmp_path):
 def test_tokens_are_checked_against_the_target(tmp_path):
     ps = load_prompt_set(_write(tmp_path, '{"id": "a", "prompt_ids": [1]}\n{"id": "b", "prompt_ids": [1, 512]}\n'))
     with pytest.raises(PromptSetError, match=r"line 2: token id 512 is outside the vocabulary 0\.\.511"):
-        resolve_prompts(ps, target_dir=TARGET, vocab_size=512)
+        resolve_prompts(ps, tokenizer=TOKENIZER, vocab_size=512)
+    # Text through the target's tokenizer: its ids, checked against the vocabulary too.
     text = load_prompt_set(_write(tmp_path, '{"id": "a", "prompt": "hi"}\n', name="t.jsonl"))
-    with pytest.raises(PromptSetError, match="line 1: a text prompt needs the target's tokenizer"):
-        resolve_prompts(text, target_dir=tmp_path, vocab_size=512)
+    ids = TOKENIZER.encode("hi")
+    assert [list(p.ids) for p in resolve_prompts(text, tokenizer=TOKENIZER, vocab_size=512)] == [ids]
+    with pytest.raises(PromptSetError, match=rf"line 1: token id {max(ids)} is outside"):
+        resolve_prompts(text, tokenizer=TOKENIZER, vocab_size=max(ids))
+
+
+def test_prompt_and_new_tokens_must_fit_the_context(tmp_path):
+    from dspark_convert.evaluation.prompts import check_context
+
+    ps = load_prompt_set(_write(tmp_path, '{"id": "a", "prompt_ids": [1, 2]}\n{"id": "b", "prompt_ids": [1, 2, 3]}\n'))
+    prompts = resolve_prompts(ps, tokenizer=TOKENIZER, vocab_size=512)
+    check_context(prompts, ps, max_new_tokens=7, context=10, config="config.json")
+    with pytest.raises(PromptSetError, match=r"line 2: expected prompt \+ --max-new-tokens within "
+                                             r"the target's context of 10 positions.*found 3 \+ 8"):
+        check_context(prompts, ps, max_new_tokens=8, context=10, config="config.json")

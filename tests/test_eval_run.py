@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 
 import pytest
 import torch
 
-from conftest import GOLDEN, dspark_cmd
+from conftest import GOLDEN
 from dspark_convert.errors import EvalInputError, OutputExistsError
 from dspark_convert.evaluation.calibration import fit_sts
 from dspark_convert.evaluation.metrics import confidence_data
 from dspark_convert.evaluation.prompts import load_prompt_set, resolve_prompts
 from dspark_convert.evaluation.report import EvalReport, comparable, read_report, write_report
 from dspark_convert.commands.evaluate import EvalInterrupted, run_eval
+from dspark_convert.target.model import open_target
+from support.cli import run_cli
 from support.confidence import assert_same_metrics, plain_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -50,8 +50,7 @@ def artifacts(tmp_path_factory):
     out = {}
     for name, src in SOURCES.items():
         out[name] = root / name
-        proc = subprocess.run(dspark_cmd("convert", str(src), "-o", str(out[name]), "--target", str(TARGET)),
-                              capture_output=True, text=True)
+        proc = run_cli("convert", str(src), "-o", str(out[name]), "--target", str(TARGET))
         assert proc.returncode == 0, proc.stderr
     return out
 
@@ -65,7 +64,7 @@ def report(artifacts) -> EvalReport:
 
 @pytest.fixture(scope="module")
 def prompts():
-    return resolve_prompts(load_prompt_set(), target_dir=TARGET, vocab_size=512)
+    return resolve_prompts(load_prompt_set(), tokenizer=open_target(TARGET).tokenizer, vocab_size=512)
 
 
 def _small_prompts(tmp_path, n=3):
@@ -105,9 +104,8 @@ def test_tau_equals_smoke_trace(report, artifacts, prompts, tmp_path, name):
             "--trace", str(trace)]
     for p in prompts:
         args += ["--prompt-ids", ",".join(map(str, p.ids))]
-    # One torch thread, as in-process (tiny matrices; two contended threads are far slower).
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(dspark_cmd(*args), capture_output=True, text=True, env=env)
+    # In-process (tests/support/cli.py), on the module's one torch thread.
+    proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr
     runs = json.loads(trace.read_text())["runs"]
     lengths = [a for run in runs for a in run["acceptance_lengths"]]
@@ -285,7 +283,8 @@ def test_ctrl_c_leaves_a_partial_report_marked_incomplete(artifacts, tmp_path):
 def test_cuda_without_cuda_is_reported_not_run(artifacts, tmp_path):
     rep = run_eval([artifacts["vanilla_conf_markov"]], TARGET, _small_prompts(tmp_path),
                    thresholds=[0.5], max_new_tokens=8, device="cuda", calibrate=True)
-    assert rep.runs == [] and rep.target is None and rep.environment.device == "none"
+    assert rep.runs == [] and rep.environment.device == "none"
+    assert rep.target is not None and rep.target.vocab_size == 512     # checked before the device
     kinds = sorted((n.kind, n.confidence_threshold) for n in rep.not_run)
     assert kinds == [("calibration", 0.0), ("drafter", 0.0), ("drafter", 0.5), ("target", None)]
     assert all("CUDA is not available" in n.reason for n in rep.not_run)

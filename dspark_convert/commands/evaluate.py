@@ -9,6 +9,12 @@ and settings:
 2. each artifact at each temperature with the confidence cutoff off (threshold 0);
 3. each artifact with a confidence head at each threshold > 0, at each temperature.
 
+Every run computes in one dtype (``dtype``: the target and every drafter loaded once in
+it; bfloat16 verifies token by token, as ``smoke --dtype bfloat16`` does, so that
+temperature 0 stays lossless). A calibration (``calibrations``, calibration.json from
+``--calibrate``) scales its artifact's confidence logits before the threshold's sigmoid in
+the threshold > 0 runs; the report keeps the raw logits and names the file applied.
+
 Sampling uses the seed for every prompt, exactly as ``dspark smoke --seed`` does, so a
 ``smoke`` run of the same prompt and settings reproduces an eval run cycle by cycle, and
 the same seed gives the same report (times and memory aside: ``report.comparable``).
@@ -32,13 +38,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dspark_convert.errors import DeviceUnavailableError, EvalInputError
+from dspark_convert.errors import (
+    CalibrationMismatchError,
+    DeviceUnavailableError,
+    EvalInputError,
+    LosslessnessError,
+    OutputWriteError,
+)
+from dspark_convert.util.atomic import check_output, refuse_overlap
+from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
-from dspark_convert.evaluation.calibration import CalibrationSplit, calibrate as fit_calibration, split_prompts
-from dspark_convert.evaluation.environment import describe_environment, target_identity
+from dspark_convert.evaluation.calibration import (
+    AppliedCalibration,
+    CalibrationFile,
+    CalibrationSplit,
+    applied,
+    calibrate as fit_calibration,
+    check_calibration,
+    read_calibration,
+    split_prompts,
+)
+from dspark_convert.evaluation.environment import TargetIdentity, describe_environment, target_identity
 from dspark_convert.evaluation.metrics import MemoryProbe, acceptance, confidence_data, confidence_report, spread
-from dspark_convert.evaluation.prompts import Prompt, PromptSet, load_prompt_set, resolve_prompts
+from dspark_convert.evaluation.prompts import (
+    Prompt,
+    PromptSet,
+    check_context,
+    load_prompt_set,
+    resolve_prompts,
+)
 from dspark_convert.evaluation.report import (
     ArtifactReport,
     CycleRecord,
@@ -53,6 +82,9 @@ DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0,)
 DEFAULT_THRESHOLDS: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_HELD_OUT = 0.5
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "bfloat16")      # runtime/loading.py COMPUTE_DTYPES, named here so that
+                                      # options are checked before torch is imported
 MAX_NEW_TOKENS_LIMIT = 1 << 20
 WARMUP_TOKENS = 8
 TIMING_MISSING = ("per-step draft and verify times need Cycle.draft_seconds / "
@@ -76,6 +108,8 @@ class _Artifact:
     warnings: list[str]
     contract: object                  # the FeatureContract its GGUF metadata declares
     drafter: object = None
+    calibration: CalibrationFile | None = None      # --calibration, matched by SHA-256
+    applied: AppliedCalibration | None = None
 
     @property
     def block_size(self) -> int:
@@ -96,7 +130,7 @@ def _unique(values: Sequence[float]) -> list[float]:
 
 def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
                   thresholds: Sequence[float], max_new_tokens: int, seed: int,
-                  held_out: float) -> None:
+                  held_out: float, dtype: str = "float32", device: str = "auto") -> None:
     if not artifacts:
         raise EvalInputError("no artifact: expected at least one ARTIFACT directory",
                              field="artifacts", expected="at least one", found=0)
@@ -129,6 +163,44 @@ def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
     if not (isinstance(held_out, (int, float)) and 0.0 < held_out < 1.0):
         raise EvalInputError(f"--held-out: expected a fraction strictly between 0 and 1, found "
                              f"{held_out}", field="held_out", expected="(0, 1)", found=held_out)
+    if device not in DEVICES:
+        raise EvalInputError(f"--device: expected one of {', '.join(DEVICES)}, found "
+                             f"{shown(device)!r}", field="device", expected="|".join(DEVICES),
+                             found=shown(device))
+    if dtype not in DTYPES:
+        raise EvalInputError(f"--dtype: expected one of {', '.join(DTYPES)}, found {shown(dtype)!r}",
+                             field="dtype", expected="|".join(DTYPES), found=shown(dtype))
+
+
+def check_report_dir(out: str | os.PathLike, *, force: bool, artifacts: Sequence,
+                     target: str | os.PathLike, prompts: str | os.PathLike | None = None,
+                     calibrations: Sequence = ()) -> Path:
+    """``-o REPORT_DIR`` before anything runs: the one "output exists" rule (refused
+    without ``force``, 30), and never the directory of, inside or around anything the
+    eval reads (--force would delete it; a report inside an artifact is a stray file)."""
+    check_path(out, what="the report directory", error=OutputWriteError)
+    path = check_output(out, force=force, directory=True)
+    reads = [(a, "the artifact") for a in artifacts] + [(target, "the target model")]
+    if prompts is not None:
+        reads.append((prompts, "the prompt set"))
+    reads += [(c, "the calibration file") for c in calibrations]
+    refuse_overlap(out, reads)
+    return path
+
+
+def lossless_failure(report: EvalReport, out: str | os.PathLike) -> LosslessnessError | None:
+    """The refusal for a report whose temperature-0 output differs from the target's own
+    (the first such run and prompt named), once the report is written to ``out``."""
+    for run in report.runs:
+        bad = next((p for p in run.prompts if p.lossless is False), None)
+        if bad is not None:
+            return LosslessnessError(
+                f"{run.artifact}: at temperature 0 (threshold {run.confidence_threshold:g}, "
+                f"{report.settings.dtype}) the output of prompt {shown(bad.id)} differs from the "
+                f"target's own greedy output; the report is in {out}",
+                path=str(out), field=f"runs[{report.runs.index(run)}].prompts", expected="equal",
+                found="differs")
+    return None
 
 
 def _names(paths: Sequence[Path]) -> list[str]:
@@ -192,8 +264,9 @@ def _cycle_record(c) -> CycleRecord:
 
 class _Runner:
     def __init__(self, *, model, prompts: list[Prompt], max_new_tokens: int, seed: int,
-                 progress: Progress) -> None:
+                 stepwise: bool, progress: Progress) -> None:
         self.model = model
+        self.stepwise = stepwise           # verify token by token (bfloat16: see verify_mode)
         self.prompts = prompts
         self.max_new_tokens = max_new_tokens
         self.seed = seed
@@ -209,7 +282,8 @@ class _Runner:
         n = min(WARMUP_TOKENS, self.max_new_tokens)
         target_greedy(self.model, ids, max_new_tokens=n, stop_token_ids=self.stops)
         for d in drafters:
-            speculative_generate(self.model, d, ids, max_new_tokens=n, stop_token_ids=self.stops)
+            speculative_generate(self.model, d, ids, max_new_tokens=n, stop_token_ids=self.stops,
+                                 stepwise_verify=self.stepwise)
 
     def target(self, temperature: float) -> RunReport:
         from dspark_convert.runtime.speculative import target_greedy
@@ -248,7 +322,7 @@ class _Runner:
                          committed_tokens_per_second=tps, speedup=None, acceptance=None,
                          draft_seconds=None, draft_seconds_per_step=None,
                          verify_seconds_per_step=None, timing_note=None, peak_memory=memory,
-                         lossless=None, confidence=None)
+                         lossless=None, confidence=None, confidence_temperatures=None)
 
     def drafter(self, art: _Artifact, temperature: float, threshold: float):
         """The RunReport and the raw steps (proposed, accepted, confidence logits)."""
@@ -265,7 +339,8 @@ class _Runner:
                 r = speculative_generate(self.model, art.drafter, list(p.ids),
                                          max_new_tokens=self.max_new_tokens,
                                          temperature=temperature, confidence_threshold=threshold,
-                                         stop_token_ids=self.stops, seed=self.seed)
+                                         stop_token_ids=self.stops, seed=self.seed,
+                                         stepwise_verify=self.stepwise)
                 lossless = None
                 if temperature == 0.0 and p.key in self.greedy:
                     lossless = tuple(r.output_ids) == tuple(self.greedy[p.key])
@@ -308,7 +383,9 @@ class _Runner:
             draft_seconds_per_step=spread(draft_t) if timed else None,
             verify_seconds_per_step=spread(verify_t) if timed else None,
             timing_note=None if timed else TIMING_MISSING, peak_memory=memory,
-            lossless=(all(checks) if checks else None), confidence=confidence)
+            lossless=(all(checks) if checks else None), confidence=confidence,
+            confidence_temperatures=(list(art.calibration.temperatures)
+                                     if art.calibration is not None and threshold > 0 else None))
         per_prompt_steps = {p.key: [(c.proposed, c.accepted, c.confidence_logits) for c in r.cycles]
                             for p, r in zip(self.prompts, results)}
         return report, per_prompt_steps
@@ -322,32 +399,47 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
              thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
              max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, seed: int = 0, device: str = "auto",
              calibrate: bool = False, held_out: float = DEFAULT_HELD_OUT,
-             progress: Progress | None = None) -> EvalReport:
+             dtype: str = "float32", calibrations: Sequence[str | os.PathLike] = (),
+             progress: Progress | None = None,
+             run_progress: Progress | None = None) -> EvalReport:
     """Run the eval and return its report (see the module docstring). ``prompts``: a JSONL
     path, a loaded ``PromptSet`` or None (the package's golden prompt set). A threshold of
     0 is the cutoff-off run, always made. The per-artifact confidence metrics and
     ``calibrate`` (STS, split by prompt with ``held_out`` and ``seed``) use the threshold-0
-    run at the first temperature; every threshold-0 run carries its own metrics. Raises a DSparkError for a bad input (before any
-    run), EvalInterrupted on Ctrl-C once the runs have begun (a Ctrl-C while the inputs
-    are checked and the models loaded is a plain KeyboardInterrupt: nothing to report)."""
+    run at the first temperature; every threshold-0 run carries its own metrics.
+
+    ``dtype``: the compute dtype of the target and every drafter (float32, the reference
+    for DeepSpec's traces, or bfloat16); bfloat16 verifies token by token
+    (``smoke.verify_mode``), so that temperature 0 stays lossless. ``calibrations``:
+    calibration.json files (``--calibration``), each applied to the artifact whose
+    drafter.gguf SHA-256 it names (refused, 93, when none or another target). ``progress``
+    reports the checks (bytes read and hashed); ``run_progress`` (default: ``progress``)
+    one bar per run, counted in prompts.
+
+    Raises a DSparkError for a bad input (before any run), EvalInterrupted on Ctrl-C once
+    the runs have begun (a Ctrl-C while the inputs are checked and the models loaded is a
+    plain KeyboardInterrupt: nothing to report)."""
     from dspark_convert.commands.binding import bind, open_run_target
-    from dspark_convert.commands.smoke import resolve_device
+    from dspark_convert.commands.smoke import resolve_device, verify_mode
     from dspark_convert.runtime.drafter import DSparkDrafter
+    from dspark_convert.runtime.loading import compute_dtype
     from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.weights import load_drafter_weights
 
     progress = progress or NoProgress()
+    run_progress = run_progress or progress
     check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
-                  max_new_tokens=max_new_tokens, seed=seed, held_out=held_out)
+                  max_new_tokens=max_new_tokens, seed=seed, held_out=held_out, dtype=dtype,
+                  device=device)
+    torch_dtype, verify = compute_dtype(dtype), verify_mode("auto", dtype)
     temps = _unique(temperatures)
     cuts = [c for c in _unique(thresholds) if c > 0.0]
     prompt_set = prompts if isinstance(prompts, PromptSet) else load_prompt_set(prompts)
     settings = EvalSettings(temperatures=temps, thresholds=cuts, max_new_tokens=max_new_tokens,
-                            seed=seed, device=device, calibrate=calibrate, held_out=held_out,
-                            warmup=True)
+                            seed=seed, device=device, dtype=dtype, verify=verify,
+                            calibrate=calibrate, held_out=held_out, warmup=True)
     paths = [Path(a) for a in artifacts]
     names = _names(paths)
-    target_dir = Path(target)
 
     # Every artifact is validated against the target (the one pairing) before anything
     # runs: a broken or foreign one is refused, not skipped.
@@ -358,6 +450,13 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         bindings[name] = binding
         arts.append(_Artifact(name=name, path=path, sha256=binding.report.gguf_sha256,
                               warnings=binding.warnings, contract=binding.drafter_plan.contract))
+    cfg = bindings[names[0]].target_plan.config
+    resolved = resolve_prompts(prompt_set, tokenizer=opened.tokenizer, vocab_size=cfg.vocab_size)
+    check_context(resolved, prompt_set, max_new_tokens=max_new_tokens,
+                  context=cfg.max_position_embeddings,
+                  config=shown(opened.directory / "config.json"))
+    identity = target_identity(opened, progress)
+    _match_calibrations(calibrations, arts, identity)
 
     plan: list[tuple[str, _Artifact | None, float, float | None]] = []
     plan += [("target", None, t, None) for t in temps]
@@ -368,23 +467,25 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         dev = resolve_device(device)
     except DeviceUnavailableError as exc:
         return _no_device_report(exc.message, arts, plan, settings, prompt_set, device,
-                                 calibrate=calibrate)
+                                 identity, calibrate=calibrate)
 
-    model = Qwen3Target(opened.directory, device=dev, plan=bindings[names[0]].target_plan)
-    identity = target_identity(opened, progress)
-    resolved = resolve_prompts(prompt_set, target_dir=target_dir, vocab_size=model.config.vocab_size)
+    # Loaded once, in the compute dtype, on the device (runtime/loading.py).
+    model = Qwen3Target(opened.directory, device=dev, dtype=torch_dtype,
+                        plan=bindings[names[0]].target_plan, progress=progress)
     for a in arts:
-        weights = load_drafter_weights(a.path, device=dev, plan=bindings[a.name].drafter_plan)
-        a.drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev)
-    dtype = str(model.embed.dtype).replace("torch.", "")
+        weights = load_drafter_weights(a.path, device=dev, dtype=torch_dtype,
+                                       plan=bindings[a.name].drafter_plan, progress=progress)
+        a.drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
+                                  confidence_temperatures=a.calibration.temperatures
+                                  if a.calibration is not None else None)
     environment = describe_environment(dev, device, dtype)
 
     runner = _Runner(model=model, prompts=resolved, max_new_tokens=max_new_tokens, seed=seed,
-                     progress=progress)
+                     stepwise=verify == "stepwise", progress=run_progress)
     runs: list[RunReport] = []
     not_run: list[NotRun] = []
     steps_by_run: dict[tuple[str, float], dict[str, list]] = {}
-    calibrations: dict[str, tuple] = {}
+    fitted: dict[str, tuple] = {}      # --calibrate: artifact -> (file, held-out raw, calibrated)
     done = 0                           # plan entries finished (run or listed in not_run)
     interrupted = False
     try:
@@ -411,7 +512,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                 not_run.append(NotRun(kind="calibration", artifact=art.name, temperature=temps[0],
                                       confidence_threshold=0.0, reason=result))
             else:
-                calibrations[art.name] = result
+                fitted[art.name] = result
     except KeyboardInterrupt:
         interrupted = True
         reason = "interrupted (Ctrl-C) before it finished"
@@ -420,20 +521,28 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         listed = {n.artifact for n in not_run if n.kind == "calibration"}
         not_run += [NotRun(kind="calibration", artifact=a.name, temperature=temps[0],
                            confidence_threshold=0.0, reason=reason)
-                    for a in arts if calibrate and a.name not in calibrations
+                    for a in arts if calibrate and a.name not in fitted
                     and a.name not in listed]
 
     artifacts_out = []
     for art in arts:
         primary = next((r for r in runs if r.kind == "drafter" and r.artifact == art.name
                         and r.temperature == temps[0] and r.confidence_threshold == 0.0), None)
-        cal, held_raw, held_cal = calibrations.get(art.name, (None, None, None))
+        cal, held_raw, held_cal = fitted.get(art.name, (None, None, None))
+        steps = steps_by_run.get((art.name, temps[0]))
+        with_temps = None
+        if art.calibration is not None and primary is not None and steps is not None:
+            with_temps = confidence_report(
+                confidence_data([s for k in steps for s in steps[k]], block_size=art.block_size,
+                                stop_token_ids=runner.stops),
+                temperature=temps[0], temperatures=art.calibration.temperatures)
         artifacts_out.append(ArtifactReport(
             name=art.name, path=shown(art.path), drafter_gguf_sha256=art.sha256,
             block_size=art.block_size, markov_head=art.markov, confidence_head=art.has_confidence,
             validate_warnings=art.warnings, confidence=primary.confidence if primary else None,
             calibration=cal, calibration_file=f"calibration-{art.name}.json" if cal else None,
-            held_out_raw=held_raw, held_out_calibrated=held_cal))
+            held_out_raw=held_raw, held_out_calibrated=held_cal,
+            calibration_applied=art.applied, confidence_calibrated=with_temps))
     checks = [r.lossless for r in runs if r.kind == "drafter" and r.lossless is not None]
     report = EvalReport(
         complete=not interrupted,
@@ -472,8 +581,41 @@ def _calibrate(art: _Artifact, steps: dict[str, list] | None, prompts: list[Prom
             confidence_report(held, temperature=temperature, temperatures=cal.temperatures))
 
 
+def _match_calibrations(paths: Sequence[str | os.PathLike], arts: list[_Artifact],
+                        identity: TargetIdentity) -> None:
+    """``--calibration FILE``...: each file to the artifact whose drafter.gguf SHA-256 it
+    names (with one artifact, that one: the refusal then names both hashes), checked
+    against the artifact's block size and the target's identity (calibration.py)."""
+    for path in paths:
+        cal = read_calibration(path)
+        art = next((a for a in arts if a.sha256 == cal.drafter_gguf_sha256), None)
+        if art is None and len(arts) == 1:
+            art = arts[0]
+        if art is None:
+            raise CalibrationMismatchError(
+                f"calibration {path}: made for drafter.gguf SHA-256 "
+                f"{cal.drafter_gguf_sha256[:12]}…, which none of the {len(arts)} artifacts has",
+                path=str(path), field="drafter_gguf_sha256",
+                expected=" or ".join(a.sha256 for a in arts), found=cal.drafter_gguf_sha256)
+        check_calibration(cal, path, drafter_gguf_sha256=art.sha256, block_size=art.block_size,
+                          target=identity)
+        if not art.has_confidence:
+            raise CalibrationMismatchError(
+                f"calibration {path}: the artifact {art.path} has no confidence head; "
+                "expected a calibration for a DSpark drafter with one", path=str(path),
+                field="drafter_gguf_sha256", expected="an artifact with a confidence head",
+                found=str(art.path))
+        if art.calibration is not None:
+            raise EvalInputError(f"--calibration: {path} and {art.applied.path} are both for "
+                                 f"{art.path}; expected one calibration per artifact",
+                                 path=str(path), field="calibration",
+                                 expected="one per artifact", found=2)
+        art.calibration, art.applied = cal, applied(cal, path)
+
+
 def _no_device_report(reason: str, arts: list[_Artifact], plan, settings: EvalSettings,
-                      prompt_set: PromptSet, requested: str, *, calibrate: bool) -> EvalReport:
+                      prompt_set: PromptSet, requested: str, identity: TargetIdentity, *,
+                      calibrate: bool) -> EvalReport:
     """--device cuda without CUDA: nothing runs; every combination says why."""
     not_run = [NotRun(kind=kind, artifact=art.name if art else None, temperature=t,
                       confidence_threshold=c, reason=reason) for kind, art, t, c in plan]
@@ -486,8 +628,10 @@ def _no_device_report(reason: str, arts: list[_Artifact], plan, settings: EvalSe
                                   block_size=a.block_size, markov_head=a.markov,
                                   confidence_head=a.has_confidence, validate_warnings=a.warnings,
                                   confidence=None, calibration=None, calibration_file=None,
-                                  held_out_raw=None, held_out_calibrated=None))
+                                  held_out_raw=None, held_out_calibrated=None,
+                                  calibration_applied=a.applied, confidence_calibrated=None))
     return EvalReport(complete=True, incomplete_reason=None, settings=settings,
-                      environment=describe_environment(None, requested, "-"), target=None,
+                      environment=describe_environment(None, requested, settings.dtype),
+                      target=identity,
                       prompt_set=prompt_set.info(), artifacts=out, runs=[], not_run=not_run,
                       lossless=None)

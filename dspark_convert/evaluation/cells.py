@@ -25,4 +25,5 @@ def run_label(run) -> str:
     if run.kind == "target":
         return "target alone"
     thr = "off" if not run.confidence_threshold else f"{run.confidence_threshold:g}"
-    return f"{md_cell(run.artifact)} (cutoff {thr})"
+    calibrated = ", calibrated" if run.confidence_temperatures and run.confidence_threshold else ""
+    return f"{md_cell(run.artifact)} (cutoff {thr}{calibrated})"

@@ -2,8 +2,8 @@
 
 A line is ``{"id": ..., "prompt": "text"}`` or ``{"id": ..., "prompt_ids": [...]}``, with an
 optional ``"category"``. ``id`` is a non-empty string or an integer, unique in the file;
-exactly one of ``prompt`` (encoded with the target's ``tokenizer.json`` as it is: no chat
-template, the tokenizer's own special-token rules, as ``dspark smoke --prompt`` does) and
+exactly one of ``prompt`` (encoded with the target's tokenizer as it is: no chat template,
+the tokenizer's own special-token rules, as ``dspark smoke --prompt`` does) and
 ``prompt_ids`` (token ids, non-empty). Unknown keys, ``"7"`` for an integer, ``true`` for
 an id, duplicate keys, NaN and a blank line between records are refused; every refusal is
 one ``PromptSetError`` naming the file and the line. A last newline is optional.
@@ -188,19 +188,16 @@ def load_prompt_set(path: str | os.PathLike | None = None) -> PromptSet:
                      lines=tuple(numbers))
 
 
-def resolve_prompts(prompt_set: PromptSet, *, target_dir: str | os.PathLike, vocab_size: int
-                    ) -> list[Prompt]:
-    """Token ids for every record: text through the target's tokenizer.json, ids checked
-    against the vocabulary."""
-    tokenizer = None
+def resolve_prompts(prompt_set: PromptSet, *, tokenizer, vocab_size: int) -> list[Prompt]:
+    """Token ids for every record: text through ``tokenizer`` (the opened target's,
+    target/tokenizer.py ``TokenizerFingerprint``: the one reader of tokenizer.json), ids
+    checked against the vocabulary."""
     out = []
     for record, number in zip(prompt_set.records, prompt_set.lines):
         where = f"prompts {prompt_set.path}: line {number}"
         if record.prompt is not None:
-            if tokenizer is None:
-                tokenizer = _tokenizer(Path(target_dir), where, prompt_set.path)
             try:
-                ids = list(tokenizer.encode(record.prompt).ids)
+                ids = tokenizer.encode(record.prompt)
             except Exception as exc:  # the tokenizers library raises its own exception types
                 raise PromptSetError(f"{where}: cannot tokenize: {' '.join(str(exc).split())}",
                                      path=str(prompt_set.path), field=f"line {number}.prompt") from None
@@ -218,16 +215,16 @@ def resolve_prompts(prompt_set: PromptSet, *, target_dir: str | os.PathLike, voc
     return out
 
 
-def _tokenizer(target_dir: Path, where: str, prompt_path: Path):
-    path = target_dir / "tokenizer.json"
-    if not path.is_file():
-        raise PromptSetError(f"{where}: a text prompt needs the target's tokenizer; {path} not found "
-                             "(use prompt_ids)", path=str(prompt_path), expected="tokenizer.json",
-                             found="nothing")
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as exc:  # the tokenizers library raises its own exception types
-        raise PromptSetError(f"{where}: {path}: cannot load the tokenizer: "
-                             f"{' '.join(str(exc).split())}", path=str(path)) from None
+def check_context(prompts: list[Prompt], prompt_set: PromptSet, *, max_new_tokens: int,
+                  context: int, config: str) -> None:
+    """Each prompt plus ``max_new_tokens`` within the target's context
+    (``max_position_embeddings``; smoke refuses the same): beyond it the target was never
+    trained, and the caches grow with the count."""
+    for p in prompts:
+        need = len(p.ids) + max_new_tokens
+        if need > context:
+            raise PromptSetError(
+                f"prompts {prompt_set.path}: line {p.line}: expected prompt + --max-new-tokens "
+                f"within the target's context of {context} positions (max_position_embeddings, "
+                f"{config}), found {len(p.ids)} + {max_new_tokens}", path=str(prompt_set.path),
+                field=f"line {p.line}", expected=f"<= {context}", found=need)

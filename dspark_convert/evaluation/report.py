@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.util.atomic import atomic_directory, write_error
-from dspark_convert.evaluation.calibration import CalibrationFile
+from dspark_convert.evaluation.calibration import AppliedCalibration, CalibrationFile
 from dspark_convert.evaluation.environment import Environment, TargetIdentity
 from dspark_convert.evaluation.cells import md_cell, mib_cell, ms_cell, run_label
 from dspark_convert.evaluation.metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
@@ -76,7 +76,10 @@ class RunReport(BaseModel):
     timing_note: str | None
     peak_memory: PeakMemory | None
     lossless: bool | None
-    confidence: ConfidenceReport | None   # threshold-0 runs of an artifact with a head
+    confidence: ConfidenceReport | None   # threshold-0 runs of an artifact with a head (raw)
+    # --calibration: the temperatures applied to the confidence logits before the
+    # threshold's sigmoid in this run's cut (threshold > 0); None: the raw head.
+    confidence_temperatures: list[float] | None
 
 
 class NotRun(BaseModel):
@@ -104,6 +107,8 @@ class ArtifactReport(BaseModel):
     calibration_file: str | None          # its name in the report directory
     held_out_raw: ConfidenceReport | None          # the held-out split, raw head
     held_out_calibrated: ConfidenceReport | None   # ... with the STS temperatures
+    calibration_applied: AppliedCalibration | None  # --calibration FILE for this artifact
+    confidence_calibrated: ConfidenceReport | None  # ``confidence`` with its temperatures
 
 
 class EvalSettings(BaseModel):
@@ -114,6 +119,8 @@ class EvalSettings(BaseModel):
     max_new_tokens: int
     seed: int
     device: str
+    dtype: str                         # float32 or bfloat16: target and drafters compute in it
+    verify: str                        # batched or stepwise (runtime/speculative.py)
     calibrate: bool
     held_out: float
     warmup: bool
@@ -187,7 +194,7 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
     out.append(f"Target `{md_cell(target)}`, {report.prompt_set.count} prompts "
                f"(`{md_cell(report.prompt_set.path)}`, SHA-256 `{report.prompt_set.sha256[:16]}…`), "
                f"max {s.max_new_tokens} new tokens, seed {s.seed}; {md_cell(env.device)} "
-               f"({md_cell(env.device_name)}), {env.dtype}, torch {env.torch_version}, "
+               f"({md_cell(env.device_name)}), {s.dtype} ({s.verify} verify), torch {env.torch_version}, "
                f"{env.torch_threads} thread(s), dspark-convert {env.dspark_convert_version}.")
     out.append("")
     if report.lossless is not None:
@@ -278,6 +285,17 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
         out.append(f"| mean | | {_pct(m.ece_mean, 2)} | {_f(m.auc_mean, 3)} | {_f(m.brier_mean, 4)} | "
                    f"{_f(m.pred_mean, 3)} | {_f(m.target_mean, 3)} |")
         out.append("")
+        if art.calibration_applied is not None:
+            a, cc = art.calibration_applied, art.confidence_calibrated
+            temps = ", ".join(f"{t:g}" for t in a.temperatures)
+            out.append(f"Calibration applied (`--calibration`): `{md_cell(a.path)}` (SHA-256 "
+                       f"`{a.sha256[:16]}…`), temperatures {temps}; {md_cell(a.note)}.")
+            if cc is not None:
+                out.append(f"With them, on these prompts: ECE {_pct(cc.summary.ece_mean, 2)} "
+                           f"(raw {_pct(m.ece_mean, 2)}), AUROC {_f(cc.summary.auc_mean, 3)} "
+                           f"(raw {_f(m.auc_mean, 3)}), Brier {_f(cc.summary.brier_mean, 4)} "
+                           f"(raw {_f(m.brier_mean, 4)}).")
+            out.append("")
         cal = art.calibration
         if cal is not None:
             out.append(f"### Sequential Temperature Scaling: {md_cell(art.name)}")
