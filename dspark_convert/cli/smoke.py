@@ -55,6 +55,10 @@ def smoke(
         "--reference", help="A reference.json: fail at the first cycle that differs (in "
         "another dtype: report the agreement).")] = None,
     min_tau: Annotated[Optional[float], typer.Option("--min-tau", help="Fail when tau is below this.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", metavar="FILE", help="A calibration.json (`dspark eval --calibrate`) "
+        "for this artifact and target: its temperatures scale the confidence logits before "
+        "--confidence-threshold.")] = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -83,7 +87,7 @@ def smoke(
                            max_new_tokens=max_new_tokens, temperature=temperature,
                            confidence_threshold=confidence_threshold, seed=seed, device=device,
                            dtype=dtype, verify=verify, max_memory=budget, trace=trace, plot=plot,
-                           reference=reference, min_tau=min_tau,
+                           reference=reference, min_tau=min_tau, calibration=calibration,
                            progress=RichProgress(enabled=not as_json), on_estimate=show_estimate)
         if as_json:
             print(json.dumps({"ok": True, **result.model_dump()}, indent=2))
@@ -91,6 +95,10 @@ def smoke(
         out.print(escape(f"smoke {artifact} on {target} ({result.device}, {result.dtype}, "
                          f"{result.verify} verify, temperature {result.temperature:g}, threshold "
                          f"{result.confidence_threshold:g})"))
+        if result.calibration is not None:
+            temps = ", ".join(f"{t:g}" for t in result.calibration.temperatures)
+            out.print(escape(f"  calibration {result.calibration.path} applied before the "
+                             f"threshold: temperatures {temps}"))
         for i, one in enumerate(result.runs):
             checks = []
             if one.lossless is not None:

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict
 from dspark_convert.commands.binding import bind, open_run_target
 from dspark_convert.errors import (
     AcceptanceFloorError,
+    CalibrationFileError,
     DeviceUnavailableError,
     InvalidArtifactError,
     LosslessnessError,
@@ -55,6 +56,7 @@ from dspark_convert.errors import (
 from dspark_convert.util.atomic import atomic_file, refuse_overlap
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.evaluation.calibration import AppliedCalibration
 
 SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
 
@@ -139,6 +141,7 @@ class SmokeResult(BaseModel):
     warnings: list[str]                          # validate's warnings
     trace: str | None
     plot: str | None
+    calibration: AppliedCalibration | None = None  # --calibration: applied before the threshold
 
 
 def _shown(value: int) -> str:
@@ -288,6 +291,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
               trace: str | os.PathLike | None = None, plot: str | os.PathLike | None = None,
               reference: str | os.PathLike | None = None, min_tau: float | None = None,
               progress: Progress | None = None,
+              calibration: str | os.PathLike | None = None,
               on_estimate: Callable[[MemoryReport], None] | None = None) -> SmokeResult:
     """Run the artifact's drafter on ``target`` for each prompt and check the result.
 
@@ -344,6 +348,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     target_plan, drafter_plan = binding.target_plan, binding.drafter_plan
     target_dir = target_plan.directory
     warnings = binding.warnings
+    calibrated = _calibration(calibration, binding, progress) if calibration is not None else None
     cfg = target_plan.config
     vocab, stops = cfg.vocab_size, cfg.stop_token_ids
 
@@ -413,7 +418,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     load_seconds = time.perf_counter() - t_load
-    drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev)
+    drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
+                            confidence_temperatures=calibrated.temperatures if calibrated else None)
 
     runs_json, summaries, results, greedy_seconds = [], [], [], 0.0
     lossless_failure = None
@@ -510,4 +516,18 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
         memory=memory, lossless=None if temperature > 0 else lossless_failure is None,
         reference=None if reference is None else str(reference), min_tau=min_tau,
         warnings=warnings, trace=None if trace is None else str(trace),
-        plot=None if plot is None else str(plot))
+        plot=None if plot is None else str(plot), calibration=calibrated)
+
+
+def _calibration(path, binding, progress) -> AppliedCalibration:
+    """--calibration FILE: made for this artifact (drafter.gguf SHA-256, block size) and
+    this target (its identity: config, weights, tokenizer, embedding and head hashes), or
+    refused (93); its temperatures then scale the confidence logits before the threshold."""
+    from dspark_convert.evaluation.calibration import applied, load_calibration
+    from dspark_convert.evaluation.environment import target_identity
+
+    check_path(path, what="--calibration", error=CalibrationFileError)
+    cal = load_calibration(path, drafter_gguf_sha256=binding.report.gguf_sha256,
+                           block_size=binding.drafter_plan.contract.block.block_size,
+                           target=target_identity(binding.target, progress))
+    return applied(cal, path)
