@@ -6,15 +6,21 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TextColumn,
+    TimeElapsedColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
 
 
 class RichProgress:
-    def __init__(self, enabled: bool = True) -> None:
+    """``counted``: the bars count items (prompts: "3/16", elapsed, remaining) instead of
+    bytes (size, speed, remaining)."""
+
+    def __init__(self, enabled: bool = True, *, counted: bool = False) -> None:
+        self._counted = counted
         self._console = Console(stderr=True)
         # Bars only on a terminal, and transient: a log or a CI job gets no bar debris,
         # and an error stays the one line after them.
@@ -26,9 +32,10 @@ class RichProgress:
         if not self._enabled:
             return
         self.finish()
-        self._progress = Progress(TextColumn("{task.description:<20}"), BarColumn(),
-                                  DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                                  console=self._console, transient=True)
+        amounts = (MofNCompleteColumn(), TimeElapsedColumn()) if self._counted \
+            else (DownloadColumn(), TransferSpeedColumn())
+        self._progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), *amounts,
+                                  TimeRemainingColumn(), console=self._console, transient=True)
         self._progress.start()
         self._task = self._progress.add_task(label, total=total)
 

@@ -41,6 +41,7 @@ from typing import Sequence
 from dspark_convert.errors import (
     CalibrationMismatchError,
     DeviceUnavailableError,
+    DSparkError,
     EvalInputError,
     LosslessnessError,
     OutputWriteError,
@@ -188,18 +189,24 @@ def check_report_dir(out: str | os.PathLike, *, force: bool, artifacts: Sequence
     return path
 
 
-def lossless_failure(report: EvalReport, out: str | os.PathLike) -> LosslessnessError | None:
-    """The refusal for a report whose temperature-0 output differs from the target's own
-    (the first such run and prompt named), once the report is written to ``out``."""
-    for run in report.runs:
+def report_failure(report: EvalReport, out: str | os.PathLike) -> DSparkError | None:
+    """What makes a written report a failed eval, as the refusal the CLI exits with: nothing
+    could run on the requested device (72: every combination is in ``not_run`` with the
+    reason), or at temperature 0 an output differs from the target's own greedy output (74,
+    the first such run and prompt named)."""
+    if report.environment.device == "none":
+        reason = report.not_run[0].reason if report.not_run else "no device"
+        return DeviceUnavailableError(f"{reason}; nothing ran (every run is listed as not run "
+                                      f"in {out})", path=str(out), field="device",
+                                      expected="a CUDA device", found="none")
+    for i, run in enumerate(report.runs):
         bad = next((p for p in run.prompts if p.lossless is False), None)
         if bad is not None:
             return LosslessnessError(
                 f"{run.artifact}: at temperature 0 (threshold {run.confidence_threshold:g}, "
                 f"{report.settings.dtype}) the output of prompt {shown(bad.id)} differs from the "
-                f"target's own greedy output; the report is in {out}",
-                path=str(out), field=f"runs[{report.runs.index(run)}].prompts", expected="equal",
-                found="differs")
+                f"target's own greedy output; the report is in {out}", path=str(out),
+                field=f"runs[{i}].prompts", expected="equal", found="differs")
     return None
 
 
