@@ -21,6 +21,8 @@ def _models() -> dict:
     from dspark_convert.commands.inspection import InspectResult
     from dspark_convert.source.hub.lockfile import LockFile
     from dspark_convert.commands.validate import ValidationReport
+    from dspark_convert.evaluation.calibration import CalibrationFile
+    from dspark_convert.evaluation.report import EvalReport
 
     return {
         "dspark-config.schema.json": DSparkConfig,
@@ -29,6 +31,8 @@ def _models() -> dict:
         "validation-report.schema.json": ValidationReport,
         "inspect-result.schema.json": InspectResult,
         "lockfile.schema.json": LockFile,
+        "eval-report.schema.json": EvalReport,
+        "calibration.schema.json": CalibrationFile,
     }
 
 
