@@ -150,6 +150,21 @@ def test_acceptance_numbers_by_hand():
     # conditional: position 0 proposed in 3 steps, accepted in 2; 1: 2 and 2; 2: 1 and 0
     assert a.acceptance_by_position == [pytest.approx(2 / 3), 1.0, 0.0]
     assert a.acceptance_by_position_cumulative == [0.5, 0.5, 0.0]
+    # given the prefix: position 0 reached (L > 0) 3 times, accepted 2; position 1 reached
+    # (accepted >= 1 and L > 1) twice, accepted twice; position 2 reached once ([4, 5, 6]
+    # with 2 accepted), rejected there
+    assert a.acceptance_by_position_given_prefix == [pytest.approx(2 / 3), 1.0, 0.0]
+
+
+def test_given_the_prefix_differs_from_the_conditional_rate_when_nothing_is_cut():
+    # the cutoff off: every step proposes the whole block of 3
+    steps = [([4, 5, 6], 0), ([4, 5, 6], 1), ([4, 5, 6], 3)]
+    a = acceptance(steps, [1, 2, 4], block_size=3, stop_token_ids=STOPS)
+    assert a.acceptance_by_position == a.acceptance_by_position_cumulative == \
+        [pytest.approx(2 / 3), pytest.approx(1 / 3), pytest.approx(1 / 3)]
+    # position 1 is reached in the 2 steps that accepted position 0, and accepted in 1 of
+    # them; position 2 is reached once and accepted
+    assert a.acceptance_by_position_given_prefix == [pytest.approx(2 / 3), 0.5, 1.0]
 
 
 def test_empty_run():

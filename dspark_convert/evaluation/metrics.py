@@ -11,7 +11,11 @@ Acceptance (per run, over every verify step of every prompt; docs/REFERENCE.md Â
   (``effective_proposal_length``); mean verified length = mean L (DeepSpec's
   ``draft_tokens_per_proposal``; the target also runs the anchor, L+1 positions);
 - acceptance by draft position k, conditional: P(accepted > k | L > k) (DeepSpec's
-  ``accept_rates_by_position``); cumulative: P(accepted > k) over every step;
+  ``accept_rates_by_position``); cumulative: P(accepted > k) over every step; given the
+  prefix: P(accepted > k | accepted >= k, L > k), the chance that position k is accepted
+  once every position before it was (with the cutoff off, L is the whole block and the
+  conditional rate equals the cumulative one: this is the row that shows where a drafter
+  loses the thread);
 - acceptance rate of verified tokens: sum accepted / sum L; DeepSpec's ``verify_rate``,
   sum(accepted+1) / sum(L+1), is reported beside it.
 
@@ -85,6 +89,7 @@ class Acceptance(BaseModel):
     verify_rate: float | None
     acceptance_by_position: list[float | None]
     acceptance_by_position_cumulative: list[float | None]
+    acceptance_by_position_given_prefix: list[float | None]
 
 
 def acceptance(steps: Sequence[tuple[Sequence[int], int]], acceptance_lengths: Sequence[int], *,
@@ -95,6 +100,7 @@ def acceptance(steps: Sequence[tuple[Sequence[int], int]], acceptance_lengths: S
     accepted = [a for _, a in steps]
     proposed_at = [sum(L > k for L in lengths) for k in range(block_size)]
     accepted_at = [sum(a > k for a in accepted) for k in range(block_size)]
+    reached_at = [sum(a >= k and L > k for a, L in zip(accepted, lengths)) for k in range(block_size)]
     total_l, total_a = sum(lengths), sum(accepted)
     return Acceptance(
         verify_steps=n,
@@ -106,7 +112,9 @@ def acceptance(steps: Sequence[tuple[Sequence[int], int]], acceptance_lengths: S
         acceptance_by_position=[accepted_at[k] / proposed_at[k] if proposed_at[k] else None
                                 for k in range(block_size)],
         acceptance_by_position_cumulative=[accepted_at[k] / n if n else None
-                                           for k in range(block_size)])
+                                           for k in range(block_size)],
+        acceptance_by_position_given_prefix=[accepted_at[k] / reached_at[k] if reached_at[k]
+                                             else None for k in range(block_size)])
 
 
 # --- peak memory --------------------------------------------------------------------------

@@ -236,13 +236,16 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
         B = max(len(r.acceptance.acceptance_by_position) for r in drafter_runs if r.acceptance)
         out.append("## Acceptance by draft position (cutoff off)")
         out.append("")
-        out.append("Conditional P(accepted > k | proposed > k), then cumulative P(accepted > k).")
+        out.append("Conditional P(accepted > k | proposed > k) (DeepSpec's; with the cutoff off "
+                   "every position is proposed, so it equals the cumulative P(accepted > k)), "
+                   "then given the prefix: P(accepted > k | positions 0..k-1 accepted).")
         out.append("")
         out.append("| artifact | T | " + " | ".join(f"k={k}" for k in range(B)) + " |")
         out.append("|---|---|" + "---|" * B)
         for r in drafter_runs:
             for which, rates in (("", r.acceptance.acceptance_by_position),
-                                 (" cumulative", r.acceptance.acceptance_by_position_cumulative)):
+                                 (" cumulative", r.acceptance.acceptance_by_position_cumulative),
+                                 (" given prefix", r.acceptance.acceptance_by_position_given_prefix)):
                 cells = " | ".join(_f(x) for x in rates)
                 out.append(f"| {md_cell(r.artifact)}{which} | {r.temperature:g} | {cells} |")
         out.append("")
