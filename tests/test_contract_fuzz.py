@@ -30,6 +30,10 @@ from dspark_convert.contract.dspark import MAX_DRAFT_LAYERS, build_contract, par
 from dspark_convert.source.checkpoint import load_config
 from dspark_convert.synthetic import synthetic_config
 
+# Property tests: hundreds of generated examples per property, several seconds a module:
+# `make test` (and `make fuzz`, longer) runs them; the fast loop leaves them out.
+pytestmark = pytest.mark.slow
+
 # Timing is asserted per example rather than by hypothesis' deadline, which reports a slow
 # first run on a busy machine as flaky.
 MAX_SECONDS_PER_EXAMPLE = 1.0

@@ -35,6 +35,9 @@ from support.cli import run_cli
 from support.confidence import assert_same_metrics, plain_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# The tests of a whole evaluation run (the `report` fixture, ~5 s on 2 cores, or two runs)
+# are slow; the fast loop keeps the refusals and the interrupted run.
+slow = pytest.mark.slow
 
 TARGET = GOLDEN / "reference" / "target"
 SOURCES = {"vanilla_conf_markov": GOLDEN / "reference" / "vanilla_conf_markov" / "draft",
@@ -76,6 +79,7 @@ def _small_prompts(tmp_path, n=3):
 
 # --- the done-when checks -----------------------------------------------------------------
 
+@slow
 def test_temperature_zero_outputs_equal_the_target(report, prompts):
     target_run = report.run("target", None, 0.0, None)
     assert [p.id for p in target_run.prompts] == [p.key for p in prompts]
@@ -97,6 +101,7 @@ def test_temperature_zero_outputs_equal_the_target(report, prompts):
         assert list(g.output_ids[len(p.ids):]) == greedy[p.key]
 
 
+@slow
 @pytest.mark.parametrize("name", ["vanilla_conf_markov", "dflash_shared"])
 def test_tau_equals_smoke_trace(report, artifacts, prompts, tmp_path, name):
     trace = tmp_path / "trace.json"
@@ -118,6 +123,7 @@ def test_tau_equals_smoke_trace(report, artifacts, prompts, tmp_path, name):
     assert r.acceptance.verify_steps == len(lengths)
 
 
+@slow
 def test_confidence_metrics_are_deepspecs_on_the_same_cycles(report):
     art = next(a for a in report.artifacts if a.name == "vanilla_conf_markov")
     run = report.run("drafter", art.name, 0.0, 0.0)
@@ -134,6 +140,7 @@ def test_confidence_metrics_are_deepspecs_on_the_same_cycles(report):
     assert next(a for a in report.artifacts if a.name == "dflash_shared").confidence is None
 
 
+@slow
 def test_sts_on_the_golden_drafter(report, prompts):
     art = next(a for a in report.artifacts if a.name == "vanilla_conf_markov")
     cal = art.calibration
@@ -164,6 +171,7 @@ def test_sts_on_the_golden_drafter(report, prompts):
                for n in report.not_run)
 
 
+@slow
 def test_every_requested_combination_is_run_or_listed(report):
     seen = {(r.kind, r.artifact, r.temperature, r.confidence_threshold) for r in report.runs}
     seen |= {(n.kind, n.artifact, n.temperature, n.confidence_threshold) for n in report.not_run}
@@ -176,6 +184,7 @@ def test_every_requested_combination_is_run_or_listed(report):
         assert n.artifact == "dflash_shared" and "no confidence head" in n.reason
 
 
+@slow
 def test_run_metrics_and_environment(report, artifacts):
     for r in report.runs:
         assert r.new_tokens == sum(p.new_tokens for p in r.prompts) > 0
@@ -202,6 +211,7 @@ def test_run_metrics_and_environment(report, artifacts):
     assert report.complete and report.incomplete_reason is None
 
 
+@slow
 def test_report_directory(report, tmp_path):
     out = tmp_path / "report"
     written = write_report(report, out)
@@ -224,6 +234,7 @@ def test_report_directory(report, tmp_path):
     write_report(report, out, force=True)
 
 
+@slow
 def test_same_seed_same_report(artifacts, tmp_path):
     small = _small_prompts(tmp_path)
     args = dict(temperatures=[1.0], thresholds=[0.5], max_new_tokens=16, device="cpu")

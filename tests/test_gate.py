@@ -1,7 +1,8 @@
 """The pre-release gate: scripts/gate.sh (`make gate`) and the workflow that runs it.
 
 The script runs the real `dspark` CLI over a list of artifacts; these tests run the
-script itself on the repository's release/artifacts.txt and on lists with broken entries.
+script itself on the repository's release/artifacts.txt (slow) and on lists with broken
+entries (the fast loop's canary of the script).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import ROOT, golden_source
 
@@ -32,6 +34,7 @@ def release_names() -> list[str]:
     return [line.split()[0] for line in lines if line.split() and not line.startswith("#")]
 
 
+@pytest.mark.slow   # every release artifact converted and validated by real processes (~7 s)
 def test_release_list_passes_the_strict_gate(tmp_path):
     proc = run_gate(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

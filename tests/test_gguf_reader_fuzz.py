@@ -27,6 +27,10 @@ from dspark_convert.formats import gguf_reader
 from dspark_convert.errors import GGUFFormatError
 from dspark_convert.formats.gguf_reader import GGUFArray, GGUFFile, parse_gguf_bytes
 
+# Property tests: hundreds of generated examples per property, several seconds a module:
+# `make test` (and `make fuzz`, longer) runs them; the fast loop leaves them out.
+pytestmark = pytest.mark.slow
+
 # Default examples per hypothesis test; keeps the whole file well under 20 s.
 _DEFAULT_EXAMPLES = 500
 MAX_EXAMPLES = int(os.environ.get("DSPARK_FUZZ_EXAMPLES", _DEFAULT_EXAMPLES))

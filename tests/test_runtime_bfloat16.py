@@ -136,6 +136,7 @@ def test_stepwise_rows_are_the_greedy_rows_bit_for_bit(flat_models):
     assert cache.length == alone.length == len(prompt) + len(block)
 
 
+@pytest.mark.slow   # 96 tokens on a random 8192-vocabulary model, three prompts (~3 s each)
 @pytest.mark.parametrize("prompt", [[1, 2, 3, 4, 5, 6, 7, 8], [100, 200, 300, 400],
                                     [5000, 17, 33, 8000, 12, 1]])
 def test_stepwise_is_lossless_where_ties_abound(flat_models, prompt):
@@ -165,6 +166,7 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(((observed - expected) ** 2 / expected).sum()), len(keep)
 
 
+@pytest.mark.slow   # 4000 draft-and-verify draws
 def test_sampling_is_lossless_with_the_bfloat16_distributions(bf16_models):
     """The verify step of docs/REFERENCE.md §2 with the distributions the bfloat16 models give on
     a golden prompt (q: the drafter's 7 rows, p: the target's 8 verify rows; bfloat16 logits
@@ -202,6 +204,7 @@ def test_sampling_is_lossless_with_the_bfloat16_distributions(bf16_models):
     assert control > 3 * _chi_square_critical(bins), control
 
 
+@pytest.mark.slow   # 20 seeds x the golden prompts
 def test_temperature_one_tau_over_seeds_in_bfloat16(bf16_models):
     """DeepSpec's float32 run (one seed) lies within 3 standard deviations of our bfloat16
     per-seed tau distribution, as it does in float32 (test_runtime_speculative)."""
@@ -233,6 +236,7 @@ def _leading_equal(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+@pytest.mark.slow   # two smoke runs (bfloat16, float32) per setting
 @pytest.mark.parametrize("temperature, threshold, seed", [(0.0, 0.0, 0), (0.0, 0.5, 0), (1.0, 0.0, 7)])
 def test_agreement_with_the_float32_trace_is_reported(converted, tmp_path, temperature,
                                                       threshold, seed):

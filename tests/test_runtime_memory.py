@@ -74,6 +74,8 @@ def _smoke_peak(artifact: Path, target: Path, *args: str) -> tuple[int, dict, in
     return code, json.loads(out.read_text()), maxrss_kib * 1024
 
 
+# The measured cases are slow: each starts torch in a child and loads 0.3-0.6 GB of weights.
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_estimate_matches_the_measured_peak(small_pair, dtype):
     target, artifact = small_pair
@@ -92,6 +94,7 @@ def test_estimate_matches_the_measured_peak(small_pair, dtype):
     assert report["dtype"] == dtype and report["lossless"] is True
 
 
+@pytest.mark.slow
 def test_bfloat16_holds_half_the_weights(small_pair):
     """The measured difference between the dtypes is the weights' half: nothing else in the
     process depends on the dtype by that much."""
@@ -110,6 +113,7 @@ def test_bfloat16_holds_half_the_weights(small_pair):
     assert abs(saved - weights["bfloat16"]) <= 0.25 * weights["bfloat16"], (saved, weights)
 
 
+@pytest.mark.slow
 def test_refused_when_the_estimate_exceeds_the_budget(small_pair):
     """The same run with a budget under its estimate exits 78 before loading: the child
     stays at the interpreter's and torch's size."""
@@ -129,6 +133,7 @@ def test_available_memory_is_the_kernels():
     assert 0 < available <= total and ("MemAvailable" in source or "cgroup" in source)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="no CUDA device on this machine (CPU-only torch or no GPU)")
 def test_on_cuda_the_weights_live_on_the_device(small_pair):

@@ -44,6 +44,7 @@ def test_trace_identical_to_deepspec(golden_models, ref):
         assert list(greedy.output_ids) == ref.data["target_greedy"] == list(run.output_ids)
 
 
+@pytest.mark.slow   # 20 seeds x the golden prompts
 def test_temperature_one_tau_over_seeds(golden_models):
     target, drafter = golden_models
     prompts = json.loads(REFERENCE.read_text())["prompts"]

@@ -31,6 +31,10 @@ from dspark_convert.formats.safetensors import (
     read_safetensors_header,
 )
 
+# Property tests: hundreds of generated examples per property, several seconds a module:
+# `make test` (and `make fuzz`, longer) runs them; the fast loop leaves them out.
+pytestmark = pytest.mark.slow
+
 # Reading a header of a few KiB must be near-instant (per example; hypothesis's own
 # deadline is off because the first examples pay for imports).
 MAX_SECONDS_PER_PARSE = 1.0

@@ -1,7 +1,8 @@
 """dspark_convert/smoke.py and `dspark smoke`: the golden drafter passes, broken ones fail loudly.
 
-The CLI cases run the app in-process (tests/support/cli.py, torch on one thread); the golden
-run with its trace and plot is also a real `dspark smoke` process."""
+The CLI cases run the app in-process (tests/support/cli.py, torch on one thread); real
+`dspark smoke` processes are in test_smoke_bounds.py (capped and timed) and
+test_runtime_memory.py (their peak RSS)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import GOLDEN, REFERENCE_DRAFTER
-from support.cli import run_cli, run_process
+from support.cli import run_cli
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
     AcceptanceFloorError,
@@ -193,11 +194,9 @@ def test_cuda_requested_without_cuda(converted):
 # --- the CLI, as a user runs it ------------------------------------------------------------
 
 def test_cli_golden_json(converted, tmp_path):
-    # A real process: torch, the runtime and matplotlib as a user's `dspark smoke` loads them.
-    proc = run_process("smoke", str(converted["reference"]), "--target", str(TARGET), "--device",
-                       "cpu", "--reference", str(REFERENCE), "--max-new-tokens", "24", "--json",
-                       "--trace", str(tmp_path / "t.json"), "--plot", str(tmp_path / "a.png"),
-                       env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    proc = run_cli("smoke", str(converted["reference"]), "--target", str(TARGET), "--device",
+                   "cpu", "--reference", str(REFERENCE), "--max-new-tokens", "24", "--json",
+                   "--trace", str(tmp_path / "t.json"), "--plot", str(tmp_path / "a.png"))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["ok"] and report["tau"] == pytest.approx(2.55) and report["lossless"] is True

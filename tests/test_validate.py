@@ -1206,6 +1206,7 @@ def test_manifest_stripped_hash_edited(artifact):
 # never raises: sweeps over real corruptions
 # --------------------------------------------------------------------------------------------
 
+@pytest.mark.slow   # validate on ~300 corrupted copies of the header
 def test_every_header_byte_flip_is_reported_not_raised(artifact):
     art = artifact("reference")
     path = art / GGUF
