@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from conftest import GOLDEN
+from conftest import GOLDEN, ROOT
 from dspark_convert.errors import (
     CalibrationFileError,
     CalibrationMismatchError,
@@ -410,3 +410,20 @@ def test_report_failure_names_the_first_lossless_difference(calibrated, tmp_path
     error = report_failure(broken, out)
     assert isinstance(error, LosslessnessError) and error.exit_code == 74
     assert f"prompt {run.prompts[0].id} differs" in error.message and str(out) in error.message
+
+
+@pytest.mark.slow
+def test_the_readmes_plot_is_what_make_demo_writes(artifacts, tmp_path):
+    """docs/eval-acceptance.png is the demo eval's acceptance.png, byte for byte: the same
+    artifacts (named by their directories, as the demo names them), prompts and settings
+    (the plot needs only the cutoff-off runs)."""
+    demo = tmp_path / "demo"
+    proc = run_cli("convert", str(SOURCES["vanilla_conf_markov"]), "-o", str(demo / "reference"),
+                   "--target", str(TARGET))
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "eval"
+    proc = run_cli("eval", str(demo / "reference"), str(artifacts["dflash_shared"]), "--target",
+                   str(TARGET), "--device", "cpu", "--max-new-tokens", "32", "--threshold", "0",
+                   "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "acceptance.png").read_bytes() == (ROOT / "docs" / "eval-acceptance.png").read_bytes()
