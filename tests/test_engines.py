@@ -9,14 +9,19 @@ Flash-Next shape), each rule then broken by one edit.
 from __future__ import annotations
 
 import json
+import math
 import re
+import shutil
 
 import pytest
+from support.cli import assert_refused, run_cli
+from support.tools import load_tool
 
 from dspark_convert.artifact import engines
 from dspark_convert.artifact.engines import (ENGINES, LLAMA_RULES, STRATA_OPEN_RULES,
-                                             STRATA_RUN_RULES, engine_reports, format_types,
-                                             gguf_inputs)
+                                             STRATA_RUN_RULES, engine_checks, engine_reports,
+                                             engine_verdicts, format_types, gguf_inputs)
+from dspark_convert.errors import EngineRequirementError, StrataRuleError
 from dspark_convert.artifact.format import LOCAL_REVISION, Provenance, expected_metadata
 from dspark_convert.contract.dspark import build_contract, parse_config
 from dspark_convert.formats.gguf_reader import read_gguf
@@ -431,3 +436,172 @@ def test_docs_engines_md_cites_every_rule():
     missing = [i for i in ids if f"`{i}`" not in text]
     assert not missing, f"docs/ENGINES.md does not name {missing}"
     assert len(set(re.findall(r"`((?:strata\.open|strata\.run|llama\.cpp)/[^`]+)`", text)) - set(ids)) == 0
+
+
+# --- the reports as checks: what validate, convert and quantize record ---------------------------
+# (absorbed from the old strata_rules tests: the levels --strict fails and the ones it does not)
+
+def levels(kv, types, tensors, **kw) -> dict[str, tuple[str, str]]:
+    return {c.name: (c.status, c.detail) for c in engine_checks(reports(kv, types, tensors), **kw)}
+
+
+def test_check_names_and_a_plain_dflash_drafter():
+    got = levels(*written(synthetic_config(**PLAIN)))
+    assert list(got) == ["engine.strata.open", "engine.strata.run", "engine.llama.cpp"]
+    assert got["engine.strata.open"] == ("passed", "Strata's DFlash loader "
+                                                   "(DFlashArtifact::open) accepts it")
+    status, detail = got["engine.strata.run"]
+    assert status == "info" and detail.startswith(
+        "Strata's runtime (DFlashArtifact::validate_supported, fixed rms eps) refuses it "
+        "(unsupported): dflash: embedding_length = 32;")
+    # 2 KV heads are Flash-Next's: not refused
+    assert detail.endswith("(5 more: strata.run/geometry.block_count, "
+                           "strata.run/geometry.attention.head_count, "
+                           "strata.run/geometry.attention.key_length, "
+                           "strata.run/geometry.feed_forward_length, "
+                           "strata.run/geometry.target_layers)")
+    assert got["engine.llama.cpp"][0] == "info"
+
+
+def test_dspark_heads_are_info_not_warning():
+    got = levels(*written(synthetic_config()))
+    assert got["engine.strata.open"][0] == got["engine.strata.run"][0] == "info"
+    assert "carries DSpark extras" in got["engine.strata.open"][1]
+
+
+def test_rms_eps_other_than_stratas_is_a_warning_whatever_else_run_refuses():
+    kv, types, tensors = written(synthetic_config(rms_norm_eps=1e-5, **PLAIN))
+    got = levels(kv, types, tensors)
+    assert got["engine.strata.open"][0] == "passed"
+    status, detail = got["engine.strata.run"]
+    # the geometry is refused first, yet the decisive refusal named is the eps: a risk
+    assert status == "warning" and "(misread): Strata's runtime fixes the rms eps at 1e-6" in detail
+    assert "1e-05" in detail and "strata.run/geometry.embedding_length" in detail
+
+
+def test_a_load_error_at_open_is_a_failure_with_stratas_exit_code():
+    kv, types, tensors = written(synthetic_config(**PLAIN))
+    broken = [t for t in tensors if t[0] != "blk.0.attn_q.weight"]
+    verdicts = engine_verdicts(reports(kv, types, broken))
+    (open_check, error), (run_check, run_error) = verdicts[0], verdicts[1]
+    assert open_check.status == "failed" and open_check.error == "StrataRuleError"
+    assert open_check.exit_code == StrataRuleError.exit_code == 45
+    assert error.message == open_check.detail
+    assert "missing required tensor 'layers.0.self_attn.q_proj'" in error.message
+    # the runtime never sees a file the loader refused: open's reason, not a second failure
+    assert run_check.status == "info" and run_error is None
+    # a DSpark drafter with a broken tensor: the load error decides, not the DSpark refusal
+    kv, types, tensors = written(synthetic_config())
+    check = engine_checks(reports(kv, types, [t for t in tensors if t[0] != "fc.weight"]))[0]
+    assert check.status == "failed" and "(load_error): dflash: missing required tensor 'fc'" \
+        in check.detail
+
+
+def test_require_turns_a_refusal_into_a_failure():
+    kv, types, tensors = written(released_plain())
+    verdicts = dict((c.name, (c, e)) for c, e in engine_verdicts(
+        reports(kv, types, tensors), require=["strata.open", "strata.run"]))
+    opened, _ = verdicts["engine.strata.open"]
+    assert opened.status == "passed" and opened.detail.endswith("accepts it (required)")
+    ran, error = verdicts["engine.strata.run"]
+    assert ran.status == "failed" and isinstance(error, EngineRequirementError)
+    assert ran.exit_code == EngineRequirementError.exit_code == 47
+    assert ran.detail.startswith("drafter.gguf: --require strata.run: Strata's runtime")
+    assert error.field == "strata.run" and "attention.head_count = 32" in error.found
+    assert verdicts["engine.llama.cpp"][0].status == "info"      # not required: as before
+
+
+# --- hostile metadata: the rules run on raw values even when our metadata check failed ---------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats()
+                       | st.text(max_size=8), lambda inner: st.lists(inner, max_size=4),
+                       max_leaves=8)
+_TYPES = st.sampled_from(sorted(engines.GGUF_TYPE_NAMES) + ["ARRAY[UINT32]", "ARRAY[INT32]",
+                                                              "ARRAY[STRING]", "ARRAY[FLOAT64]"])
+_KEYS = sorted(set(written(synthetic_config())[0]) | {
+    "dflash.selector_top_k", "qwen3.embedding_length", "target_layers", "dflash.causal",
+    "dflash.context_length", "dflash.rope.freq_base", "tokenizer.ggml.tokens"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(_KEYS), st.tuples(_VALUES, _TYPES), max_size=14),
+       st.lists(st.tuples(st.text(max_size=20),
+                          st.sampled_from(["BF16", "F32", "Q8_0", "Q5_0", "Q4_0", "Q4_1"]),
+                          st.lists(st.integers(0, 2**40), max_size=3)), max_size=5))
+def test_any_value_of_any_type_gives_reports_never_an_exception(typed, tensors):
+    """A FLOAT64 rms eps of 1e300, an infinite block count, a scalar for target_layers, a
+    string for a count ... give refusals (or nothing), never a crash: validate runs these
+    rules on the raw values and types of any file the reader could parse."""
+    kv = {k: v for k, (v, _t) in typed.items()}
+    types = {k: t for k, (_v, t) in typed.items()}
+    for check in engine_checks(engine_reports(kv, types, tensors)):
+        assert check.status in ("passed", "info", "warning", "failed")
+
+
+@pytest.mark.parametrize("value, vtype", [(1e300, "FLOAT64"), (math.inf, "FLOAT64"),
+                                          (math.nan, "FLOAT32"), (10**400, "UINT64")])
+def test_numbers_beyond_every_range_are_read_not_raised(plain, value, vtype):
+    kv, types, tensors = plain
+    for key in ("dflash.attention.layer_norm_rms_epsilon", "dflash.block_count",
+                "dflash.rope.frequency_base", "dflash.markov_rank"):
+        got = levels({**kv, key: value}, {**types, key: vtype}, tensors)
+        assert {s for s, _d in got.values()} <= {"passed", "info", "warning", "failed"}
+    eps = levels({**kv, "dflash.attention.layer_norm_rms_epsilon": 1e300},
+                 {**types, "dflash.attention.layer_norm_rms_epsilon": "FLOAT64"}, tensors)
+    assert eps["engine.strata.run"][0] == "warning" and "1e+300" in eps["engine.strata.run"][1]
+
+
+# --- the done-when through the CLI: artifacts of the two real geometries ------------------------
+
+def sparse_plain_artifact(root, config: dict):
+    """A plain DFlash checkpoint of ``config``'s geometry whose weights are a hole (zeros:
+    finite BF16, bench/sparse_models.py), converted by the CLI: ~1 GB of drafter.gguf
+    written and read back, a few MB of memory."""
+    sparse = load_tool("bench/sparse_models.py", siblings=("make_checkpoint",))
+    src = root / "src"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    contract = build_contract(parse_config(config))
+    sparse.write_sparse_safetensors(src / "model.safetensors",
+                                    {t.source_name: list(t.shape) for t in contract.tensors
+                                     if t.kind != "embedding"})
+    out = root / "artifact"
+    proc = run_cli("convert", str(src), "-o", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(src)
+    return out
+
+
+@pytest.mark.slow
+def test_released_geometry_and_flash_next_through_the_cli(tmp_path):
+    released = sparse_plain_artifact(tmp_path / "released", released_plain())
+    proc = run_cli("validate", str(released), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["engines"] == {
+        "strata.open": {"accepts": True, "reason": None},
+        "strata.run": {"accepts": False, "reason": (
+            "dflash: attention.head_count = 32; the runtime's geometry-specific fast path "
+            "implements the published Flash-Next drafter (24) only")},
+        "llama.cpp": {"accepts": False, "reason": "key not found in model: dflash.context_length"}}
+    proc = run_cli("validate", str(released), "--require", "strata.run")
+    line = assert_refused(proc, EngineRequirementError, ["engine.strata.run: ",
+                                                         "--require strata.run",
+                                                         "attention.head_count = 32"])
+    assert "strata.run" in proc.stdout and "FAILED" in proc.stdout, line
+    assert run_cli("validate", str(released), "--require", "strata.open").returncode == 0
+    shutil.rmtree(released)
+
+    flash = sparse_plain_artifact(tmp_path / "flash", flash_next())
+    proc = run_cli("validate", str(flash), "--json", "--require", "strata.run",
+                   "--require", "strata.open")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["required"] == ["strata.open", "strata.run"]
+    assert data["engines"]["strata.open"] == data["engines"]["strata.run"] == {
+        "accepts": True, "reason": None}
+    proc = run_cli("validate", str(flash), "--require", "strata.run", "--strict")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "accepts it (required)" in proc.stdout

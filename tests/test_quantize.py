@@ -18,14 +18,15 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from dspark_convert.artifact.engines import reports_for_gguf
-from dspark_convert.commands.quantize import quantize_artifact, rule_whens, tensor_type
+from dspark_convert.artifact.engines import engine_checks, engine_records, reports_for_gguf
+from dspark_convert.artifact.quantized import rule_whens, tensor_type
+from dspark_convert.commands.quantize import quantize_artifact
+from dspark_convert.commands.validate import validate_artifact
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (OutputExistsError, ParentArtifactError, QuantizedParentError,
                                    QuantRowWidthError, QuantScaleOverflowError, QuantTypeError)
 from dspark_convert.formats import quants
 from dspark_convert.formats.gguf_reader import read_gguf
-from dspark_convert.artifact.strata_rules import strata_checks
 from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
 
 BACKBONE = ("fc.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
@@ -110,10 +111,12 @@ def test_manifest_names_the_parent_the_type_and_each_tensors_error(converted, qu
     parent_manifest = json.loads((converted["reference"] / "manifest.json").read_text())
     for key in ("source", "target", "contract"):
         assert manifest[key] == parent_manifest[key]
-    # Strata's loader rules, recorded for the quantized file as convert records them
-    kv = {k: v.value for k, v in read_gguf(out / "drafter.gguf").kv.items()}
-    want = [c.model_dump() for c in strata_checks(kv, result.manifest.artifact.tensors)]
-    assert [c for c in manifest["checks"] if c["name"].startswith("strata.")] == want
+    # The engines, recorded for the quantized file as convert records them: what the
+    # rules give on the file itself
+    reports = reports_for_gguf(read_gguf(out / "drafter.gguf"), path="drafter.gguf")
+    want = [c.model_dump() for c in engine_checks(reports)]
+    assert [c for c in manifest["checks"] if c["name"].startswith("engine.")] == want
+    assert manifest["engines"] == engine_records(reports)
     assert [c["name"] for c in manifest["checks"]][:4] == [
         "parent.validate", "quantize.tensors", "quantize.values", "quantize.readback"]
 
@@ -134,6 +137,21 @@ def test_manifest_names_the_parent_the_type_and_each_tensors_error(converted, qu
         assert math.isclose(record["error"]["max_abs"], np.abs(diff).max(), rel_tol=1e-5)
         assert math.isclose(record["error"]["rel_rms"],
                             math.sqrt((diff ** 2).sum() / (ref ** 2).sum()), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", quants.QUANT_TYPES)
+def test_quantize_output_validates(quantized, qtype):
+    """The done-when: `dspark validate` passes what `dspark quantize` writes, with the
+    quantized artifact's own check and every block scale scanned."""
+    report = validate_artifact(quantized[qtype].output)
+    assert report.ok, report.first_failure
+    assert report.exit_code(strict=True) == 0
+    names = [c.name for c in report.checks]
+    assert names.index("gguf.inventory") + 1 == names.index("gguf.quantization")
+    detail = next(c.detail for c in report.checks if c.name == "gguf.quantization")
+    assert detail.startswith(f"{qtype} artifact: 14 BF16, 15 {qtype};")
+    assert "every block scale of the 15 quantized ones finite" in next(
+        c.detail for c in report.checks if c.name == "gguf.values")
 
 
 def test_precision_ordering_of_the_recorded_errors(quantized):
@@ -261,10 +279,10 @@ def test_a_parent_that_does_not_validate_is_refused(converted, tmp_path):
 
 
 def test_a_quantized_parent_is_refused(quantized, tmp_path):
-    with pytest.raises((QuantizedParentError, ParentArtifactError)) as exc:
+    """It validates (a quantized artifact is a valid artifact), but is no BF16 parent."""
+    with pytest.raises(QuantizedParentError) as exc:
         quantize_artifact(quantized["Q8_0"].output, tmp_path / "again", "q4_0")
-    # 83 once validate accepts quantized artifacts; until then the parent fails validate (80)
-    assert exc.value.exit_code in (80, 83)
+    assert exc.value.exit_code == 83 and exc.value.field == "strata.dflash.quantization"
     assert not (tmp_path / "again").exists()
 
 

@@ -7,7 +7,7 @@ and files with a specific metadata or tensor-table change are re-written whole w
 GGUFWriter (kv and tensors copied from the good file, one thing changed). The manifest's
 hashes are then left stale or recomputed, depending on the check a test targets: checks run
 in a fixed order (artifact.files, manifest.schema, gguf.structure, gguf.metadata,
-gguf.inventory, gguf.values, integrity, strata.*) and each case asserts the *first* failure.
+gguf.inventory, gguf.values, integrity, engine.*) and each case asserts the *first* failure.
 """
 
 from __future__ import annotations
@@ -61,7 +61,11 @@ GGUF = "drafter.gguf"
 MANIFEST = "manifest.json"
 DSPARK = ("reference", "gated", "rnn", "sharded", "f32")
 CHECK_ORDER = ("artifact.files", "manifest.schema", "gguf.structure", "gguf.metadata",
-               "gguf.inventory", "gguf.values", "integrity", "strata.loader_rules")
+               "gguf.inventory", "gguf.values", "integrity", "engine.strata.open",
+               "engine.strata.run", "engine.llama.cpp")
+# What Strata's loader says of a good DSpark artifact: it does not implement the heads yet
+# (an info), and nothing else.
+DSPARK_REFUSED = "refuses it (unsupported): dflash: this artifact carries DSpark extras"
 
 # A plain DFlash drafter as Strata's current loader reads it (docs/REFERENCE.md §3), plus the
 # format's provenance keys (unknown keys are ignored by Strata).
@@ -302,14 +306,17 @@ def test_good_artifact_validates(artifact, name):
     assert all(c.error is None and c.exit_code is None for c in report.checks)
     assert report.exit_code() == 0
     assert report.warnings == 0
-    infos = [c for c in report.checks if c.status == "info"]
+    infos = [c.name for c in report.checks if c.status == "info"]
     if name == "plain":
-        assert infos == []
-        assert check(report, "strata.current_loader").status == "passed"
+        # opened by Strata; run only at the Flash-Next shape; llama.cpp reads its own format
+        assert check(report, "engine.strata.open").status == "passed"
+        assert infos == ["engine.strata.run", "engine.llama.cpp"]
     else:
         # Today's loader refuses DSpark heads: worth saying, not a risk, so --strict passes.
-        assert [c.name for c in infos] == ["strata.current_loader"]
-        assert "markov_rank" in infos[0].detail
+        assert infos == ["engine.strata.open", "engine.strata.run", "engine.llama.cpp"]
+        assert DSPARK_REFUSED in check(report, "engine.strata.open").detail
+    assert report.engines is not None and list(report.engines) == ["strata.open", "strata.run",
+                                                                    "llama.cpp"]
     assert report.exit_code(strict=True) == 0
 
 
@@ -595,7 +602,7 @@ def test_tensor_ggml_type_patched_to_f16(artifact):
     report = validate_artifact(art)
     assert_fails(report, "gguf.inventory", TensorDtypeError, "'blk.0.attn_q.weight'", "BF16",
                  "F16")
-    loader = check(report, "strata.loader_rules")
+    loader = check(report, "engine.strata.open")
     assert loader.status == "failed" and "'blk.0.attn_q.weight' is F16" in loader.detail
 
 
@@ -612,8 +619,9 @@ def test_metadata_type_patched_in_place_uint32_to_int32(artifact):
     report = validate_artifact(art)
     assert_fails(report, "gguf.metadata", MetadataError, "'dflash.block_size'",
                  "expected type UINT32", "found INT32")
-    # Strata's loader takes any integer type: its rule check passes.
-    assert check(report, "strata.loader_rules").status == "passed"
+    # Strata's loader takes any integer type: only the DSpark heads are refused.
+    loader = check(report, "engine.strata.open")
+    assert loader.status == "info" and DSPARK_REFUSED in loader.detail
 
 
 @pytest.mark.parametrize("key,vtype,value,sub,found", [
@@ -646,7 +654,7 @@ def test_target_layers_int32_array_is_ok_for_strata_but_not_the_format(artifact)
     report = validate_artifact(art)
     assert_fails(report, "gguf.metadata", MetadataError, "'dflash.target_layers'",
                  "ARRAY[UINT32]", "ARRAY[INT32]")
-    assert check(report, "strata.loader_rules").status == "passed"
+    assert check(report, "engine.strata.open").status == "passed"
     assert check(report, "gguf.inventory").status == "skipped"
 
 
@@ -670,10 +678,10 @@ def test_causal_true_fails_metadata_and_strata(artifact):
     report = validate_artifact(art)
     first = assert_fails(report, "gguf.metadata", MetadataError)
     assert "causal" in first.detail
-    loader = check(report, "strata.loader_rules")
+    loader = check(report, "engine.strata.open")
     assert loader.status == "failed" and loader.error == "StrataRuleError"
     assert loader.exit_code == StrataRuleError.exit_code
-    assert "dflash.attention.causal is true" in loader.detail
+    assert "declares causal block attention" in loader.detail
 
 
 def test_sample_from_anchor_false_fails_metadata_and_strata(artifact):
@@ -682,8 +690,8 @@ def test_sample_from_anchor_false_fails_metadata_and_strata(artifact):
     report = validate_artifact(art)
     first = assert_fails(report, "gguf.metadata", MetadataError)
     assert "anchor" in first.detail
-    loader = check(report, "strata.loader_rules")
-    assert loader.status == "failed" and "sample_from_anchor is false" in loader.detail
+    loader = check(report, "engine.strata.open")
+    assert loader.status == "failed" and "generic 1+N fill-in layout" in loader.detail
 
 
 @pytest.mark.parametrize("key,vtype,value", [
@@ -697,9 +705,10 @@ def test_unknown_extra_key(artifact, key, vtype, value):
     rewrite_gguf(art, kv=add_kv(key, vtype, value))
     report = validate_artifact(art)
     assert_fails(report, "gguf.metadata", MetadataError, f"'{key}'", "not part of the format")
-    loader = check(report, "strata.loader_rules")
+    loader = check(report, "engine.strata.open")
     if key == "dflash.selector_top_k":
-        assert loader.status == "failed" and "selector_top_k" in loader.detail
+        # DFlash2 is out of Strata's scope: unsupported, as DSpark heads are
+        assert loader.status == "info" and "DFlash2 selector" in loader.detail
     else:
         assert loader.status == "passed"  # Strata ignores unknown keys
 
@@ -713,11 +722,11 @@ def test_missing_required_key(artifact, key):
     rewrite_gguf(art, kv=drop_kv(key))
     report = validate_artifact(art)
     assert_fails(report, "gguf.metadata", MetadataError, f"'{key}'", "missing")
-    loader = check(report, "strata.loader_rules")
+    loader = check(report, "engine.strata.open")
     if key in ("dflash.block_size", "dflash.target_layers"):
-        assert loader.status == "failed" and key in loader.detail
+        assert loader.status == "failed" and f"dflash: missing {'metadata key ' * (key == 'dflash.block_size')}{key}" in loader.detail
     else:
-        assert loader.status == "passed"
+        assert loader.status == "info" and DSPARK_REFUSED in loader.detail
 
 
 def test_markov_head_type_for_plain_dflash_is_unexpected(artifact):
@@ -744,7 +753,7 @@ def test_metadata_bad_value(artifact, key, vtype, value, fragment):
     report = validate_artifact(art)
     assert_fails(report, "gguf.metadata", MetadataError, fragment)
     if key == "general.architecture":
-        loader = check(report, "strata.loader_rules")
+        loader = check(report, "engine.strata.open")
         assert loader.status == "failed" and "general.architecture is 'llama'" in loader.detail
 
 
@@ -800,8 +809,10 @@ def test_metadata_value_breaking_a_contract_rule(artifact, key, fmt, value, erro
     first = assert_fails(report, "gguf.metadata", error, fragment)
     assert first.detail.startswith("drafter.gguf")
     if key in ("dflash.block_size", "dflash.block_count"):
-        loader = check(report, "strata.loader_rules")
-        assert loader.status == "failed" and f"{key} {value} > " in loader.detail
+        loader = check(report, "engine.strata.open")
+        field = {"dflash.block_size": "block_size", "dflash.block_count": "layers"}[key]
+        assert loader.status == "failed" and "implausible geometry" in loader.detail
+        assert f" {field}={value}" in loader.detail
 
 
 @pytest.mark.parametrize("key,fmt,value", [("dflash.block_count", "<I", 65),
@@ -865,7 +876,7 @@ def test_tensor_order_swapped(artifact):
     report = validate_artifact(art)
     assert_fails(report, "gguf.inventory", UnexpectedTensorError, "tensor 1",
                  "'output_norm.weight'", "expected 'enc.output_norm.weight'", "order")
-    assert check(report, "strata.loader_rules").status == "passed"  # Strata reads by name
+    assert check(report, "engine.strata.open").status == "info"  # Strata reads by name
 
 
 def test_tensor_wrong_shape_transposed(artifact):
@@ -890,9 +901,8 @@ def test_tensor_wrong_shape_norm(artifact):
 
 
 @pytest.mark.parametrize("tensor,strata_fragment", [
-    ("output_norm.weight", "norm tensor 'output_norm.weight' is F32; Strata requires BF16"),
-    ("blk.0.attn_q_norm.weight", "norm tensor 'blk.0.attn_q_norm.weight' is F32"),
-    ("blk.1.ffn_up.weight", "tensor 'blk.1.ffn_up.weight' is F32; Strata accepts BF16"),
+    (name, f"tensor '{name}' is F32; expected BF16 norms and BF16, Q8_0, Q5_0 or Q4_0 matrices")
+    for name in ("output_norm.weight", "blk.0.attn_q_norm.weight", "blk.1.ffn_up.weight")
 ])
 def test_tensor_f32_instead_of_bf16(artifact, tensor, strata_fragment):
     art = artifact("plain")
@@ -904,7 +914,7 @@ def test_tensor_f32_instead_of_bf16(artifact, tensor, strata_fragment):
     report = validate_artifact(art)
     assert_fails(report, "gguf.inventory", TensorDtypeError, f"'{tensor}'",
                  "expected type BF16", "found F32")
-    loader = check(report, "strata.loader_rules")
+    loader = check(report, "engine.strata.open")
     assert loader.status == "failed" and loader.error == "StrataRuleError"
     assert strata_fragment in loader.detail
 
@@ -918,9 +928,9 @@ def test_extra_embedding_or_head_tensor(artifact, name):
     report = validate_artifact(art)
     assert_fails(report, "gguf.inventory", UnexpectedTensorError, f"'{name}'",
                  "not part of the contract")
-    loader = check(report, "strata.loader_rules")
+    loader = check(report, "engine.strata.open")
     assert loader.status == "failed"
-    assert f"tensor '{name}' is present" in loader.detail
+    assert f"the artifact ships its own '{name}'" in loader.detail
 
 
 def test_extra_markov_tensor_in_plain_dflash(artifact):
@@ -929,7 +939,7 @@ def test_extra_markov_tensor_in_plain_dflash(artifact):
     rewrite_gguf(art, tensors=lambda arrays: arrays + [["markov_w1.weight", bits, QT.BF16]])
     report = validate_artifact(art)
     assert_fails(report, "gguf.inventory", UnexpectedTensorError, "'markov_w1.weight'")
-    current = check(report, "strata.current_loader")
+    current = check(report, "engine.strata.open")
     assert current.status == "info" and "markov_w1.weight" in current.detail
 
 
@@ -940,11 +950,12 @@ def test_missing_tensor(artifact, name):
     rewrite_gguf(art, tensors=lambda arrays: [a for a in arrays if a[0] != name])
     report = validate_artifact(art)
     assert_fails(report, "gguf.inventory", MissingTensorError, f"'{name}'", "missing")
-    loader = check(report, "strata.loader_rules")
+    loader = check(report, "engine.strata.open")
     if name in ("blk.1.ffn_down.weight", "fc.weight"):
-        assert loader.status == "failed" and f"tensor '{name}' is missing" in loader.detail
+        canon = {"blk.1.ffn_down.weight": "layers.1.mlp.down_proj", "fc.weight": "fc"}[name]
+        assert loader.status == "failed" and f"missing required tensor '{canon}'" in loader.detail
     else:
-        assert loader.status == "passed"
+        assert loader.status == "info" and DSPARK_REFUSED in loader.detail
 
 
 def test_tensor_renamed_to_hf_name(artifact):
@@ -956,7 +967,7 @@ def test_tensor_renamed_to_hf_name(artifact):
     rewrite_gguf(art, tensors=_edit_tensor("blk.0.ffn_down.weight", rename))
     report = validate_artifact(art)
     assert_fails(report, "gguf.inventory", MissingTensorError, "'blk.0.ffn_down.weight'")
-    assert check(report, "strata.loader_rules").status == "passed"
+    assert check(report, "engine.strata.open").status == "passed"
 
 
 def test_inventory_edit_with_refreshed_manifest_still_fails(artifact):
@@ -1291,7 +1302,15 @@ def test_cli_json_good_artifact(built):
     assert data["ok"] is True and data["exit_code"] == 0 and data["strict"] is False
     assert data["failed"] == 0 and data["warnings"] == 0
     assert [c["name"] for c in data["checks"]][:len(CHECK_ORDER)] == list(CHECK_ORDER)
-    assert all(c["status"] == "passed" for c in data["checks"])
+    assert [c["name"] for c in data["checks"] if c["status"] != "passed"] == [
+        "engine.strata.run", "engine.llama.cpp"]            # infos: the two engines' refusals
+    assert data["engines"] == {
+        "strata.open": {"accepts": True, "reason": None},
+        "strata.run": {"accepts": False, "reason": "dflash: embedding_length = 32; the runtime's "
+                       "geometry-specific fast path implements the published Flash-Next "
+                       "drafter (2560) only"},
+        "llama.cpp": {"accepts": False, "reason": "key not found in model: dflash.context_length"}}
+    assert data["required"] == []
     assert "error:" not in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -1349,7 +1368,8 @@ def test_cli_strict_on_dspark_artifact(built):
     data = json.loads(proc.stdout)
     assert data["ok"] is True and data["strict"] is True and data["exit_code"] == 0
     assert data["warnings"] == 0
-    assert [c["name"] for c in data["checks"] if c["status"] == "info"] == ["strata.current_loader"]
+    assert [c["name"] for c in data["checks"] if c["status"] == "info"] == [
+        "engine.strata.open", "engine.strata.run", "engine.llama.cpp"]
     assert proc.stderr == ""
 
     proc = run_cli("validate", str(built["plain"]), "--strict")

@@ -38,7 +38,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dspark_convert.checks import Check
 from dspark_convert.contract.tensor_table import TENSOR_RULES, eval_dim, expand_rule
+from dspark_convert.errors import DSparkError, EngineRequirementError, StrataRuleError
 
 ENGINES: tuple[str, ...] = ("strata.open", "strata.run", "llama.cpp")
 Kind = Literal["load_error", "unsupported", "misread"]
@@ -166,8 +168,20 @@ def _is_num(view: _View, key: str) -> bool:
 
 
 def _c_int(value: numbers.Real) -> int:
-    """(int64_t) of a number, as C converts it: toward zero."""
+    """(int64_t) of a number, as C converts it: toward zero. C leaves a NaN or an infinity
+    undefined; it is read here as 0, which every bound refuses."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
     return int(value)
+
+
+def _c_double(value: numbers.Real) -> float:
+    """(double) of a number; an integer beyond the double range is an infinity, as a C
+    conversion makes it (Python raises instead)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _strata_parse_numbers(view: _View) -> str | None:
@@ -210,7 +224,7 @@ def _strata_flag(view: _View, keys: Sequence[str], default: bool) -> bool:
 def _strata_parse_rest(view: _View) -> str | None:
     """rope theta and the flags: read without refusing (meta_f64 / meta_flag)."""
     key = _first_key(view, STRATA_ROPE_KEYS)
-    view.found["rope_theta"] = float(view.kv[key]) if key and _is_num(view, key) else 0.0
+    view.found["rope_theta"] = _c_double(view.kv[key]) if key and _is_num(view, key) else 0.0
     view.found["flags"] = {name: _strata_flag(view, keys, default)
                            for name, keys, default in STRATA_FLAGS}
     return None
@@ -440,10 +454,10 @@ def _run_rope(view: _View) -> str | None:
 
 def _run_rms_eps(view: _View) -> str | None:
     eps = view.kv.get("dflash.attention.layer_norm_rms_epsilon")
-    if isinstance(eps, numbers.Real) and not math.isclose(float(eps), STRATA_RUNTIME_RMS_EPS,
+    if isinstance(eps, numbers.Real) and not math.isclose(_c_double(eps), STRATA_RUNTIME_RMS_EPS,
                                                           rel_tol=1e-6):
         return (f"Strata's runtime fixes the rms eps at 1e-6 (kEps) and reads no key for it; "
-                f"this drafter declares dflash.attention.layer_norm_rms_epsilon = {eps:g}: it "
+                f"this drafter declares dflash.attention.layer_norm_rms_epsilon = {_c_double(eps):g}: it "
                 "would run with the wrong epsilon")
     return None
 
@@ -484,6 +498,9 @@ LLAMA_KEYS: tuple[tuple[str, str, bool], ...] = (
 )
 _PER_LAYER_OK = {f"{ARCH}.feed_forward_length", f"{ARCH}.attention.head_count"}
 LLAMA_TAP_KEY = f"{ARCH}.target_layers"
+# LLAMA_MAX_LAYERS (src/llama-hparams.h): the per-layer arrays' size; get_key_or_arr
+# refuses a layer count above it before it reads a per-layer key.
+LLAMA_MAX_LAYERS = 512
 LLAMA_TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
 LLAMA_MASK_KEY = "tokenizer.ggml.mask_token_id"
 
@@ -500,6 +517,13 @@ def _key_rule(key: str, want: str, required: bool) -> Rule:
     return Rule(f"key.{key}", "load_error", check)
 
 
+def _llama_max_layers(view: _View) -> str | None:
+    layers, key = _dim(view, f"{ARCH}.block_count"), f"{ARCH}.feed_forward_length"
+    if layers is not None and layers > LLAMA_MAX_LAYERS and key in view.kv:
+        return f"n > N_MAX: {layers % 2**32} > {LLAMA_MAX_LAYERS} for key {key}"
+    return None
+
+
 def _llama_arch(view: _View) -> str | None:
     arch = view.kv.get("general.architecture")
     if arch != ARCH:
@@ -511,9 +535,9 @@ def _llama_rope_base(view: _View) -> str | None:
     if f"{ARCH}.rope.freq_base" in view.kv:
         return None
     theta = view.kv.get("dflash.rope.frequency_base")
-    if isinstance(theta, numbers.Real) and float(theta) == LLAMA_DEFAULT_ROPE_BASE:
+    if isinstance(theta, numbers.Real) and _c_double(theta) == LLAMA_DEFAULT_ROPE_BASE:
         return None
-    declared = f"{float(theta):g} (dflash.rope.frequency_base)" if isinstance(
+    declared = f"{_c_double(theta):g} (dflash.rope.frequency_base)" if isinstance(
         theta, numbers.Real) else "unknown"
     return (f"llama.cpp reads the rope base from {ARCH}.rope.freq_base (f32); it is absent, so "
             f"llama.cpp would use its default {LLAMA_DEFAULT_ROPE_BASE:g} instead of the "
@@ -523,11 +547,13 @@ def _llama_rope_base(view: _View) -> str | None:
 def _llama_taps(view: _View) -> str | None:
     if LLAMA_TAP_KEY not in view.kv:
         return "DFlash model requires 'target_layers' in GGUF metadata"
-    gtype = view.type_of(LLAMA_TAP_KEY) or ""
-    if gtype not in ("ARRAY[INT32]", "ARRAY[UINT32]"):
+    gtype, value = view.type_of(LLAMA_TAP_KEY) or "", view.kv[LLAMA_TAP_KEY]
+    integers = isinstance(value, list) and all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value)
+    if gtype not in ("ARRAY[INT32]", "ARRAY[UINT32]") or not integers:
         return (f"array type mismatch for {LLAMA_TAP_KEY}: expected an INT32 or UINT32 array, "
                 f"found {gtype or 'unknown'}")
-    view.found["llama_taps"] = list(view.kv[LLAMA_TAP_KEY])
+    view.found["llama_taps"] = [int(t) for t in value]
     return None
 
 
@@ -576,6 +602,8 @@ def _llama_geometry(view: _View) -> str | None:
     layers, ff = _dim(view, f"{ARCH}.block_count"), _dim(view, f"{ARCH}.feed_forward_length")
     if None in (h, nh, layers, ff) or nh == 0 or "llama_taps" not in view.found:
         return None
+    if layers > LLAMA_MAX_LAYERS:       # refused above (max_layers); and never expanded
+        return None
     nkv = _dim(view, f"{ARCH}.attention.head_count_kv") or nh
     d = _dim(view, f"{ARCH}.attention.key_length") or h // nh
     vocab = _dim(view, "dflash.vocab_size")
@@ -602,7 +630,8 @@ def _llama_expected(view: _View) -> dict[str, tuple[int, ...]]:
     present = view.names
     optional = {"token_embd.weight": (g["H"], g["V"]), "output.weight": (g["H"], g["V"])}
     if "markov_w1.weight" in present:
-        r = present["markov_w1.weight"][1][0]
+        shape = present["markov_w1.weight"][1]
+        r = shape[0] if shape else 0
         out["markov_w1.weight"] = (r, g["V"])
         out["markov_w2.weight"] = (r, g["V"])
         optional.update({"conf_proj.weight": (g["H"] + r, 1), "conf_proj.bias": (1,)})
@@ -642,7 +671,9 @@ def _llama_count(view: _View) -> str | None:
 
 LLAMA_RULES: tuple[Rule, ...] = (
     Rule("architecture", "load_error", _llama_arch),
-    *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[:6]),
+    *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[:3]),
+    Rule("max_layers", "load_error", _llama_max_layers),
+    *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[3:6]),
     Rule("rope_base", "misread", _llama_rope_base),
     *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[6:]),
     Rule("target_layers", "load_error", _llama_taps),
@@ -711,6 +742,114 @@ def format_types(kv: Mapping[str, object]) -> dict[str, str]:
             for k in kv if k in KEYS_BY_NAME}
 
 
+def as_written(kv: Mapping[str, object]) -> tuple[dict[str, object], dict[str, str]]:
+    """(values, types) of metadata our writer is about to emit, each value as the file will
+    hold it (a FLOAT32 key rounded to float32): the reports convert and quantize record
+    are then the ones validate derives from the file."""
+    from dspark_convert.artifact.format import as_float32
+
+    types = format_types(kv)
+    values = {k: as_float32(v) if types.get(k) == "FLOAT32" and isinstance(v, float) else v
+              for k, v in kv.items()}
+    return values, types
+
+
+def written_reports(kv: Mapping[str, object], records: Iterable) -> dict[str, EngineReport]:
+    """The reports of a file about to be written: its metadata ``kv`` as the writer emits
+    it and its tensor records (objects with ``name``, ``type``, GGUF ``shape``: manifest
+    TensorRecords). convert and quantize record these; validate re-derives them from the
+    file it reads (``gguf_inputs``)."""
+    values, types = as_written(kv)
+    return engine_reports(values, types, [(t.name, t.type, t.shape) for t in records])
+
+
 def reports_for_gguf(gguf, *, path: str | None = None) -> dict[str, EngineReport]:
     values, types, tensors = gguf_inputs(gguf)
     return engine_reports(values, types, tensors, path=path or str(gguf.path))
+
+
+# --- the reports as checks (convert, quantize and validate record them by this one rule) -------
+
+#: What each engine name stands for, in a check's detail.
+ENGINE_TITLES = {
+    "strata.open": "Strata's DFlash loader (DFlashArtifact::open)",
+    "strata.run": "Strata's runtime (DFlashArtifact::validate_supported, fixed rms eps)",
+    "llama.cpp": "llama.cpp's DFlash/DSpark loader (0c1e570)",
+}
+# The refusals that stay a risk whatever the engine's support: Strata's runtime would run
+# the drafter with its fixed eps, not the one it was trained with.
+WARNING_RULES = ("strata.run/rms_eps",)
+
+
+def check_name(engine: str) -> str:
+    return f"engine.{engine}"
+
+
+def _decisive(report: EngineReport) -> tuple[str, Refusal | None]:
+    """The check status of a report, and the refusal that decides it:
+
+    - ``failed``: Strata's loader stops on it (a ``load_error`` at ``strata.open``): the
+      artifact is broken for the engine it is made for, as the old loader-rule check said;
+    - ``warning``: a real risk (a rule of WARNING_RULES);
+    - ``info``: any other refusal: a drafter the engine does not implement (DSpark heads,
+      a geometry other than Flash-Next, llama.cpp's own format): worth knowing, not a
+      risk, so ``validate --strict`` passes it;
+    - ``passed``: the engine accepts it."""
+    if report.accepts:
+        return "passed", None
+    if report.engine == "strata.open":
+        broken = next((r for r in report.refusals if r.kind == "load_error"), None)
+        if broken is not None:
+            return "failed", broken
+    risk = next((r for r in report.refusals if r.rule in WARNING_RULES), None)
+    if risk is not None:
+        return "warning", risk
+    return "info", report.refusals[0]
+
+
+def _detail(report: EngineReport, decisive: Refusal | None) -> str:
+    title = ENGINE_TITLES[report.engine]
+    if decisive is None:
+        return f"{title} accepts it"
+    others = [r.rule for r in report.refusals if r is not decisive]
+    more = f" ({len(others)} more: {', '.join(others)})" if others else ""
+    return f"{title} refuses it ({decisive.kind}): {decisive.message}{more}"
+
+
+def engine_verdicts(reports: Mapping[str, EngineReport], *, require: Sequence[str] = (),
+                    label: str = "drafter.gguf") -> list[tuple[Check, DSparkError | None]]:
+    """One check per engine, ``engine.<name>``, in ENGINES order, each with the refusal of a
+    failed one. ``require`` names engines whose refusal fails the check with
+    EngineRequirementError (``validate --require``); a check already failed keeps its own
+    error."""
+    out: list[tuple[Check, DSparkError | None]] = []
+    for engine in ENGINES:
+        report = reports[engine]
+        status, decisive = _decisive(report)
+        name, detail = check_name(engine), _detail(report, decisive)
+        error: DSparkError | None = None
+        if status == "failed":
+            error = StrataRuleError(f"{label}: {detail}", path=label, field=engine)
+        elif engine in require and not report.accepts:
+            error = EngineRequirementError(f"{label}: --require {engine}: {detail}", path=label,
+                                           field=engine, expected="accepts", found=report.reason)
+        if error is not None:
+            out.append((Check.failed(name, error), error))
+        else:
+            out.append((Check(name=name, status=status,
+                              detail=detail + (" (required)" if engine in require else "")),
+                        None))
+    return out
+
+
+def engine_checks(reports: Mapping[str, EngineReport], *, require: Sequence[str] = (),
+                  label: str = "drafter.gguf") -> list[Check]:
+    """The checks of ``engine_verdicts``: what convert and quantize record in manifest.json
+    (no ``require``) and validate confirms."""
+    return [check for check, _error in engine_verdicts(reports, require=require, label=label)]
+
+
+def engine_records(reports: Mapping[str, EngineReport]) -> dict[str, dict]:
+    """{engine: {"accepts", "reason"}}: what the manifest records and validate --json
+    reports."""
+    return {engine: reports[engine].to_dict() for engine in ENGINES}

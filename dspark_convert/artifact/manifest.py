@@ -193,6 +193,16 @@ class QuantizationRecord(_Record):
                       "BF16 values widened to float32")
 
 
+EngineName = Literal["strata.open", "strata.run", "llama.cpp"]
+
+
+class EngineRecord(_Record):
+    """Whether one consumer accepts the artifact, and if not the first reason in its own
+    terms (docs/ENGINES.md; artifact/engines.py)."""
+    accepts: bool
+    reason: str | None = Field(description="the engine's first refusal; null when it accepts")
+
+
 class Manifest(_Record):
     format: Literal["strata-dspark-artifact"]
     format_version: Literal[1]
@@ -203,6 +213,9 @@ class Manifest(_Record):
     contract: FeatureContract
     artifact: ArtifactRecord
     checks: list[Check]
+    engines: dict[EngineName, EngineRecord] = Field(
+        description="strata.open, strata.run and llama.cpp: whether each accepts the "
+        "artifact (docs/ENGINES.md); validate re-derives them from drafter.gguf")
     parent: ParentRecord | None = Field(default=None, description="quantized artifacts: the "
                                         "BF16 parent; absent for a converted artifact")
     quantization: QuantizationRecord | None = Field(default=None, description="quantized "

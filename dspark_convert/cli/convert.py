@@ -22,6 +22,7 @@ from dspark_convert.cli.app import (
     print_hub,
 )
 from dspark_convert.cli.errors import run
+from dspark_convert.cli.validate import print_engines
 
 
 @app.command()
@@ -62,6 +63,7 @@ def convert(
                     "tensors": len(m.artifact.tensors)},
                 "stripped": [s.name for s in m.source.stripped],
                 "checks": [c.model_dump() for c in m.checks],
+                "engines": {name: e.model_dump() for name, e in m.engines.items()},
                 "target": m.target.model_dump() if m.target else None,
                 "hub": m.source.hub.model_dump() if m.source.hub else None}, indent=2))
             return 0
@@ -80,8 +82,11 @@ def convert(
         infos = [c for c in m.checks + target_checks if c.status == "info"]
         out.print(f"  checks: {passed} passed, {len(warnings)} warning(s), {len(infos)} note(s)")
         for check in warnings + infos:
+            if check.name.startswith("engine.") and check.status == "info":
+                continue        # the engines table below says it
             style = STATUS_STYLE[check.status]
             out.print(f"  [{style}]{check.status}[/] {escape(check.name)}: {escape(check.detail)}")
+        print_engines(out, m.engines)
         return 0
 
     run(body, debug=debug, as_json=as_json)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -22,12 +22,42 @@ from dspark_convert.cli.app import (
 from dspark_convert.cli.errors import run
 from dspark_convert.util.text import shown
 
+# artifact/engines.ENGINES, spelled here so that `dspark --help` imports no library.
+ENGINE_NAMES = ("strata.open", "strata.run", "llama.cpp")
+
+
+def _engines(values: Optional[list[str]]) -> list[str]:
+    """--require ENGINE (repeatable): a name of ENGINE_NAMES; a usage error (exit 2) else."""
+    for value in values or []:
+        if value not in ENGINE_NAMES:
+            raise typer.BadParameter(f"expected one of {', '.join(ENGINE_NAMES)}, found {value!r}")
+    return list(values or [])
+
+
+def print_engines(out, engines, required=()) -> None:
+    """The engines table: each consumer, whether it accepts the artifact, and its first
+    reason (validate; convert and quantize print the same for their output)."""
+    table = Table(title="engines", show_lines=False)
+    table.add_column("engine")
+    table.add_column("accepts")
+    table.add_column("first reason", overflow="fold")
+    for name, record in engines.items():
+        verdict = "[green]yes[/]" if record.accepts else \
+            ("[bold red]no[/]" if name in required else "[cyan]no[/]")
+        table.add_row(escape(name + (" (required)" if name in required else "")), verdict,
+                      escape(record.reason or "-"))
+    out.print(table)
+
 
 @app.command()
 def validate(
     artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert`.")],
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures (exit 45).")] = False,
     target: TargetOpt = None,
+    require: Annotated[Optional[list[str]], typer.Option(
+        "--require", metavar="ENGINE", callback=_engines,
+        help="Fail (exit 47) unless this engine accepts the artifact: strata.open, strata.run "
+        "or llama.cpp (repeatable). Engine reports are informational otherwise.")] = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -38,7 +68,7 @@ def validate(
         from dspark_convert.commands.validate import validate_artifact
 
         report = validate_artifact(artifact, progress=RichProgress(enabled=not as_json),
-                                   target=target)
+                                   target=target, require=require or [])
         code = report.exit_code(strict=strict)
         if as_json:
             print(json.dumps({**report.model_dump(), "strict": strict, "exit_code": code}, indent=2))
@@ -52,6 +82,8 @@ def validate(
                 table.add_row(escape(check.name), f"[{style}]{check.status}[/]", escape(check.detail))
             out = _out()
             out.print(table)
+            if report.engines is not None:
+                print_engines(out, report.engines, report.required)
             verdict = "PASSED" if code == 0 else "FAILED"
             out.print(f"{verdict}: {len(report.checks)} checks, {report.failed} failed, "
                       f"{report.warnings} warning(s)" + (" (strict)" if strict else ""))

@@ -70,7 +70,7 @@ from dspark_convert.source.hub.spec import looks_like_hub_spec
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import TensorEntry
 from dspark_convert.source.checkpoint import Source, open_source
-from dspark_convert.artifact.strata_rules import strata_checks
+from dspark_convert.artifact.engines import engine_checks, engine_records, written_reports
 from dspark_convert.util.text import shown
 
 if TYPE_CHECKING:
@@ -462,7 +462,7 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
 
 
 def _checks(source: Source, records: list[TensorRecord], stripped: list[StrippedTensor],
-            prov: Provenance) -> list[Check]:
+            engines: dict) -> list[Check]:
     files, tensors = source.checkpoint.files, source.checkpoint.tensors
     checks = [
         Check(name="source.layout", status="passed",
@@ -482,13 +482,14 @@ def _checks(source: Source, records: list[TensorRecord], stripped: list[Stripped
                     detail="BF16 bytes copied unchanged" if source.dtype == "BF16"
                     else f"{source.dtype} source rounded to BF16 (nearest-even)"),
     ]
-    return checks + strata_checks(expected_metadata(source.contract, prov), records)
+    return checks + engine_checks(engines)
 
 
 def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, prov: Provenance,
               stripped: list[StrippedTensor], records: list[TensorRecord], size: int,
               gguf_sha: str, target: TargetRecord | None = None,
               hub: HubRecord | None = None) -> Manifest:
+    engines = written_reports(expected_metadata(source.contract, prov), records)
     return Manifest(
         format=MANIFEST_FORMAT, format_version=1,
         converter=ConverterRecord(name=CONVERTER_NAME, version=__version__),
@@ -502,7 +503,8 @@ def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, pro
         target=target,
         contract=source.contract,
         artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=gguf_sha, tensors=records),
-        checks=_checks(source, records, stripped, prov),
+        checks=_checks(source, records, stripped, engines),
+        engines=engine_records(engines),
     )
 
 

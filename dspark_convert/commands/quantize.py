@@ -62,10 +62,8 @@ from dspark_convert.artifact.manifest import (
     TensorRecord,
 )
 from dspark_convert.util.progress import NoProgress, Progress
-from dspark_convert.artifact.strata_rules import strata_checks
-
-# The contract's tensor rules whose matrices are the DSpark heads (quantized only with heads=).
-HEAD_RULES = ("markov", "gated", "rnn", "confidence")
+from dspark_convert.artifact.engines import engine_checks, engine_records, written_reports
+from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY, rule_whens, tensor_type
 # Significant digits of the recorded errors: enough to compare precisions, few enough that a
 # numpy release changing a float64 summation order does not change manifest.json's bytes.
 ERROR_DIGITS = 6
@@ -117,18 +115,6 @@ def _validated_parent(parent: Path, progress: Progress):
     return report
 
 
-def tensor_type(kind: str, when: str, ndim: int, qtype: str | None, heads: str | None) -> str:
-    """The type a tensor has in an artifact quantized to ``qtype`` (None: a BF16 artifact)
-    with ``heads`` for the head matrices: the one rule quantize writes by and validate can
-    check by. ``kind`` and ``when`` are the tensor table's (contract TensorSpec.kind,
-    tensor_table.TensorRule.when)."""
-    if qtype is None or kind != "matrix" or ndim != 2:
-        return "BF16"
-    if when in HEAD_RULES:
-        return heads or "BF16"
-    return qtype
-
-
 def _plan(gguf: GGUFFile, manifest: Manifest, qtype: str, heads: str | None,
           label: str) -> list[_Planned]:
     """Each tensor of the parent, in file order, with the type it gets."""
@@ -152,16 +138,6 @@ def _plan(gguf: GGUFFile, manifest: Manifest, qtype: str, heads: str | None,
     return plan
 
 
-def rule_whens(contract) -> dict[str, str]:
-    """GGUF name -> the tensor table's condition ("always", "markov", "gated", ...) for a
-    FeatureContract's tensors."""
-    from dspark_convert.contract.tensor_table import TENSOR_RULES, expand_rule
-
-    layers = contract.geometry.num_draft_layers
-    return {gguf: rule.when for rule in TENSOR_RULES if rule.gguf
-            for _s, gguf, _i in expand_rule(rule, layers)}
-
-
 def _layout(plan: list[_Planned], data_start: int) -> tuple[list[_Planned], int]:
     out, offset = [], data_start
     for t in plan:
@@ -171,7 +147,7 @@ def _layout(plan: list[_Planned], data_start: int) -> tuple[list[_Planned], int]
 
 
 def _header(kv: dict, plan: list[_Planned], qtype: str, parent_sha: str, scratch: Path) -> bytes:
-    values = {**kv, "strata.dflash.quantization": qtype, "strata.dflash.source_sha256": parent_sha}
+    values = {**kv, QUANTIZATION_KEY: qtype, PARENT_KEY: parent_sha}
     tensors = [(t.name, t.torch_shape, t.nbytes, GGMLQuantizationType[t.type]) for t in plan]
     return gguf_header(values, tensors, scratch)
 
@@ -295,6 +271,7 @@ def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
         counts[t.type] = counts.get(t.type, 0) + 1
     kept = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     worst = max(errors.items(), key=lambda kv: kv[1].rel_rms, default=None)
+    engines = written_reports(kv, records)
     checks = [
         Check(name="parent.validate", status="passed",
                     detail=f"the BF16 parent passes dspark validate ({checks_passed} checks, "
@@ -308,9 +285,9 @@ def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
                               f"({worst[0]})" if worst else "")),
         Check(name="quantize.readback", status="passed",
                     detail=f"{GGUF_FILE} re-read: names, types, shapes and offsets as planned"),
-        # Strata's loader rules on the quantized file, recorded as convert records them (and
-        # as validate re-derives them).
-        *strata_checks(kv, records),
+        # The engines on the quantized file, recorded as convert records them (and as
+        # validate re-derives them).
+        *engine_checks(engines),
     ]
     return Manifest(
         format=parent_manifest.format, format_version=parent_manifest.format_version,
@@ -319,6 +296,7 @@ def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
         contract=parent_manifest.contract,
         artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=sha, tensors=records),
         checks=checks,
+        engines=engine_records(engines),
         parent=ParentRecord(files=parent_files),
         quantization=QuantizationRecord(
             type=qtype, heads=heads,
@@ -344,7 +322,7 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
     label = str(parent / GGUF_FILE)
     gguf = read_gguf(parent / GGUF_FILE)
     kv = {k: v.value for k, v in gguf.kv.items()}
-    already = kv.get("strata.dflash.quantization")
+    already = kv.get(QUANTIZATION_KEY)
     if already is not None:
         raise QuantizedParentError(
             f"{label}: metadata key 'strata.dflash.quantization' is {already!r}; expected a "
@@ -389,8 +367,7 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
         parent_files = [FileRecord(path=GGUF_FILE, size=gguf.file_size, sha256=parent_sha),
                         FileRecord(path=MANIFEST_FILE, size=len(manifest_bytes),
                                    sha256=hashlib.sha256(manifest_bytes).hexdigest())]
-        out_kv = {**kv, "strata.dflash.quantization": qtype,
-                  "strata.dflash.source_sha256": parent_sha}
+        out_kv = {**kv, QUANTIZATION_KEY: qtype, PARENT_KEY: parent_sha}
         manifest = _manifest(parent_manifest, out_kv, plan, passed.errors, size, sha, digests,
                              parent_files, qtype, heads, len(report.checks))
         try:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from dspark_convert import CONVERTER_NAME
 from dspark_convert.artifact.format import (
@@ -45,11 +46,12 @@ from dspark_convert.errors import (
     ManifestMismatchError,
     MetadataError,
     NonFiniteTensorError,
+    QuantizedTensorError,
     StrataRuleError,
 )
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, weights_digest
-from dspark_convert.artifact.manifest import Manifest
+from dspark_convert.artifact.manifest import EngineName, EngineRecord, Manifest
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.patterns import is_commit, is_sha256
 from dspark_convert.util.text import shown
@@ -57,7 +59,23 @@ from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.numerics import non_finite_error
 from dspark_convert.util.models import first_problem
 from dspark_convert.util.strict_json import read_json_strict
-from dspark_convert.artifact.strata_rules import strata_checks
+from dspark_convert.artifact.engines import (
+    ENGINES,
+    EngineReport,
+    engine_checks,
+    engine_records,
+    engine_reports,
+    engine_verdicts,
+    gguf_inputs,
+)
+from dspark_convert.artifact.quantized import (
+    PARENT_KEY,
+    QUANTIZATION_KEY,
+    allowed_types,
+    is_head,
+    rule_whens,
+)
+from dspark_convert.formats import quants
 
 class ValidationReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -67,6 +85,13 @@ class ValidationReport(BaseModel):
     failed: int
     warnings: int
     checks: list[Check]
+    engines: dict[EngineName, EngineRecord] | None = Field(
+        description="strata.open, strata.run, llama.cpp: whether each accepts the artifact "
+        "and, if not, its first reason (docs/ENGINES.md); null when drafter.gguf could not "
+        "be parsed")
+    required: list[EngineName] = Field(
+        description="the engines `--require` named: a refusal of one of them is a failed "
+        "check (EngineRequirementError)")
     # What the run built, for a caller that goes on with the artifact (smoke, eval): the
     # refusal behind each failed check, and the parsed drafter.gguf (validated as far as
     # the checks went), so it is never parsed twice.
@@ -109,6 +134,8 @@ class _Checks:
         self.errors: dict[str, DSparkError] = {}
         self.gguf: GGUFFile | None = None
         self.gguf_sha256: str | None = None
+        self.engines: dict[str, EngineReport] | None = None
+        self.required: list[str] = []
 
     def passed(self, name: str, detail: str) -> None:
         self.items.append(Check.passed(name, detail))
@@ -133,7 +160,10 @@ class _Checks:
         failed = sum(c.status == "failed" for c in self.items)
         report = ValidationReport(artifact=str(root), ok=not failed, failed=failed,
                                   warnings=sum(c.status == "warning" for c in self.items),
-                                  checks=self.items)
+                                  checks=self.items,
+                                  engines=None if self.engines is None
+                                  else engine_records(self.engines),
+                                  required=self.required)
         report._errors.update(self.errors)
         report._gguf = self.gguf
         report._gguf_sha256 = self.gguf_sha256
@@ -164,11 +194,24 @@ def _compare_metadata(kv: dict, expected: dict, label: str, error=MetadataError,
 def _check_provenance_values(prov: Provenance, label: str) -> None:
     for key, value in (("dflash.source.sha256", prov.source_sha256),
                        ("dflash.target.embed_sha256", prov.embed_sha256),
-                       ("dflash.target.lm_head_sha256", prov.lm_head_sha256)):
+                       ("dflash.target.lm_head_sha256", prov.lm_head_sha256),
+                       (PARENT_KEY, prov.parent_sha256)):
         if value is not None and not is_sha256(value):
             raise MetadataError(f"{label}: metadata key '{key}': expected 64 lowercase hex digits, "
                                 f"found {value!r}", path=label, field=key, expected="sha256 hex",
                                 found=value)
+    if prov.quantization is not None and prov.quantization not in quants.QUANT_TYPES:
+        raise MetadataError(f"{label}: metadata key '{QUANTIZATION_KEY}': expected one of "
+                            f"{', '.join(quants.QUANT_TYPES)} (upper case, as Strata writes it), "
+                            f"found {prov.quantization!r}", path=label, field=QUANTIZATION_KEY,
+                            expected="|".join(quants.QUANT_TYPES), found=prov.quantization)
+    if (prov.quantization is None) != (prov.parent_sha256 is None):
+        present, absent = ((QUANTIZATION_KEY, PARENT_KEY) if prov.parent_sha256 is None
+                           else (PARENT_KEY, QUANTIZATION_KEY))
+        raise MetadataError(f"{label}: metadata key '{absent}' is missing; a quantized artifact "
+                            f"has both {QUANTIZATION_KEY} and {PARENT_KEY} ('{present}' is "
+                            "present)", path=label, field=absent, expected="present",
+                            found="missing")
     if prov.revision != LOCAL_REVISION and not is_commit(prov.revision):
         raise MetadataError(f"{label}: metadata key 'dflash.source.revision': expected a 40-hex "
                             f"commit or 'local', found {prov.revision!r}", path=label,
@@ -196,28 +239,96 @@ def _check_layout(gguf: GGUFFile, label: str) -> None:
         offset += -(-info.nbytes // ALIGNMENT) * ALIGNMENT
 
 
+def _check_quantized_types(gguf: GGUFFile, contract: FeatureContract, qtype: str,
+                           label: str) -> str:
+    """Each tensor of a quantized artifact against the one type rule
+    (artifact/quantized.py, which ``dspark quantize`` writes by): backbone matrices in the
+    type ``strata.dflash.quantization`` names, norms and biases BF16, the head matrices BF16
+    or all in one type (``--heads``). Block and byte sizes are the reader's
+    (gguf.structure: a row width that is not a multiple of the type's block is refused
+    there, and each tensor spans exactly its blocks). Returns the check's detail."""
+    specs = {s.gguf_name: s for s in contract.written_tensors}
+    whens = rule_whens(contract)
+    counts: dict[str, int] = {}
+    heads: dict[str, str] = {}          # head matrix -> its type
+    for info in gguf.tensors:
+        spec, found = specs[info.name], info.ggml_type.name   # the inventory matched them
+        when = whens[info.name]
+        allowed = allowed_types(spec.kind, when, len(info.shape), qtype)
+        if found not in allowed:
+            if spec.kind != "matrix":
+                why = f"a {spec.kind} stays BF16 in a quantized artifact"
+            elif is_head(when):
+                why = "a head matrix is BF16, or of the type --heads gave"
+            else:
+                why = f"the backbone matrices have the type {QUANTIZATION_KEY} names, {qtype}"
+            raise QuantizedTensorError(
+                f"{label}: tensor '{info.name}' is {found}; expected {' or '.join(allowed)} "
+                f"({why})", path=label, tensor=info.name, expected="|".join(allowed),
+                found=found)
+        if is_head(when) and len(allowed) > 1:
+            heads[info.name] = found
+        counts[found] = counts.get(found, 0) + 1
+    if len(set(heads.values())) > 1:
+        first = next(iter(heads))
+        other = next(n for n, t in heads.items() if t != heads[first])
+        raise QuantizedTensorError(
+            f"{label}: the head matrices have two types: '{first}' is {heads[first]}, "
+            f"'{other}' is {heads[other]}; expected one type for all of them (--heads)",
+            path=label, tensor=other, expected=heads[first], found=heads[other])
+    kinds = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+    return (f"{qtype} artifact: {kinds}; backbone matrices {qtype}, norms and biases BF16, "
+            f"head matrices {next(iter(set(heads.values())), 'none')}")
+
+
 @dataclass(frozen=True)
 class _Scan:
     file_sha256: str
     tensor_sha256: dict[str, str]
-    non_finite: NonFiniteTensorError | None     # the first NaN/Inf found, if any
+    # The first NaN/Inf found, in file order: a BF16 value (NonFiniteTensorError) or a
+    # quantized block's F16 scale (QuantizedTensorError).
+    non_finite: DSparkError | None
+    quantized: int = 0                          # tensors whose block scales were scanned
+
+
+def _bad_scale(name: str, scanner: quants.ScaleScanner, ne0: int, label: str) -> QuantizedTensorError:
+    per_row = ne0 // quants.BLOCK_SIZE
+    row, col = divmod(scanner.first_bad, per_row)
+    first = col * quants.BLOCK_SIZE
+    return QuantizedTensorError(
+        f"{label}: tensor '{name}': the {scanner.name} block at row {row}, columns "
+        f"{first}..{first + quants.BLOCK_SIZE - 1} (block {scanner.first_bad}) has the F16 scale "
+        f"{scanner.bad_scale}; expected a finite scale in every block", path=label, tensor=name,
+        expected="a finite F16 scale", found=str(scanner.bad_scale))
 
 
 def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
     """One sequential read of the file in fixed blocks: the file's SHA-256, each tensor's
-    SHA-256, and the first non-finite BF16 value. Memory stays at one block whatever the
-    file's size (a memory map would count every page read in the process's RSS)."""
-    non_finite: list[NonFiniteTensorError] = []
-    bf16 = {info.name for info in gguf.tensors if info.ggml_type.name == "BF16"}
+    SHA-256, and the first non-finite BF16 value or quantized block scale (a block of a
+    Q8_0/Q5_0/Q4_0 tensor is its F16 scale times small integers: its values are finite
+    exactly when the scale is). Memory stays at one block whatever the file's size (a
+    memory map would count every page read in the process's RSS)."""
+    problems: list[DSparkError] = []
+    infos = {info.name: info for info in gguf.tensors}
+    bf16 = {name for name, info in infos.items() if info.ggml_type.name == "BF16"}
+    scanners = {name: quants.ScaleScanner(info.ggml_type.name) for name, info in infos.items()
+                if info.ggml_type.name in quants.QUANT_TYPES}
 
     def shrank():
         return GGUFFormatError(f"{label}: file shrank while validating", path=label)
 
     def scan(name: str, block, done: int) -> None:
-        if not non_finite and name in bf16:
+        if problems:
+            return
+        if name in bf16:
             problem = non_finite_error(block, "BF16", done, name, label)
             if problem is not None:
-                non_finite.append(problem)
+                problems.append(problem)
+        elif name in scanners:
+            scanner = scanners[name]
+            scanner.feed(block)
+            if scanner.first_bad is not None:
+                problems.append(_bad_scale(name, scanner, infos[name].shape[0], label))
 
     with open(gguf.path, "rb") as fh:
         if os.fstat(fh.fileno()).st_size != gguf.file_size:
@@ -226,19 +337,23 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
         file_sha, digests = hash_file_and_spans(
             fh, gguf.file_size, [(t.name, t.data_offset, t.nbytes) for t in gguf.tensors],
             BLOCK, progress or (lambda n: None), shrank, inspect=scan)
-    return _Scan(file_sha, digests, non_finite[0] if non_finite else None)
+    return _Scan(file_sha, digests, problems[0] if problems else None, len(scanners))
 
 
 def _manifest_provenance(manifest: Manifest) -> Provenance:
     stripped = {s.name: s.sha256 for s in manifest.source.stripped}
     # A drafter without its own copies records the target's hashes, when it had one.
     target = {t.role: t.sha256 for t in manifest.target.tensors} if manifest.target else {}
+    # A quantized artifact names its type and its parent's drafter.gguf.
+    parent = {f.path: f.sha256 for f in manifest.parent.files} if manifest.parent else {}
     return Provenance(name=manifest.source.name, repository=manifest.source.repo,
                       revision=manifest.source.revision,
                       source_sha256=manifest.source.weights_sha256,
                       embed_sha256=stripped.get("embed_tokens.weight", target.get("embedding")),
                       lm_head_sha256=stripped.get("lm_head.weight", target.get("head")),
-                      converter=f"{manifest.converter.name} {manifest.converter.version}")
+                      converter=f"{manifest.converter.name} {manifest.converter.version}",
+                      quantization=manifest.quantization.type if manifest.quantization else None,
+                      parent_sha256=parent.get(GGUF_FILE) if manifest.quantization else None)
 
 
 def _first_difference(want: object, got: object, where: str = "") -> tuple[str, object, object] | None:
@@ -311,11 +426,13 @@ def _mismatch(field: str, found: object, expected: object, because: str) -> Mani
                                  expected=expected, found=found)
 
 
-def _check_manifest_record(manifest: Manifest, kv: dict, label: str) -> None:
+def _check_manifest_record(manifest: Manifest, kv: dict, engines: dict[str, EngineReport],
+                           label: str) -> None:
     """Every field of manifest.json that the GGUF (through the contract its metadata
     rebuilds) can confirm, confirmed: the contract, source.config, the provenance keys,
     each tensor's source name, the stripped tensors, the source dtype, the recorded checks,
-    the Hub record and the target's geometry."""
+    the engine reports, a quantized artifact's parent and quantization records, the Hub
+    record and the target's geometry."""
     label_cfg = f"{MANIFEST_FILE} source.config"
     try:
         source_cfg = parse_config(manifest.source.config, path=label_cfg)
@@ -336,6 +453,8 @@ def _check_manifest_record(manifest: Manifest, kv: dict, label: str) -> None:
         raise ManifestMismatchError(f"{MANIFEST_FILE}: field 'source.weights_sha256' does not match "
                                     "the weights files listed in source.files", path=MANIFEST_FILE,
                                     field="source.weights_sha256")
+    # The parent and quantization records first: the two keys are confirmed from them.
+    _check_quantization_record(manifest, label)
     _compare_metadata(kv, expected_metadata(manifest.contract, _manifest_provenance(manifest)),
                       label, error=ManifestMismatchError, against="manifest.json")
     contract = manifest.contract
@@ -364,15 +483,65 @@ def _check_manifest_record(manifest: Manifest, kv: dict, label: str) -> None:
             if check.status == "failed":
                 raise _mismatch(f"{where_}[{i}].status", "failed", "passed",
                                 f"an artifact is written only when {check.name} has")
-    recorded = {c.name: c for c in manifest.checks if c.name.startswith("strata.")}
-    for record in strata_checks(kv, manifest.artifact.tensors):
-        got = recorded.get(record.name)
-        if got is None or (got.status, got.detail) != (record.status, record.detail):
-            raise _mismatch(f"checks[{record.name}]", None if got is None else got.status,
-                            record.status, f"Strata's rules applied to {label} give")
+    _check_engine_record(manifest, engines, label)
     _check_hub_record(manifest)
     if manifest.target is not None:
         _check_target_geometry(manifest)
+
+
+def _check_engine_record(manifest: Manifest, engines: dict[str, EngineReport],
+                         label: str) -> None:
+    """The engine checks and reports convert (or quantize) recorded, against the ones the
+    file gives now (artifact/engines.py: the same rules on the same metadata and tensors)."""
+    recorded = {c.name: c for c in manifest.checks if c.name.startswith("engine.")}
+    for record in engine_checks(engines, label=label):
+        got = recorded.get(record.name)
+        if got is None or (got.status, got.detail) != (record.status, record.detail):
+            raise _mismatch(f"checks[{record.name}]", None if got is None else got.status,
+                            record.status, f"the engines' rules applied to {label} give")
+    now = engine_records(engines)
+    for engine in ENGINES:
+        got = manifest.engines.get(engine)
+        got = None if got is None else got.model_dump()
+        if got != now[engine]:
+            raise _mismatch(f"engines.{engine}", got, now[engine],
+                            f"the engines' rules applied to {label} give")
+    if list(manifest.engines) != list(ENGINES):
+        raise _mismatch("engines", list(manifest.engines), list(ENGINES), "the engines are")
+
+
+def _check_quantization_record(manifest: Manifest, label: str) -> None:
+    """A quantized artifact's own records: ``parent`` and ``quantization`` together, the
+    parent's two files, an error for every quantized tensor and none for a BF16 one, the
+    head matrices in the recorded heads type. (The type and the parent's SHA-256 are
+    confirmed against the two keys with the rest of the metadata.)"""
+    quantized, parent = manifest.quantization, manifest.parent
+    if (quantized is None) != (parent is None):
+        field, other = ("parent", "quantization") if parent is None else ("quantization", "parent")
+        raise _mismatch(field, None, "a record", f"manifest.json has '{other}'; a quantized "
+                        "artifact records both its parent and its quantization: expected")
+    if quantized is None:
+        for i, record in enumerate(manifest.artifact.tensors):
+            if record.error is not None:
+                raise _mismatch(f"artifact.tensors[{i}].error", "a record", None,
+                                "a BF16 artifact records no quantization error: expected")
+        return
+    paths = [f.path for f in parent.files]
+    if paths != [GGUF_FILE, MANIFEST_FILE]:
+        raise _mismatch("parent.files", paths, [GGUF_FILE, MANIFEST_FILE],
+                        "the parent record names its")
+    whens = rule_whens(manifest.contract)
+    for i, record in enumerate(manifest.artifact.tensors):
+        if (record.error is None) != (record.type == "BF16"):
+            raise _mismatch(f"artifact.tensors[{i}].error",
+                            None if record.error is None else "a record",
+                            "a record" if record.error is None else None,
+                            f"a {record.type} tensor records its error against the BF16 "
+                            "values exactly when it is quantized: expected")
+        if is_head(whens[record.name]) and len(record.shape) == 2 \
+                and record.type != (quantized.heads or "BF16"):
+            raise _mismatch("quantization.heads", quantized.heads, record.type,
+                            f"the head matrix {record.name} is")
 
 
 def _check_source_dtype(manifest: Manifest, cfg, label_cfg: str) -> None:
@@ -427,16 +596,24 @@ def _check_target_geometry(manifest: Manifest) -> None:
 
 
 def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = None,
-                      target: str | os.PathLike | None = None) -> ValidationReport:
+                      target: str | os.PathLike | None = None,
+                      require: Sequence[str] = ()) -> ValidationReport:
     """Every check, in order; ``progress`` is told of the one long read. With ``target``
     (a model directory, or an open ``target.Target``), the pairing checks are re-run
     against it (pairing.py: geometry, tokenizer and the recorded fingerprint, identity).
+    ``require`` names engines (artifact/engines.ENGINES) whose refusal fails their
+    ``engine.*`` check with EngineRequirementError (``validate --require``); an unknown
+    name is a ValueError (the CLI refuses it as a usage error first).
     The long read (every byte hashed and checked finite) happens only once the structure,
     the metadata, the inventory and the size recorded in the manifest agree: an earlier
     failure makes it moot, and the file may be anything (a 40 GB sparse file)."""
     progress = progress or NoProgress()
+    unknown = [name for name in require if name not in ENGINES]
+    if unknown:
+        raise ValueError(f"require: unknown engine {unknown[0]!r}; expected one of {ENGINES}")
     root = Path(path)
     checks = _Checks()
+    checks.required = [name for name in ENGINES if name in require]
     try:
         check_path(root, what="the artifact", error=InvalidArtifactError)
     except InvalidArtifactError as exc:
@@ -480,6 +657,11 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     except DSparkError as exc:
         checks.failed("gguf.structure", exc)
         return checks.report(root)
+    # What each engine makes of the file. Engines are laxer than the format about types
+    # (Strata takes any integer type for a count), so their rules read the raw values and
+    # types, even when the metadata check below fails: they must then take any value of any
+    # type without raising (tests/test_engines.py).
+    checks.engines = engine_reports(*gguf_inputs(gguf), path=label)
 
     # 4. metadata: types, the rebuilt contract, the contract rules, values
     kv: dict | None = None
@@ -496,18 +678,32 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
         checks.failed("gguf.metadata", exc)
         contract = None
 
-    # 5. the tensor inventory against the rebuilt contract
+    # 5. the tensor inventory against the rebuilt contract; a quantized artifact's types
+    qtype = kv.get(QUANTIZATION_KEY) if kv is not None and contract is not None else None
     structural = contract is not None
     if contract is not None:
         try:
-            check_gguf_inventory(gguf, contract, label)
+            # A quantized artifact's tensors may hold any of the four types here; which one
+            # each must hold is gguf.quantization's rule (its own error class, 48).
+            type_ok = None if qtype is None else (lambda _n, t: t in ("BF16", *quants.QUANT_TYPES))
+            check_gguf_inventory(gguf, contract, label, type_ok=type_ok)
             checks.passed("gguf.inventory", f"{len(gguf.tensors)} tensors match the contract: "
-                          "names, order, BF16, shapes")
+                          "names, order, " + ("BF16, " if qtype is None else "") + "shapes")
         except DSparkError as exc:
             checks.failed("gguf.inventory", exc)
             structural = False
     else:
         checks.skipped("gguf.inventory", "no valid contract in the metadata")
+    if qtype is not None:
+        if not structural:
+            checks.skipped("gguf.quantization", "needs the tensors to match the contract")
+        else:
+            try:
+                checks.passed("gguf.quantization", _check_quantized_types(gguf, contract, qtype,
+                                                                          label))
+            except DSparkError as exc:
+                checks.failed("gguf.quantization", exc)
+                structural = False
 
     # 6. the manifest's size and tensor list, before the long read
     layout_ok = manifest is not None
@@ -533,7 +729,10 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
             if scan.non_finite is not None:
                 checks.failed("gguf.values", scan.non_finite)
             else:
-                checks.passed("gguf.values", f"every value of {len(gguf.tensors)} tensors is finite")
+                scales = (f"; every block scale of the {scan.quantized} quantized ones finite"
+                          if scan.quantized else "")
+                checks.passed("gguf.values", f"every value of {len(gguf.tensors)} tensors is "
+                              f"finite{scales}")
         except DSparkError as exc:
             checks.failed("gguf.values", exc)
         except OSError as exc:
@@ -543,7 +742,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     if layout_ok and scan is not None:
         try:
             _check_manifest_hashes(manifest, scan.tensor_sha256, scan.file_sha256, label)
-            _check_manifest_record(manifest, kv, label)
+            _check_manifest_record(manifest, kv, checks.engines, label)
             checks.passed("integrity", f"file and {len(scan.tensor_sha256)} tensor SHA-256 match "
                           "manifest.json; every manifest field the GGUF can confirm agrees")
         except DSparkError as exc:
@@ -551,39 +750,17 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     elif not any(c.name == "integrity" for c in checks.items):
         checks.skipped("integrity", "needs a valid manifest and readable tensors")
 
-    # 9. Strata's loader. It is laxer than the format about types (any integer type for a
-    # count), so its rules run on the raw values even when the metadata check failed: they
-    # must then take any value of any type without raising (tests/test_strata_rules.py).
-    raw_kv = {key: value.value for key, value in gguf.kv.items()}
-    for record in strata_checks(raw_kv, [_TensorView(t) for t in gguf.tensors]):
-        if record.status == "failed":
-            checks.failed(record.name, StrataRuleError(f"{label}: {record.detail}", path=label))
+    # 9. the engines, by stage (artifact/engines.py; derived after the structure check)
+    for record, error in engine_verdicts(checks.engines, require=checks.required, label=label):
+        if error is not None:
+            checks.failed(record.name, error)
         else:
-            getattr(checks, record.status)(record.name, record.detail)
+            checks.add(record)
 
     # 10. the target, when one is given
     if target is not None:
         _check_target(checks, target, contract, kv, manifest, label, progress)
     return checks.report(root)
-
-
-@dataclass(frozen=True)
-class _TensorView:
-    """A GGUF tensor info seen as a manifest tensor record (name, type name, shape)."""
-
-    info: object
-
-    @property
-    def name(self) -> str:
-        return self.info.name
-
-    @property
-    def type(self) -> str:
-        return self.info.ggml_type.name
-
-    @property
-    def shape(self) -> list[int]:
-        return list(self.info.shape)
 
 
 def _check_target(checks: _Checks, target, contract: FeatureContract | None, kv: dict | None,

@@ -108,7 +108,8 @@ def first_bad_scale(data, name: str) -> int | None:
 class ScaleScanner:
     """``first_bad_scale`` over a tensor's bytes fed in arbitrary pieces (validate reads in
     8 MiB blocks, which do not end on block boundaries): keeps the partial block between
-    calls. ``first_bad`` is the index of the first block whose scale is NaN/Inf, or None."""
+    calls. ``first_bad`` is the index of the first block whose scale is NaN/Inf, or None;
+    ``bad_scale`` that scale."""
 
     def __init__(self, name: str) -> None:
         self.size = type_size(name)
@@ -116,6 +117,7 @@ class ScaleScanner:
         self.carry = b""
         self.blocks = 0
         self.first_bad: int | None = None
+        self.bad_scale: float | None = None
 
     def feed(self, data) -> None:
         if self.first_bad is not None:
@@ -123,9 +125,11 @@ class ScaleScanner:
         data = self.carry + bytes(data) if self.carry else memoryview(data).cast("B")
         whole = len(data) - len(data) % self.size
         if whole:
-            bad = first_bad_scale(data[:whole], self.name)
-            if bad is not None:
-                self.first_bad = self.blocks + bad
+            scales = block_scales(data[:whole], self.name)
+            bad = ~np.isfinite(scales)
+            if bad.any():
+                index = int(np.argmax(bad))
+                self.first_bad, self.bad_scale = self.blocks + index, float(scales[index])
             self.blocks += whole // self.size
         self.carry = bytes(data[whole:])
 

@@ -715,10 +715,10 @@ CASES += [
          "checks[0] recorded as failed",
          edit_artifact(edit_manifest(_manifest_set("checks", 0, "status", "failed")))),
     Case("art-manifest-strata-check-edited", "artifact", "validate", E.ManifestMismatchError,
-         "the recorded strata.current_loader note says the loader accepts it",
+         "the recorded engine.strata.open note says Strata's loader accepts it",
          edit_artifact(edit_manifest(lambda m: [c.update(status="passed", detail="accepted")
                                                 for c in m["checks"]
-                                                if c["name"] == "strata.current_loader"]))),
+                                                if c["name"] == "engine.strata.open"]))),
     Case("art-manifest-target-hidden-size-edited", "artifact", "validate", E.ManifestMismatchError,
          "target.config.hidden_size 65 (the artifact was converted with --target)",
          edit_artifact_with_target(edit_manifest(_manifest_set("target", "config", "hidden_size",
@@ -863,6 +863,100 @@ def _replace_by_link(path: Path) -> None:
     shutil.copy(path, outside)
     path.unlink()
     path.symlink_to(Path("..") / outside.name)
+
+
+# --- issue 13: quantized artifacts (`dspark quantize`) and the engines' record ----------------
+# Each starts from the plain golden drafter quantized by the real `dspark quantize` code
+# (H = 32: every matrix holds whole 32-value blocks), then one byte patch breaks one rule,
+# keeping the file's layout (sizes and offsets) intact so that the rule itself refuses it.
+
+def quantized_artifact(edit: Callable[[Path], None], qtype: str = "q8_0",
+                       base: Path = PLAIN) -> Callable[[Path, Corpus], None]:
+    def build(inp: Path, corpus: Corpus) -> None:
+        from dspark_convert.commands.quantize import quantize_artifact
+
+        quantize_artifact(corpus.artifact(base), inp, qtype)
+        edit(inp)
+    return build
+
+
+def set_tensor_dims(name: str, dims: tuple[int, ...]) -> Callable[[Path], None]:
+    """New GGUF dims for a tensor, of the same element count (so the same byte size)."""
+    def edit(art: Path) -> None:
+        info = tensor_info(art, name)
+        assert len(dims) == len(info.shape) and _prod(dims) == _prod(info.shape.tolist())
+        patch(art / GGUF, tensor_info_part_offset(art, name, 3), struct.pack(f"<{len(dims)}Q", *dims))
+    return edit
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def set_block_scale(name: str, block: int, f16_bits: int) -> Callable[[Path], None]:
+    """The F16 scale (the first two bytes) of one block of a Q8_0 tensor (34-byte blocks)."""
+    def edit(art: Path) -> None:
+        patch(art / GGUF, int(tensor_info(art, name).data_offset) + 34 * block,
+              struct.pack("<H", f16_bits))
+    return edit
+
+
+def set_tensor_type(name: str, ggml_type: int) -> Callable[[Path], None]:
+    def edit(art: Path) -> None:
+        patch(art / GGUF, tensor_info_part_offset(art, name, 4), struct.pack("<I", ggml_type))
+    return edit
+
+
+def set_string_value(key: str, value: str) -> Callable[[Path], None]:
+    """A string key's value replaced by one of the same length (type u32, length u64, bytes)."""
+    def edit(art: Path) -> None:
+        from gguf import GGUFReader
+
+        old = bytes(GGUFReader(art / GGUF).fields[key].parts[-1]).decode()
+        assert len(old.encode()) == len(value.encode()), (old, value)
+        patch(art / GGUF, kv_type_offset(art, key) + 4 + 8, value.encode())
+    return edit
+
+
+def _drop_error(m: dict) -> None:
+    next(t for t in m["artifact"]["tensors"] if "error" in t).pop("error")
+
+
+CASES += [
+    Case("art-q-row-not-whole-blocks", "artifact", "validate", E.GGUFFormatError,
+         "a Q8_0 matrix's dims patched from [32, 32] to [16, 64]: rows of 16 values, not whole "
+         "32-value blocks (the same bytes)",
+         quantized_artifact(set_tensor_dims("blk.0.attn_q.weight", (16, 64)))),
+    Case("art-q-nan-block-scale", "artifact", "validate", E.QuantizedTensorError,
+         "the F16 scale of block 3 of a Q8_0 matrix patched to NaN (0x7e00)",
+         quantized_artifact(set_block_scale("blk.1.ffn_down.weight", 3, 0x7E00))),
+    Case("art-q-inf-block-scale", "artifact", "validate", E.QuantizedTensorError,
+         "the F16 scale of the last block of fc.weight patched to -inf (0xfc00)",
+         quantized_artifact(set_block_scale("fc.weight", 32 * 3 - 1, 0xFC00))),
+    Case("art-q-norm-quantized", "artifact", "validate", E.QuantizedTensorError,
+         "a 32-value norm's type patched BF16 -> Q8_0 (34 bytes, padded to the same 64)",
+         quantized_artifact(set_tensor_type("blk.0.attn_norm.weight", 8))),
+    Case("art-q-type-not-the-keys", "artifact", "validate", E.QuantizedTensorError,
+         "strata.dflash.quantization patched to Q5_0 in a Q8_0 artifact: its matrices are of "
+         "a type the key does not name",
+         quantized_artifact(set_string_value("strata.dflash.quantization", "Q5_0"))),
+    Case("art-q-type-lower-case", "artifact", "validate", E.MetadataError,
+         "strata.dflash.quantization patched to q8_0 (Strata writes the name upper case)",
+         quantized_artifact(set_string_value("strata.dflash.quantization", "q8_0"))),
+    Case("art-q-manifest-parent-removed", "artifact", "validate", E.ManifestMismatchError,
+         "manifest.json's parent record removed from a quantized artifact",
+         quantized_artifact(edit_manifest(lambda m: m.pop("parent")))),
+    Case("art-q-manifest-error-removed", "artifact", "validate", E.ManifestMismatchError,
+         "manifest.json's quantization error of one quantized tensor removed",
+         quantized_artifact(edit_manifest(_drop_error))),
+    Case("art-manifest-engines-edited", "artifact", "validate", E.ManifestMismatchError,
+         "manifest.json's engines record says strata.open accepts a DSpark drafter",
+         edit_artifact(edit_manifest(_manifest_set("engines", "strata.open",
+                                                   {"accepts": True, "reason": None})))),
+]
 
 
 # --- building -------------------------------------------------------------------------------

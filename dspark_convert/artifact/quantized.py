@@ -1,0 +1,54 @@
+"""What a quantized artifact is, tensor by tensor: the one type rule (docs/ARTIFACT_FORMAT.md,
+Quantized artifacts).
+
+``dspark quantize`` writes by it, ``dspark validate`` checks a quantized artifact's tensors
+by it, and the runtime plans its loads by it:
+
+- a 2-D backbone matrix (``fc``, ``blk.N.attn_q/k/v/output``, ``blk.N.ffn_gate/up/down``)
+  has the artifact's type, the value of ``strata.dflash.quantization``;
+- a 2-D head matrix (Markov, confidence) is BF16 unless ``--heads TYPE`` was given, then
+  that type (the GGUF does not record it; manifest.json's ``quantization.heads`` does);
+- every other tensor (norms, biases: 1-D) stays BF16, as Strata's ``tools/dflash_quantize.py``
+  keeps them (docs/REFERENCE.md §3b).
+"""
+
+from __future__ import annotations
+
+from dspark_convert.contract.tensor_table import TENSOR_RULES, expand_rule
+from dspark_convert.formats.quants import QUANT_TYPES
+
+# The tensor table's conditions whose matrices are the DSpark heads (quantized only with
+# --heads).
+HEAD_RULES = ("markov", "gated", "rnn", "confidence")
+QUANTIZATION_KEY = "strata.dflash.quantization"
+PARENT_KEY = "strata.dflash.source_sha256"
+
+
+def tensor_type(kind: str, when: str, ndim: int, qtype: str | None, heads: str | None) -> str:
+    """The type a tensor has in an artifact quantized to ``qtype`` (None: a BF16 artifact)
+    with ``heads`` for the head matrices. ``kind`` and ``when`` are the tensor table's
+    (contract TensorSpec.kind, tensor_table.TensorRule.when)."""
+    if qtype is None or kind != "matrix" or ndim != 2:
+        return "BF16"
+    if when in HEAD_RULES:
+        return heads or "BF16"
+    return qtype
+
+
+def allowed_types(kind: str, when: str, ndim: int, qtype: str | None) -> tuple[str, ...]:
+    """Every type ``tensor_type`` can give this tensor, whatever ``heads`` was: what a
+    reader of the GGUF alone (which does not record ``heads``) can hold it to."""
+    return tuple(dict.fromkeys(tensor_type(kind, when, ndim, qtype, heads)
+                               for heads in (None, *QUANT_TYPES)))
+
+
+def is_head(when: str) -> bool:
+    return when in HEAD_RULES
+
+
+def rule_whens(contract) -> dict[str, str]:
+    """GGUF name -> the tensor table's condition ("always", "markov", "gated", ...) for a
+    FeatureContract's tensors."""
+    layers = contract.geometry.num_draft_layers
+    return {gguf: rule.when for rule in TENSOR_RULES if rule.gguf
+            for _s, gguf, _i in expand_rule(rule, layers)}
