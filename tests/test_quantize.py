@@ -17,6 +17,7 @@ import pytest
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
+from support.cli import assert_refused, assert_valid, run_cli, temp_siblings
 
 from dspark_convert.artifact.engines import engine_checks, engine_records, reports_for_gguf
 from dspark_convert.artifact.quantized import rule_whens, tensor_type
@@ -309,3 +310,54 @@ def test_a_block_too_large_for_the_type_is_refused_midway_leaving_nothing(tmp_pa
     assert exc.value.exit_code == 82 and exc.value.tensor == "blk.1.ffn_down.weight"
     assert "row 3, columns 32..63" in exc.value.message
     assert not (tmp_path / "q4").exists() and not no_leftovers(tmp_path)
+
+
+# --- the CLI: dspark quantize --------------------------------------------------------------------
+
+def test_cli_quantize_human_and_json(converted, tmp_path):
+    out = tmp_path / "q5"
+    proc = run_cli("quantize", str(converted["reference"]), "-o", str(out), "--type", "q5_0")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert f"-> {out} (Q5_0; head matrices BF16)" in proc.stdout
+    assert "14 tensors BF16, 15 tensors Q5_0" in proc.stdout
+    assert "error against BF16: relative RMS" in proc.stdout and "engines" in proc.stdout
+    assert_valid(out)
+    again = tmp_path / "q5-json"
+    proc = run_cli("quantize", str(converted["reference"]), "-o", str(again), "--type", "Q5_0",
+                   "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ok"] is True and data["quantization"]["type"] == "Q5_0"
+    assert data["quantization"]["heads"] is None
+    assert [f["path"] for f in data["parent"]["files"]] == ["drafter.gguf", "manifest.json"]
+    assert len(data["errors"]) == 15 and set(data["engines"]) == {"strata.open", "strata.run",
+                                                                  "llama.cpp"}
+    # the same bytes as the human run: reproducible
+    for name in ("drafter.gguf", "manifest.json"):
+        assert (again / name).read_bytes() == (out / name).read_bytes()
+    assert data["drafter_gguf"]["sha256"] == hashlib.sha256((out / "drafter.gguf").read_bytes()).hexdigest()
+
+
+def test_cli_quantize_refusals(converted, quantized, tmp_path):
+    out = tmp_path / "out"
+    cases = [
+        (["--type", "q6_k"], QuantTypeError, ["'q6_k'", "q8_0, q5_0, q4_0"]),
+        (["--type", "q8_0", "--heads", "q8_0"], QuantRowWidthError, ["markov_w1.weight"]),
+    ]
+    for extra, error, needles in cases:
+        proc = run_cli("quantize", str(converted["reference"]), "-o", str(out), *extra)
+        assert_refused(proc, error, needles)
+        assert not out.exists() and temp_siblings(out) == []
+    proc = run_cli("quantize", str(quantized["Q8_0"].output), "-o", str(out), "--type", "q4_0")
+    assert_refused(proc, QuantizedParentError, ["strata.dflash.quantization", "BF16 parent"])
+    out.mkdir()
+    proc = run_cli("quantize", str(converted["reference"]), "-o", str(out), "--type", "q8_0",
+                   "--json")
+    assert_refused(proc, OutputExistsError, [str(out)])
+    assert json.loads(proc.stdout)["error"] == "OutputExistsError"
+    broken = tmp_path / "broken"
+    shutil.copytree(converted["dflash_plain"], broken)
+    (broken / "manifest.json").write_text("{}")
+    proc = run_cli("quantize", str(broken), "-o", str(tmp_path / "out2"), "--type", "q8_0")
+    assert_refused(proc, ParentArtifactError, ["the parent artifact does not validate",
+                                               "manifest.schema"])
