@@ -19,13 +19,16 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from support.cli import assert_refused, assert_valid, run_cli, temp_siblings
 
+from conftest import GOLDEN
+
 from dspark_convert.artifact.engines import engine_checks, engine_records, reports_for_gguf
 from dspark_convert.artifact.quantized import rule_whens, tensor_type
 from dspark_convert.commands.quantize import quantize_artifact
 from dspark_convert.commands.validate import validate_artifact
 from dspark_convert.commands.convert import convert
-from dspark_convert.errors import (OutputExistsError, ParentArtifactError, QuantizedParentError,
-                                   QuantRowWidthError, QuantScaleOverflowError, QuantTypeError)
+from dspark_convert.errors import (InvalidArtifactError, OutputExistsError, ParentArtifactError,
+                                   QuantizedParentError, QuantRowWidthError,
+                                   QuantScaleOverflowError, QuantTypeError, SmokeInputError)
 from dspark_convert.formats import quants
 from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
@@ -361,3 +364,82 @@ def test_cli_quantize_refusals(converted, quantized, tmp_path):
     proc = run_cli("quantize", str(broken), "-o", str(tmp_path / "out2"), "--type", "q8_0")
     assert_refused(proc, ParentArtifactError, ["the parent artifact does not validate",
                                                "manifest.schema"])
+
+
+# --- the runtime: a quantized artifact runs, dequantized on load ---------------------------------
+
+TARGET = GOLDEN / "reference" / "target"
+PROMPTS = ("1,17,33,90,250,7,7,401", "1,40,43,46,49,52,55,58,61")
+
+
+@pytest.mark.parametrize("qtype", quants.QUANT_TYPES)
+def test_the_runtime_loads_each_quantized_matrix_as_gguf_py_dequantizes_it(converted, quantized,
+                                                                           qtype):
+    """Every quantized matrix comes back as gguf-py's dequantization of the parent's BF16
+    values quantized by gguf-py (d x q, exact in float32); every other tensor as the BF16
+    parent's; the plan counts the values (the memory estimate) and the stored bytes."""
+    import torch
+
+    from dspark_convert.runtime.weights import QuantizedTensor, load_drafter_weights, plan_drafter
+
+    plan, parent_plan = plan_drafter(quantized[qtype].output), plan_drafter(converted["reference"])
+    assert plan.numel == parent_plan.numel and plan.stored_bytes < parent_plan.stored_bytes
+    weights = load_drafter_weights(quantized[qtype].output, plan=plan)
+    parent = load_drafter_weights(converted["reference"])
+    n = 0
+    for name, value in parent.tensors.items():
+        got = weights.tensors[name]
+        assert got.dtype == torch.float32 and got.shape == value.shape, name
+        if isinstance(plan.tensors[name], QuantizedTensor):
+            ggml = GGMLQuantizationType[qtype]
+            want = gguf_dequantize(gguf_quantize(value.numpy(), ggml), ggml)
+            assert np.array_equal(got.numpy(), want), name
+            n += 1
+        else:
+            assert torch.equal(got, value), name
+    assert n == 15
+
+
+def test_smoke_compare_prints_both_taus_and_the_difference(converted, quantized):
+    args = ["smoke", str(quantized["Q4_0"].output), "--target", str(TARGET), "--compare",
+            str(converted["reference"]), "--max-new-tokens", "24"]
+    for prompt in PROMPTS:
+        args += ["--prompt-ids", prompt]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert f"compared with {converted['reference']} (the same 2 prompt(s) and settings):" in text
+    assert "both lossless" in text and text.rstrip().endswith("PASSED")
+    lines = [line.strip() for line in text.splitlines()]
+    q_line = next(l for l in lines if l.startswith(str(quantized["Q4_0"].output) + " "))
+    p_line = next(l for l in lines if l.startswith(str(converted["reference"]) + " "))
+    d_line = next(l for l in lines if l.startswith("difference "))
+    tau = lambda line: float(line.split("tau ")[1].split(";")[0])   # noqa: E731
+    assert math.isclose(tau(d_line), tau(q_line) - tau(p_line), abs_tol=2e-3)
+
+    proc = run_cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    compare = data["compare"]
+    assert compare["parent"]["artifact"] == str(converted["reference"])
+    assert [r["prompt"] for r in compare["parent"]["runs"]] == [r["prompt"] for r in data["runs"]]
+    for key in ("temperature", "seed", "dtype", "verify", "max_new_tokens", "confidence_threshold"):
+        assert compare["parent"][key] == data[key], key
+    assert data["lossless"] is True and compare["parent"]["lossless"] is True
+    assert compare["tau_difference"] == data["tau"] - compare["parent"]["tau"]
+    assert compare["acceptance_difference"] == [
+        None if a is None or b is None else a - b
+        for a, b in zip(data["acceptance_by_position"], compare["parent"]["acceptance_by_position"])]
+    # at temperature 0 both are the target's greedy output
+    assert compare["same_outputs"] is True
+
+
+def test_smoke_compare_refusals(converted, quantized, tmp_path):
+    base = ["smoke", str(quantized["Q8_0"].output), "--target", str(TARGET), "--prompt-ids",
+            PROMPTS[0], "--max-new-tokens", "8"]
+    proc = run_cli(*base, "--compare", str(tmp_path / "missing"))
+    assert_refused(proc, InvalidArtifactError, [str(tmp_path / "missing")])
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text("{}")
+    proc = run_cli(*base, "--compare", str(converted["reference"]), "--calibration", str(calibration))
+    assert_refused(proc, SmokeInputError, ["--compare", "--calibration"])

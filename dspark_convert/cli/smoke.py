@@ -59,6 +59,10 @@ def smoke(
         "--calibration", metavar="FILE", help="A calibration.json (`dspark eval --calibrate`) "
         "for this artifact and target: its temperatures scale the confidence logits before "
         "--confidence-threshold.")] = None,
+    compare: Annotated[Optional[Path], typer.Option(
+        "--compare", metavar="PARENT", help="Run a second artifact (the BF16 parent of a "
+        "quantized one) on the same prompts and settings: both taus, acceptance by position "
+        "and the difference.")] = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -83,14 +87,20 @@ def smoke(
                                  f"available ({m.budget_source})"))
 
         budget = parse_memory_size(max_memory) if max_memory is not None else None
+        if compare is not None:
+            from dspark_convert.commands.smoke import check_comparable
+
+            check_comparable(calibration=calibration)
         result = run_smoke(artifact, target=target, prompts=prompt_ids, prompt_text=prompt,
                            max_new_tokens=max_new_tokens, temperature=temperature,
                            confidence_threshold=confidence_threshold, seed=seed, device=device,
                            dtype=dtype, verify=verify, max_memory=budget, trace=trace, plot=plot,
                            reference=reference, min_tau=min_tau, calibration=calibration,
                            progress=RichProgress(enabled=not as_json), on_estimate=show_estimate)
+        comparison = _compared(result, compare, as_json, show_estimate) if compare else None
         if as_json:
-            print(json.dumps({"ok": True, **result.model_dump()}, indent=2))
+            extra = {"compare": comparison.model_dump()} if comparison is not None else {}
+            print(json.dumps({"ok": True, **result.model_dump(), **extra}, indent=2))
             return 0
         out.print(escape(f"smoke {artifact} on {target} ({result.device}, {result.dtype}, "
                          f"{result.verify} verify, temperature {result.temperature:g}, threshold "
@@ -134,7 +144,38 @@ def smoke(
         for path in (result.trace, result.plot):
             if path:
                 out.print(escape(f"  wrote {path}"))
+        if comparison is not None:
+            _print_comparison(out, artifact, compare, result, comparison)
         out.print("[green]PASSED[/]")
         return 0
 
     run(body, debug=debug, as_json=as_json)
+
+
+def _compared(result, parent: Path, as_json: bool, show_estimate):
+    """--compare: the parent run on the same prompts and settings (commands/smoke.py)."""
+    from dspark_convert.cli.progress import RichProgress
+    from dspark_convert.commands.smoke import compare_smoke
+
+    return compare_smoke(result, parent, progress=RichProgress(enabled=not as_json),
+                         on_estimate=show_estimate)
+
+
+def _rates(rates) -> str:
+    return " ".join("-" if r is None else f"{r:.2f}" for r in rates)
+
+
+def _print_comparison(out, artifact: Path, parent: Path, result, comparison) -> None:
+    other = comparison.parent
+    out.print(escape(f"  compared with {parent} (the same {len(result.runs)} prompt(s) and "
+                     "settings):"))
+    width = max(len(str(artifact)), len(str(parent)))
+    for label, r in ((artifact, result), (parent, other)):
+        out.print(escape(f"    {str(label):<{width}}  tau {r.tau:.3f}; acceptance by position: "
+                         f"{_rates(r.acceptance_by_position)}"))
+    diff = " ".join("-" if d is None else f"{d:+.2f}" for d in comparison.acceptance_difference)
+    out.print(escape(f"    {'difference':<{width}}  tau {comparison.tau_difference:+.3f}; "
+                     f"acceptance by position: {diff}"))
+    lossless = "both lossless; " if result.lossless and other.lossless else ""
+    outputs = "the same output ids" if comparison.same_outputs else "different output ids"
+    out.print(f"    {lossless}{outputs}")

@@ -531,3 +531,57 @@ def _calibration(path, binding, progress) -> AppliedCalibration:
                            block_size=binding.drafter_plan.contract.block.block_size,
                            target=target_identity(binding.target, progress))
     return applied(cal, path)
+
+
+# --- smoke --compare: the same run of a second artifact (a quantized one against its parent) ---
+
+class SmokeComparison(BaseModel):
+    """A second artifact run on the prompts and settings of a smoke result: at temperature
+    0 both are lossless by construction, so the difference in tau is the price of what
+    differs between them (a quantized artifact against its BF16 parent: the precision)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parent: SmokeResult                          # the --compare artifact's own result
+    tau_difference: float                        # the artifact's tau minus the parent's
+    acceptance_difference: list[float | None]    # by draft position, the same order
+    same_outputs: bool                           # every run's output ids equal
+
+
+def check_comparable(*, calibration: str | os.PathLike | None) -> None:
+    """``--compare`` runs both artifacts with the same settings; a calibration file is made
+    for one artifact (its drafter.gguf SHA-256), so the two cannot share one."""
+    if calibration is not None:
+        raise SmokeInputError("--compare: expected the same settings for both artifacts; "
+                              "--calibration belongs to one artifact (found both options)",
+                              field="compare", expected="no --calibration",
+                              found=str(calibration))
+
+
+def compare_smoke(result: SmokeResult, parent: str | os.PathLike, *,
+                  progress: Progress | None = None,
+                  on_estimate: Callable[[MemoryReport], None] | None = None) -> SmokeComparison:
+    """Run ``parent`` exactly as ``result`` was run (its target, its prompts as token ids,
+    max new tokens, temperature, threshold, seed, device, dtype, verify mode and memory
+    budget), checked the same way (validate, losslessness at temperature 0), and compare.
+    The report options of the first run (--trace, --plot, --reference, --min-tau) are its
+    own: the parent is measured, not gated."""
+    check_comparable(calibration=result.calibration.path if result.calibration else None)
+    budget = result.memory.budget_bytes if result.memory.budget_source == "--max-memory" else None
+    other = run_smoke(parent, target=result.target, prompts=[list(r.prompt) for r in result.runs],
+                      max_new_tokens=result.max_new_tokens, temperature=result.temperature,
+                      confidence_threshold=result.confidence_threshold, seed=result.seed,
+                      device=result.device, dtype=result.dtype, verify=result.verify,
+                      max_memory=budget, progress=progress, on_estimate=on_estimate)
+    positions = max(len(result.acceptance_by_position), len(other.acceptance_by_position))
+
+    def at(rates: list[float | None], k: int) -> float | None:
+        return rates[k] if k < len(rates) else None
+
+    difference = []
+    for k in range(positions):
+        a, b = at(result.acceptance_by_position, k), at(other.acceptance_by_position, k)
+        difference.append(None if a is None or b is None else a - b)
+    return SmokeComparison(
+        parent=other, tau_difference=result.tau - other.tau, acceptance_difference=difference,
+        same_outputs=[r.output_ids for r in result.runs] == [r.output_ids for r in other.runs])

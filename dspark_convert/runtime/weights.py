@@ -6,9 +6,16 @@ shapes are the reverse of torch shapes and BF16 values are stored as their raw 1
 a BF16 tensor of GGUF shape ``[in, out]`` is the row-major torch tensor ``[out, in]``.
 
 Two steps, like the target's: ``plan_drafter`` parses the header and checks every tensor
-the contract needs (present, BF16, shape) without reading tensor data; the load then fills
-each tensor once, in the compute dtype on the compute device (runtime/loading.py; BF16
+the contract needs (present, its type, shape) without reading tensor data; the load then
+fills each tensor once, in the compute dtype on the compute device (runtime/loading.py; BF16
 widens to float32 exactly).
+
+A quantized artifact (`dspark quantize`: Q8_0 / Q5_0 / Q4_0 matrices, docs/ARTIFACT_FORMAT.md)
+is dequantized on load: each quantized matrix is read in chunks of whole rows and turned
+into float32 by gguf-py's ``dequantize`` (formats/quants.py), exactly the value d x q of each
+block (an F16 scale times a small integer is exact in float32), then copied into its
+tensor in the compute dtype. The runtime then computes as with a BF16 drafter of those
+values: what the precision costs in acceptance, not what an engine's quantized kernels do.
 """
 
 from __future__ import annotations
@@ -20,11 +27,22 @@ from pathlib import Path
 import torch
 
 from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
+from dspark_convert.artifact.quantized import QUANTIZATION_KEY, allowed_types, rule_whens
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import GGUFFormatError, TensorDtypeError, TensorShapeError
+from dspark_convert.formats import quants
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.runtime.loading import StoredModel, StoredTensor, TensorLoader
+
+
+@dataclass(frozen=True)
+class QuantizedTensor(StoredTensor):
+    """A Q8_0 / Q5_0 / Q4_0 matrix: ``nbytes`` of GGML blocks at ``offset``. ``shape`` is the
+    torch shape of its values (what the load allocates, and the memory estimate counts);
+    ``dtype`` is the bytes' (uint8)."""
+
+    quant: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,7 +69,10 @@ def plan_drafter(artifact: str | os.PathLike, *, gguf: GGUFFile | None = None) -
     path = Path(artifact) / GGUF_FILE
     gguf = gguf if gguf is not None else read_gguf(path)   # bounds every offset and size
     label = GGUF_FILE
-    contract = contract_from_metadata(read_metadata(gguf, path=label), path=label)
+    kv = read_metadata(gguf, path=label)
+    contract = contract_from_metadata(kv, path=label)
+    qtype = kv.get(QUANTIZATION_KEY)          # None: a BF16 artifact
+    whens = rule_whens(contract)
     infos = {t.name: t for t in gguf.tensors}
     tensors: dict[str, StoredTensor] = {}
     for spec in contract.tensors:
@@ -61,20 +82,28 @@ def plan_drafter(artifact: str | os.PathLike, *, gguf: GGUFFile | None = None) -
         if info is None:
             raise GGUFFormatError(f"{label}: tensor {spec.gguf_name!r} is missing",
                                   path=label, tensor=spec.gguf_name)
-        if info.ggml_type.name != "BF16":
-            raise TensorDtypeError(f"{label}: tensor {spec.gguf_name!r}: expected BF16, "
-                                   f"found {info.ggml_type.name}", path=label,
-                                   tensor=spec.gguf_name, expected="BF16",
-                                   found=info.ggml_type.name)
+        # The one type rule (artifact/quantized.py): BF16 everywhere in a BF16 artifact.
+        allowed = allowed_types(spec.kind, whens[spec.gguf_name], len(info.shape), qtype)
+        found = info.ggml_type.name
+        if found not in allowed:
+            raise TensorDtypeError(f"{label}: tensor {spec.gguf_name!r}: expected "
+                                   f"{' or '.join(allowed)}, found {found}", path=label,
+                                   tensor=spec.gguf_name, expected="|".join(allowed),
+                                   found=found)
         torch_shape = list(reversed(info.shape))
         if torch_shape != list(spec.shape):
             raise TensorShapeError(f"{label}: tensor {spec.gguf_name!r}: expected torch "
                                    f"shape {list(spec.shape)}, found {torch_shape}",
                                    path=label, tensor=spec.gguf_name,
                                    expected=list(spec.shape), found=torch_shape)
-        tensors[spec.source_name] = StoredTensor(
-            name=spec.gguf_name, file=path, offset=info.data_offset, nbytes=info.nbytes,
-            dtype=torch.bfloat16, shape=tuple(torch_shape))
+        if found == "BF16":
+            tensors[spec.source_name] = StoredTensor(
+                name=spec.gguf_name, file=path, offset=info.data_offset, nbytes=info.nbytes,
+                dtype=torch.bfloat16, shape=tuple(torch_shape))
+        else:
+            tensors[spec.source_name] = QuantizedTensor(
+                name=spec.gguf_name, file=path, offset=info.data_offset, nbytes=info.nbytes,
+                dtype=torch.uint8, shape=tuple(torch_shape), quant=found)
     return DrafterPlan(path=path, contract=contract, tensors=tensors)
 
 
@@ -95,9 +124,40 @@ def load_drafter_weights(artifact: str | os.PathLike, *, device: str | torch.dev
     progress.start("loading drafter", plan.stored_bytes)
     try:
         with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
-                          progress=progress) as loader:
+                          progress=progress) as loader, open(plan.path, "rb", buffering=0) as fh:
             for name, spec in plan.tensors.items():
-                tensors[name] = loader.load(spec)
+                if isinstance(spec, QuantizedTensor):
+                    tensors[name] = _dequantized(spec, fh, device, dtype, progress)
+                else:
+                    tensors[name] = loader.load(spec)
     finally:
         progress.finish()
     return DrafterWeights(contract=plan.contract, tensors=tensors)
+
+
+def _dequantized(spec: QuantizedTensor, fh, device: torch.device, dtype: torch.dtype,
+                 progress: Progress) -> torch.Tensor:
+    """A quantized matrix [out, in] read in chunks of whole rows (one row: the ``in`` values
+    of one output, GGUF ne0), each dequantized by gguf-py to float32 and copied into the
+    tensor in the compute dtype on the device: the host holds one chunk, whatever the size."""
+    rows, ne0 = spec.shape
+    row_bytes = quants.row_nbytes(ne0, spec.quant)
+    if spec.nbytes != rows * row_bytes:
+        raise _truncated(spec)
+    dest = torch.empty(spec.shape, dtype=dtype, device=device)
+    per_chunk = quants.rows_per_chunk(ne0)
+    buffer = bytearray(min(rows, per_chunk) * row_bytes)
+    fh.seek(spec.offset)
+    for first in range(0, rows, per_chunk):
+        count = min(per_chunk, rows - first)
+        view = memoryview(buffer)[:count * row_bytes]
+        done = 0
+        while done < len(view):
+            n = fh.readinto(view[done:])
+            if not n:
+                raise _truncated(spec)
+            done += n
+        values = quants.dequantize(view, spec.quant, ne0)          # float32 [count, ne0]
+        dest[first:first + count].copy_(torch.from_numpy(values))
+        progress.advance(len(view))
+    return dest
