@@ -1,28 +1,48 @@
-"""`dspark --help` stays cheap: the CLI module and its help never import the heavy libraries.
+"""Start-up cost: what each command imports and what threads it starts.
 
 Measured as behaviour, not time: each case runs the real typer app in a fresh interpreter
-and records ``sys.modules`` at exit (an atexit hook, so it sees everything imported up to
-the app's own ``sys.exit``). Timing lives in bench/ (bench/RESULTS.md).
+and records, at exit (an atexit hook, so it sees everything up to the app's own
+``sys.exit``), ``sys.modules``, the process' threads (/proc/self/task) and the
+OPENBLAS_NUM_THREADS it ran with. Timing lives in bench/ (bench/RESULTS.md).
+
+- `dspark --help` and every command's --help import none of the heavy libraries;
+- a command imports only the libraries it uses: validate and inspect no torch, Hub client,
+  tokenizers or matplotlib; convert of a directory no tokenizers or torch either (--target
+  brings tokenizers, for the fingerprint);
+- the commands that call no BLAS routine (convert, validate, inspect, lock) start no
+  OpenBLAS threads (numpy starts one per core on import unless told otherwise), and leave
+  a user's own thread setting alone; smoke and eval, which run torch, are left as they are.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from conftest import GOLDEN, REFERENCE_DRAFTER
 
 # Libraries that cost 0.1-2 s to import (torch ~1.9 s); none is needed to print help.
 HEAVY = {"torch", "numpy", "gguf", "huggingface_hub", "tokenizers", "matplotlib"}
+# What none of convert (of a directory), validate and inspect needs.
+NOT_FOR_ARTIFACTS = {"torch", "huggingface_hub", "tokenizers", "matplotlib"}
+TARGET = GOLDEN / "reference" / "target"
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+HAS_TASKS = Path("/proc/self/task").is_dir()
 
 CHILD = """
-import atexit, json, sys
+import atexit, json, os, sys
 out_path, args = sys.argv[1], json.loads(sys.argv[2])
 
 def dump():
+    # Python's own threads are joined before atexit runs: what is left is native (OpenBLAS).
+    tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
     with open(out_path, "w") as fh:
-        json.dump(sorted(sys.modules), fh)
+        json.dump({"modules": sorted(sys.modules), "threads": tasks,
+                   "openblas": os.environ.get("OPENBLAS_NUM_THREADS")}, fh)
 
 atexit.register(dump)
 sys.argv = ["dspark", *args]
@@ -34,12 +54,21 @@ app()
 """
 
 
-def imported_after(tmp_path, args: list[str]) -> tuple[subprocess.CompletedProcess, set[str]]:
+def run_child(tmp_path, args: list[str], env: dict | None = None):
+    """(the process, its top-level modules, its record) for ``dspark ARGS`` in a fresh
+    interpreter; ``env`` replaces the thread variables of this process' environment."""
     out = tmp_path / "modules.json"
+    child_env = {k: v for k, v in os.environ.items() if k not in BLAS_THREAD_VARIABLES}
+    child_env.update(env or {})
     proc = subprocess.run([sys.executable, "-c", CHILD, str(out), json.dumps(args)],
-                          check=False, capture_output=True, text=True, timeout=120)
-    modules = set(json.loads(out.read_text()))
-    return proc, {m.split(".")[0] for m in modules}
+                          check=False, capture_output=True, text=True, timeout=120, env=child_env)
+    record = json.loads(out.read_text())
+    return proc, {m.split(".")[0] for m in record["modules"]}, record
+
+
+def imported_after(tmp_path, args: list[str]) -> tuple[subprocess.CompletedProcess, set[str]]:
+    proc, top_level, _record = run_child(tmp_path, args)
+    return proc, top_level
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["convert", "--help"],
@@ -58,3 +87,71 @@ def test_the_check_sees_heavy_imports(tmp_path):
     proc, top_level = imported_after(tmp_path, ["<import convert>"])
     assert proc.returncode == 0, proc.stderr
     assert {"numpy", "gguf"} <= top_level
+
+
+def _command(name: str, converted, tmp_path) -> list[str]:
+    return {
+        "validate": ["validate", str(converted["reference"])],
+        "inspect artifact": ["inspect", str(converted["reference"])],
+        "inspect checkpoint": ["inspect", str(REFERENCE_DRAFTER)],
+        "convert": ["convert", str(REFERENCE_DRAFTER), "-o", str(tmp_path / "art"), "-q"],
+        "convert --target": ["convert", str(REFERENCE_DRAFTER), "-o", str(tmp_path / "art"), "-q",
+                             "--target", str(TARGET)],
+        "validate --target": ["validate", str(converted["reference"]), "--target", str(TARGET)],
+    }[name]
+
+
+@pytest.mark.parametrize("name, unused, used", [
+    ("validate", NOT_FOR_ARTIFACTS, {"numpy", "gguf"}),
+    ("inspect artifact", NOT_FOR_ARTIFACTS, {"gguf"}),
+    ("inspect checkpoint", NOT_FOR_ARTIFACTS, set()),
+    ("convert", NOT_FOR_ARTIFACTS, {"numpy", "gguf"}),
+    # The target's tokenizer is fingerprinted: tokenizers, still no torch.
+    ("convert --target", NOT_FOR_ARTIFACTS - {"tokenizers"}, {"tokenizers"}),
+    ("validate --target", NOT_FOR_ARTIFACTS - {"tokenizers"}, {"tokenizers"}),
+])
+def test_a_command_imports_only_what_it_uses(tmp_path, converted, name, unused, used):
+    """The same probe, on real work: each command succeeds, imports what it needs (so the
+    probe sees its imports) and none of the libraries it does not use."""
+    proc, top_level, _ = run_child(tmp_path, _command(name, converted, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert used <= top_level, f"dspark {name}: {sorted(used - top_level)} not seen"
+    assert top_level & unused == set(), f"dspark {name} imported {sorted(top_level & unused)}"
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="counts threads in Linux's /proc/self/task")
+@pytest.mark.parametrize("name", ["validate", "convert", "inspect artifact"])
+def test_commands_without_blas_start_no_openblas_threads(tmp_path, converted, name):
+    """With no thread setting in the environment, numpy (imported: the command read
+    tensors) runs with OPENBLAS_NUM_THREADS=1 and the process has its main thread only."""
+    proc, top_level, record = run_child(tmp_path, _command(name, converted, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "numpy" in top_level
+    assert record["openblas"] == "1"
+    assert record["threads"] == 1, f"dspark {name} ended with {record['threads']} threads"
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="counts threads in Linux's /proc/self/task")
+def test_a_users_thread_setting_is_left_alone(tmp_path, converted):
+    """OPENBLAS_NUM_THREADS=2 from the user stays 2, and OpenBLAS then runs its second
+    thread (the control: the count above would see OpenBLAS' threads); OMP_NUM_THREADS,
+    which OpenBLAS also reads, is a choice too."""
+    proc, _, record = run_child(tmp_path, _command("validate", converted, tmp_path),
+                                env={"OPENBLAS_NUM_THREADS": "2"})
+    assert proc.returncode == 0, proc.stderr
+    assert record["openblas"] == "2"
+    if len(os.sched_getaffinity(0)) >= 2:          # OpenBLAS starts no more threads than cores
+        assert record["threads"] == 2, record["threads"]
+    proc, _, record = run_child(tmp_path, _command("validate", converted, tmp_path),
+                                env={"OMP_NUM_THREADS": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert record["openblas"] is None
+
+
+@pytest.mark.slow   # smoke imports torch before it looks at its artifact (~2 s)
+def test_commands_that_run_torch_keep_the_defaults(tmp_path):
+    """smoke (and eval) run torch: the CLI sets no thread count for them."""
+    proc, _, record = run_child(tmp_path, ["smoke", str(tmp_path / "missing"), "--target",
+                                           str(TARGET)])
+    assert proc.returncode != 0 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert record["openblas"] is None

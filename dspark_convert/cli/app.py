@@ -8,6 +8,7 @@ does not pay for numpy, gguf or torch.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -65,12 +66,32 @@ def _version(value: bool) -> None:
 
 
 
+# The commands whose work is element-wise (read, hash, compare, convert, write): they call no
+# BLAS routine, so numpy's OpenBLAS need not start its threads, one per core, on import
+# (spinning workers that a 2-core runner's other jobs pay for). The commands that run torch
+# (smoke, eval) or use BLAS (quantize's error sums) keep the libraries' defaults.
+NO_BLAS_COMMANDS = frozenset({"convert", "validate", "inspect", "lock"})
+# What OpenBLAS reads for its thread count, in order: a user who set any of them chose.
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def one_blas_thread() -> None:
+    """OPENBLAS_NUM_THREADS=1 for this process, unless the user set a thread count. It must
+    run before numpy's first import (OpenBLAS reads it once, when numpy loads it): the
+    command modules import numpy only inside their bodies, after the app's callback."""
+    if not any(name in os.environ for name in BLAS_THREAD_VARIABLES):
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
 @app.callback()
 def main(
+    ctx: typer.Context,
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = None,
 ) -> None:
     """Exit codes: 0 success, 2 usage, 10-95 one per kind of refusal (see README)."""
+    if ctx.invoked_subcommand in NO_BLAS_COMMANDS:
+        one_blas_thread()
 
 
 def print_hub(out: Console, hub) -> None:
