@@ -605,3 +605,30 @@ def test_released_geometry_and_flash_next_through_the_cli(tmp_path):
     proc = run_cli("validate", str(flash), "--require", "strata.run", "--strict")
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "accepts it (required)" in proc.stdout
+
+
+def test_quantized_matrices_at_both_stages():
+    """The engines' quantization rules: Strata opens and runs a Flash-Next drafter whose
+    matrices are Q8_0/Q5_0/Q4_0 (norms BF16); a quantized norm it cannot load."""
+    kv, types, tensors = written(flash_next())
+    for qtype in ("Q8_0", "Q5_0", "Q4_0"):
+        quantized = [(n, qtype if len(s) == 2 else t, s) for n, t, s in tensors]
+        r = reports({**kv, "strata.dflash.quantization": qtype},
+                    {**types, "strata.dflash.quantization": "STRING"}, quantized)
+        assert r["strata.open"].accepts and r["strata.run"].accepts, qtype
+    norm = edit_tensor(tensors, "blk.4.ffn_norm.weight", type="Q8_0")
+    r = reports(kv, types, norm)
+    assert r["strata.open"].refusals[0].kind == "load_error"
+    assert r["strata.run"].reason == r["strata.open"].reason == (
+        "dflash: tensor 'blk.4.ffn_norm.weight' is Q8_0; expected BF16 norms and BF16, Q8_0, "
+        "Q5_0 or Q4_0 matrices")
+
+
+def test_llama_cpp_refuses_more_layers_than_its_arrays_hold(plain):
+    kv, types, tensors = llama_ready(synthetic_config(**PLAIN))
+    r = reports({**kv, "dflash.block_count": 513}, types, tensors)["llama.cpp"]
+    assert r.reason == "n > N_MAX: 513 > 512 for key dflash.feed_forward_length"
+    assert r.refusals[0].rule == "llama.cpp/max_layers"
+    # and the tensor table is never expanded to 2^32 - 1 layers
+    huge = reports({**kv, "dflash.block_count": 2**32 - 1}, types, tensors)["llama.cpp"]
+    assert [f.rule for f in huge.refusals] == ["llama.cpp/max_layers"]

@@ -25,12 +25,13 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
 from gguf.constants import GGMLQuantizationType, GGUFValueType
-from support.cli import run_cli
+from support.cli import assert_refused, run_cli
 
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
     ContractViolation,
     DSparkError,
+    EngineRequirementError,
     GeometryLimitError,
     MaskTokenError,
     TargetLayerError,
@@ -1390,3 +1391,54 @@ def test_cli_strict_fails_a_warning(artifact):
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# engines: --require, the engines table (issue 13)
+# --------------------------------------------------------------------------------------------
+
+def test_cli_require_fails_the_engines_refusal_only(built):
+    """The golden plain drafter: Strata opens it (required: passes), its runtime does not
+    run H = 32 (required: 47, one line naming the check and the reason), llama.cpp reads
+    another format (not required: an info)."""
+    plain = str(built["plain"])
+    proc = run_cli("validate", plain, "--require", "strata.open", "--strict")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "strata.open (required)" in proc.stdout
+    proc = run_cli("validate", plain, "--require", "strata.run", "--json")
+    line = assert_refused(proc, EngineRequirementError,
+                          ["error: engine.strata.run: drafter.gguf: --require strata.run: ",
+                           "embedding_length = 32"])
+    data = json.loads(proc.stdout)
+    assert data["ok"] is False and data["exit_code"] == 47 and data["required"] == ["strata.run"]
+    failed = [c for c in data["checks"] if c["status"] == "failed"]
+    assert [(c["name"], c["error"]) for c in failed] == [("engine.strata.run",
+                                                          "EngineRequirementError")]
+    assert line == f"error: {failed[0]['name']}: {failed[0]['detail']}"
+    # every other check as without --require
+    assert [c["status"] for c in data["checks"] if c["name"] != "engine.strata.run"] == \
+        ["passed"] * 8 + ["info"]
+    proc = run_cli("validate", str(built["reference"]), "--require", "llama.cpp",
+                   "--require", "strata.open")
+    assert proc.returncode == 47 and "engine.strata.open" in proc.stderr    # the first failure
+    assert proc.stdout.count("(required)") == 2
+
+
+def test_cli_require_names_an_engine(built):
+    proc = run_cli("validate", str(built["plain"]), "--require", "strata")
+    assert proc.returncode == 2
+    assert "expected one of strata.open, strata.run, llama.cpp, found 'strata'" in proc.stderr
+    with pytest.raises(ValueError):
+        validate_artifact(built["plain"], require=["vllm"])
+
+
+def test_the_engines_record_is_confirmed(artifact):
+    """manifest.json's engines record is what the rules give on drafter.gguf: an edit is
+    a manifest mismatch (46) naming the engine."""
+    art = artifact("plain")
+    manifest = json.loads((art / MANIFEST).read_text())
+    assert manifest["engines"]["strata.open"] == {"accepts": True, "reason": None}
+    manifest["engines"]["strata.run"] = {"accepts": True, "reason": None}
+    (art / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    assert_fails(validate_artifact(art), "integrity", ManifestMismatchError,
+                 "field 'engines.strata.run'", "'accepts': True")
