@@ -22,6 +22,15 @@ over the source, or more?), and the wall time of `dspark --help` (warm cache).
 Writes bench/results.json (every sample) and the generated part of bench/RESULTS.md.
 
     python bench/run.py [--reps 5] [--sizes small,full] [--workdir /tmp/dspark-bench]
+
+`--quantize` measures `dspark quantize` instead, beside `dspark convert`, on the full
+checkpoint (the released geometry), the same way (own subprocess, GNU time, page cache
+dropped when allowed): convert, quantize to each of q8_0, q5_0, q4_0 (from the BF16
+artifact converted once up front: quantize validates its parent, then reads it once), and
+validate of the Q4_0 output. Writes bench/quantize_results.json and its own generated part
+of RESULTS.md.
+
+    python bench/run.py --quantize [--reps 3] [--workdir /tmp/dspark-bench]
 """
 
 from __future__ import annotations
@@ -52,6 +61,8 @@ PY = sys.executable
 DSPARK = str(Path(PY).parent / "dspark")
 GNU_TIME = "/usr/bin/time"
 BEGIN, END = "<!-- BEGIN GENERATED bench -->", "<!-- END GENERATED bench -->"
+Q_BEGIN, Q_END = "<!-- BEGIN GENERATED bench-quantize -->", "<!-- END GENERATED bench-quantize -->"
+QUANT_TYPES = ("q8_0", "q5_0", "q4_0")
 
 SHA256_CODE = """
 import hashlib, sys
@@ -287,6 +298,82 @@ def bench_size(size: str, workdir: Path, reps: int, cold: bool) -> dict:
             "samples": samples, "read_passes": passes}
 
 
+def quantize_commands(ckpt: Path, artifact: Path, quantized: Path, scratch: Path) -> list[Command]:
+    return [
+        Command("dspark convert", [DSPARK, "convert", str(ckpt), "-o", str(scratch / "out"),
+                                   "--quiet"], scratch / "out"),
+        *(Command(f"dspark quantize {t}", [DSPARK, "quantize", str(artifact), "-o",
+                                           str(scratch / t), "--type", t, "--quiet"],
+                  scratch / t) for t in QUANT_TYPES),
+        Command("dspark validate q4_0", [DSPARK, "validate", str(quantized)]),
+    ]
+
+
+def bench_quantize(workdir: Path, reps: int, cold: bool) -> dict:
+    """`dspark quantize` beside `dspark convert` on the released-geometry checkpoint."""
+    ckpt = workdir / "full"
+    print(f"[quantize] checkpoint {ckpt}", flush=True)
+    make_checkpoint("full", ckpt)
+    scratch, artifact, quantized = (workdir / "q-scratch", workdir / "q-artifact",
+                                    workdir / "q-artifact-q4_0")
+    for path in (scratch, artifact, quantized):
+        remove(path)
+    scratch.mkdir(parents=True)
+    subprocess.run([DSPARK, "convert", str(ckpt), "-o", str(artifact), "--quiet"], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run([DSPARK, "quantize", str(artifact), "-o", str(quantized), "--type", "q4_0",
+                    "--quiet"], check=True, stdout=subprocess.DEVNULL)
+    commands = quantize_commands(ckpt, artifact, quantized, scratch)
+    samples: dict[str, list[dict]] = {c.name: [] for c in commands}
+    sizes = {}
+    for rep in range(reps):
+        order = commands[rep % len(commands):] + commands[:rep % len(commands)]
+        for command in order:
+            sample = measure(command.argv, cold)
+            samples[command.name].append(asdict(sample))
+            print(f"[quantize] rep {rep + 1}/{reps} {command.name:<20} {sample.wall_s:7.2f} s "
+                  f"cpu {sample.cpu_s:6.2f} s {sample.maxrss_kb / 1024:8.0f} MB", flush=True)
+            if command.cleanup is not None:
+                gguf = command.cleanup / "drafter.gguf"
+                if gguf.exists():
+                    sizes[command.name] = gguf.stat().st_size
+                remove(command.cleanup)
+    shutil.rmtree(scratch)
+    return {"checkpoint": str(ckpt), "weights_bytes": (ckpt / "model.safetensors").stat().st_size,
+            "gguf_bytes": (artifact / "drafter.gguf").stat().st_size, "output_bytes": sizes,
+            "samples": samples}
+
+
+def render_quantize(result: dict, meta: dict) -> str:
+    m = meta["machine"]
+    summary = summarize(result)
+    lines = [
+        (f"Run: {meta['started']} to {meta['finished']} (UTC), `{meta['command']}`, "
+         f"{meta['reps']} repetitions per command, alternating."),
+        "",
+        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram']} RAM, kernel {m['kernel']}",
+        f"- Python {m['python']}; " + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+        + f"; commit {m['commit']}" + (" plus uncommitted changes" if m["dirty"] else ""),
+        f"- Page cache: {meta['cache']}",
+        f"- Load average (1/5/15 min): before {meta['load_before']}, after {meta['load_after']}",
+        "",
+        (f"full: model.safetensors {fmt_size(result['weights_bytes'])}, BF16 drafter.gguf "
+         f"{fmt_size(result['gguf_bytes'])} (the parent of every quantize run)"),
+        "",
+        ("| command | output drafter.gguf | wall median | min - max | CPU (user+sys) median "
+         "| peak RSS median (max) | disk read | disk write |"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in summary.items():
+        median, low, high = s["wall"]
+        size = result["output_bytes"].get(name)
+        lines.append(f"| {name} | {fmt_size(size) if size else '-'} | {median:.2f} s | "
+                     f"{low:.2f} - {high:.2f} s | {s['cpu']:.2f} s | {s['rss_median']:.0f} MB "
+                     f"({s['rss_max']:.0f}) | {fmt_size(s['read'])} | {fmt_size(s['write'])} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
 # --- the report ---------------------------------------------------------------------------
 
 def machine(workdir: Path) -> dict:
@@ -419,12 +506,14 @@ def render(results: list[dict], meta: dict) -> str:
     return "\n".join(lines)
 
 
-def write_results(text: str) -> None:
+def write_results(text: str, begin: str = BEGIN, end: str = END) -> None:
     path = BENCH / "RESULTS.md"
-    block = f"{BEGIN}\n{text}\n{END}"
-    if path.exists() and BEGIN in path.read_text():
+    block = f"{begin}\n{text}\n{end}"
+    if path.exists() and begin in path.read_text():
         old = path.read_text()
-        new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
+    elif path.exists():
+        new = path.read_text().rstrip("\n") + f"\n\n{block}\n"
     else:
         new = f"# Benchmark results\n\n{block}\n"
     path.write_text(new)
@@ -437,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dspark-bench"))
     parser.add_argument("--warm", action="store_true", help="do not drop the page cache")
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
+    parser.add_argument("--quantize", action="store_true",
+                        help="measure dspark quantize beside dspark convert (full size only)")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
 
@@ -447,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
              "); the source may be served from RAM")
     started = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if args.quantize:
+        return _main_quantize(args, argv, cold, cache, started, load_before)
     results = [bench_size(size, args.workdir, args.reps, cold) for size in args.sizes.split(",")]
     helps = help_times(10)
     fixed = fixed_costs(args.workdir, 5)
@@ -460,6 +553,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         (BENCH / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
         write_results(text)
+    return 0
+
+
+def _main_quantize(args, argv, cold: bool, cache: str, started: str, load_before: str) -> int:
+    result = bench_quantize(args.workdir, args.reps, cold)
+    meta = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).strftime("%H:%M"),
+            "command": " ".join(["python bench/run.py", *(argv if argv is not None else sys.argv[1:])]),
+            "reps": args.reps, "cache": cache, "load_before": load_before,
+            "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "machine": machine(args.workdir)}
+    text = render_quantize(result, meta)
+    print(text)
+    if not args.no_write:
+        (BENCH / "quantize_results.json").write_text(
+            json.dumps({"meta": meta, "result": result}, indent=1) + "\n")
+        write_results(text, Q_BEGIN, Q_END)
     return 0
 
 
