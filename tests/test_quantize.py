@@ -109,6 +109,9 @@ def test_manifest_names_the_parent_the_type_and_each_tensors_error(converted, qu
         assert parent_files[name] == {"path": name, "size": len(data),
                                       "sha256": hashlib.sha256(data).hexdigest()}
     assert manifest["quantization"]["type"] == qtype and manifest["quantization"]["heads"] is None
+    # the quantized file keeps the parent's dspark.converter; the record says whose it is
+    parent_kv = {k: v.value for k, v in read_gguf(converted["reference"] / "drafter.gguf").kv.items()}
+    assert manifest["parent"]["converter"] == parent_kv["dspark.converter"]
     assert manifest["quantization"]["tool"].startswith("gguf-py ")
     assert manifest["artifact"]["sha256"] == hashlib.sha256(gguf_bytes).hexdigest() == result.gguf_sha256
     assert manifest["artifact"]["size"] == len(gguf_bytes) == result.gguf_size

@@ -181,6 +181,9 @@ class TargetRecord(_Record):
 class ParentRecord(_Record):
     """The BF16 artifact a quantized artifact was made from (`dspark quantize`)."""
     files: list[FileRecord] = Field(description="the parent's drafter.gguf and manifest.json")
+    converter: str = Field(description="the parent's dspark.converter, which the quantized "
+                           "drafter.gguf keeps with every other key of the parent (converter "
+                           "names the version that quantized it)")
 
 
 class QuantizationRecord(_Record):

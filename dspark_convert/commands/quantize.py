@@ -297,7 +297,7 @@ def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
         artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=sha, tensors=records),
         checks=checks,
         engines=engine_records(engines),
-        parent=ParentRecord(files=parent_files),
+        parent=ParentRecord(files=parent_files, converter=kv["dspark.converter"]),
         quantization=QuantizationRecord(
             type=qtype, heads=heads,
             tool=f"gguf-py {_gguf_version()} gguf.quants.quantize, from BF16 widened to float32"),

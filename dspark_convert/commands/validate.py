@@ -3,8 +3,10 @@
 ``validate_artifact`` never trusts what the converter did. It parses drafter.gguf with our
 bounded reader, holds every metadata key to the format, rebuilds the contract from the
 metadata (and re-applies the contract rules to it), checks the tensor inventory against
-that contract, recomputes every SHA-256 and compares it with the manifest, checks every
-value is finite and applies Strata's loader rules.
+that contract (and a quantized artifact's types against the one type rule), recomputes
+every SHA-256 and compares it with the manifest, checks every value (and every quantized
+block's scale) is finite and reports what each engine makes of the file (artifact/engines.py:
+Strata's loader and runtime, llama.cpp).
 
 It returns a frozen ``ValidationReport``: one ``Check`` per step, each failure carrying the
 error class (and so the exit code) of its kind. It raises nothing for a bad artifact.
@@ -351,7 +353,10 @@ def _manifest_provenance(manifest: Manifest) -> Provenance:
                       source_sha256=manifest.source.weights_sha256,
                       embed_sha256=stripped.get("embed_tokens.weight", target.get("embedding")),
                       lm_head_sha256=stripped.get("lm_head.weight", target.get("head")),
-                      converter=f"{manifest.converter.name} {manifest.converter.version}",
+                      # a quantized drafter.gguf keeps its parent's keys: the parent's
+                      # converter, while manifest.json names the one that quantized it
+                      converter=manifest.parent.converter if manifest.parent else
+                      f"{manifest.converter.name} {manifest.converter.version}",
                       quantization=manifest.quantization.type if manifest.quantization else None,
                       parent_sha256=parent.get(GGUF_FILE) if manifest.quantization else None)
 
