@@ -446,3 +446,26 @@ def test_smoke_compare_refusals(converted, quantized, tmp_path):
     calibration.write_text("{}")
     proc = run_cli(*base, "--compare", str(converted["reference"]), "--calibration", str(calibration))
     assert_refused(proc, SmokeInputError, ["--compare", "--calibration"])
+
+
+def test_inspect_shows_a_quantized_artifacts_tensors_as_they_should_be(quantized, tmp_path):
+    """Every tensor 'ok' under the quantized type rule; a norm whose type word is patched
+    BF16 -> Q8_0 is a 'dtype' row and the inventory problem."""
+    proc = run_cli("inspect", str(quantized["Q8_0"].output), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["problem"] is None and {r["status"] for r in data["rows"]} == {"ok"}
+    assert {r["dtype"] for r in data["rows"]} == {"BF16", "Q8_0"}
+    art = tmp_path / "norm"
+    shutil.copytree(quantized["Q8_0"].output, art)
+    from gguf import GGUFReader
+
+    field = next(t for t in GGUFReader(art / "drafter.gguf").tensors
+                 if t.name == "blk.0.attn_norm.weight").field
+    at = field.offset + sum(p.nbytes for p in field.parts[:4])      # the type word
+    with open(art / "drafter.gguf", "r+b") as fh:
+        fh.seek(at)
+        fh.write(int(GGMLQuantizationType.Q8_0).to_bytes(4, "little"))
+    data = json.loads(run_cli("inspect", str(art), "--json").stdout)
+    assert [r["name"] for r in data["rows"] if r["status"] == "dtype"] == ["blk.0.attn_norm.weight"]
+    assert data["problem"]["tensor"] == "blk.0.attn_norm.weight"

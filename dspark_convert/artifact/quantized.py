@@ -14,6 +14,8 @@ by it, and the runtime plans its loads by it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dspark_convert.contract.tensor_table import TENSOR_RULES, expand_rule
 from dspark_convert.formats.quants import QUANT_TYPES
 
@@ -52,3 +54,17 @@ def rule_whens(contract) -> dict[str, str]:
     layers = contract.geometry.num_draft_layers
     return {gguf: rule.when for rule in TENSOR_RULES if rule.gguf
             for _s, gguf, _i in expand_rule(rule, layers)}
+
+
+def type_ok(contract, qtype: str | None) -> Callable[[str, str], bool]:
+    """(GGUF name, type) -> whether ``allowed_types`` admits that type for the tensor in an
+    artifact of ``qtype`` (None: BF16 only), for contract/inventory's ``type_ok``."""
+    specs = {spec.gguf_name: spec for spec in contract.written_tensors}
+    whens = rule_whens(contract)
+
+    def ok(name: str, dtype: str) -> bool:
+        spec = specs.get(name)
+        if spec is None:
+            return dtype == "BF16"
+        return dtype in allowed_types(spec.kind, whens[name], len(spec.gguf_shape), qtype)
+    return ok

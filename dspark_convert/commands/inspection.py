@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
+from dspark_convert.artifact.quantized import QUANTIZATION_KEY, type_ok
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.contract.inventory import TensorRow, check_gguf_inventory, gguf_found, inventory_rows
 from dspark_convert.errors import HeadConfigMismatchError, InventoryError, SourceNotFoundError
@@ -62,12 +63,14 @@ def _inspect_checkpoint(directory: Path) -> InspectResult:
 
 def _inspect_artifact(gguf_path: Path) -> InspectResult:
     gguf = read_gguf(gguf_path)
-    contract = contract_from_metadata(read_metadata(gguf, path=gguf_path.name), path=gguf_path.name)
-    rows, left_out = inventory_rows(contract, gguf_found(gguf), "gguf",
-                                    type_ok=lambda _name, dtype: dtype == "BF16",
+    kv = read_metadata(gguf, path=gguf_path.name)
+    contract = contract_from_metadata(kv, path=gguf_path.name)
+    # BF16, or in a quantized artifact the types artifact/quantized.py's rule allows
+    allowed = type_ok(contract, kv.get(QUANTIZATION_KEY))
+    rows, left_out = inventory_rows(contract, gguf_found(gguf), "gguf", type_ok=allowed,
                                     unexpected_limit=MAX_UNEXPECTED_ROWS)
     return _result("artifact", gguf_path.parent, contract, rows, left_out,
-                   lambda: check_gguf_inventory(gguf, contract, gguf_path.name))
+                   lambda: check_gguf_inventory(gguf, contract, gguf_path.name, type_ok=allowed))
 
 
 def inspect_path(path: str | os.PathLike) -> InspectResult:
