@@ -264,6 +264,26 @@ def fixed_costs(workdir: Path, reps: int) -> dict[str, list[float]]:
     return walls
 
 
+def run_rotated(commands: list[Command], reps: int, cold: bool, tag: str,
+                after=None) -> dict[str, list[dict]]:
+    """Every command ``reps`` times, each in its own subprocess, the order rotating by one
+    each repetition; ``after(command, rep)`` sees a run's output before it is removed."""
+    samples: dict[str, list[dict]] = {c.name: [] for c in commands}
+    for rep in range(reps):
+        order = commands[rep % len(commands):] + commands[:rep % len(commands)]
+        for command in order:
+            sample = measure(command.argv, cold)
+            samples[command.name].append(asdict(sample))
+            print(f"[{tag}] rep {rep + 1}/{reps} {command.name:<20} {sample.wall_s:7.2f} s "
+                  f"cpu {sample.cpu_s:6.2f} s "
+                  f"{sample.maxrss_kb / 1024:8.0f} MB", flush=True)
+            if after is not None:
+                after(command, rep)
+            if command.cleanup is not None:
+                remove(command.cleanup)
+    return samples
+
+
 def bench_size(size: str, workdir: Path, reps: int, cold: bool) -> dict:
     ckpt = workdir / size
     print(f"[{size}] checkpoint {ckpt}", flush=True)
@@ -276,19 +296,12 @@ def bench_size(size: str, workdir: Path, reps: int, cold: bool) -> dict:
     subprocess.run([DSPARK, "convert", str(ckpt), "-o", str(artifact), "--quiet"], check=True,
                    stdout=subprocess.DEVNULL)
     commands = commands_for(ckpt, artifact, scratch)
-    samples: dict[str, list[dict]] = {c.name: [] for c in commands}
-    for rep in range(reps):
-        order = commands[rep % len(commands):] + commands[:rep % len(commands)]
-        for command in order:
-            sample = measure(command.argv, cold)
-            samples[command.name].append(asdict(sample))
-            print(f"[{size}] rep {rep + 1}/{reps} {command.name:<20} {sample.wall_s:7.2f} s "
-                  f"cpu {sample.cpu_s:6.2f} s "
-                  f"{sample.maxrss_kb / 1024:8.0f} MB", flush=True)
-            if command.name == "baseline eager" and rep == 0:
-                check_baseline_output(artifact, command.cleanup)
-            if command.cleanup is not None:
-                remove(command.cleanup)
+
+    def after(command: Command, rep: int) -> None:
+        if command.name == "baseline eager" and rep == 0:
+            check_baseline_output(artifact, command.cleanup)
+
+    samples = run_rotated(commands, reps, cold, size, after)
     passes = read_passes(ckpt, artifact, scratch / "out") if os.access(STRACE, os.X_OK) else None
     shutil.rmtree(scratch)
     return {"size": size, "checkpoint": str(ckpt),
@@ -324,54 +337,18 @@ def bench_quantize(workdir: Path, reps: int, cold: bool) -> dict:
     subprocess.run([DSPARK, "quantize", str(artifact), "-o", str(quantized), "--type", "q4_0",
                     "--quiet"], check=True, stdout=subprocess.DEVNULL)
     commands = quantize_commands(ckpt, artifact, quantized, scratch)
-    samples: dict[str, list[dict]] = {c.name: [] for c in commands}
     sizes = {}
-    for rep in range(reps):
-        order = commands[rep % len(commands):] + commands[:rep % len(commands)]
-        for command in order:
-            sample = measure(command.argv, cold)
-            samples[command.name].append(asdict(sample))
-            print(f"[quantize] rep {rep + 1}/{reps} {command.name:<20} {sample.wall_s:7.2f} s "
-                  f"cpu {sample.cpu_s:6.2f} s {sample.maxrss_kb / 1024:8.0f} MB", flush=True)
-            if command.cleanup is not None:
-                gguf = command.cleanup / "drafter.gguf"
-                if gguf.exists():
-                    sizes[command.name] = gguf.stat().st_size
-                remove(command.cleanup)
+
+    def after(command: Command, rep: int) -> None:
+        gguf = command.cleanup / "drafter.gguf" if command.cleanup is not None else None
+        if gguf is not None and gguf.exists():
+            sizes[command.name] = gguf.stat().st_size
+
+    samples = run_rotated(commands, reps, cold, "quantize", after)
     shutil.rmtree(scratch)
     return {"checkpoint": str(ckpt), "weights_bytes": (ckpt / "model.safetensors").stat().st_size,
             "gguf_bytes": (artifact / "drafter.gguf").stat().st_size, "output_bytes": sizes,
             "samples": samples}
-
-
-def render_quantize(result: dict, meta: dict) -> str:
-    m = meta["machine"]
-    summary = summarize(result)
-    lines = [
-        (f"Run: {meta['started']} to {meta['finished']} (UTC), `{meta['command']}`, "
-         f"{meta['reps']} repetitions per command, alternating."),
-        "",
-        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram']} RAM, kernel {m['kernel']}",
-        f"- Python {m['python']}; " + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        + f"; commit {m['commit']}" + (" plus uncommitted changes" if m["dirty"] else ""),
-        f"- Page cache: {meta['cache']}",
-        f"- Load average (1/5/15 min): before {meta['load_before']}, after {meta['load_after']}",
-        "",
-        (f"full: model.safetensors {fmt_size(result['weights_bytes'])}, BF16 drafter.gguf "
-         f"{fmt_size(result['gguf_bytes'])} (the parent of every quantize run)"),
-        "",
-        ("| command | output drafter.gguf | wall median | min - max | CPU (user+sys) median "
-         "| peak RSS median (max) | disk read | disk write |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, s in summary.items():
-        median, low, high = s["wall"]
-        size = result["output_bytes"].get(name)
-        lines.append(f"| {name} | {fmt_size(size) if size else '-'} | {median:.2f} s | "
-                     f"{low:.2f} - {high:.2f} s | {s['cpu']:.2f} s | {s['rss_median']:.0f} MB "
-                     f"({s['rss_max']:.0f}) | {fmt_size(s['read'])} | {fmt_size(s['write'])} |")
-    lines.append("")
-    return "\n".join(lines)
 
 
 # --- the report ---------------------------------------------------------------------------
@@ -460,9 +437,10 @@ def targets(result: dict, summary: dict) -> list[tuple[str, str, str, bool]]:
     return rows
 
 
-def render(results: list[dict], meta: dict) -> str:
+def run_header(meta: dict) -> list[str]:
+    """The lines that open a generated block: when, how, on what machine and cache."""
     m = meta["machine"]
-    lines = [
+    return [
         (f"Run: {meta['started']} to {meta['finished']} (UTC), `{meta['command']}`, "
          f"{meta['reps']} repetitions per command, alternating."),
         "",
@@ -474,6 +452,19 @@ def render(results: list[dict], meta: dict) -> str:
         f"- Load average (1/5/15 min): before {meta['load_before']}, after {meta['load_after']}",
         "",
     ]
+
+
+def command_row(name: str, s: dict, *extra: str) -> str:
+    """One command's row of a results table: ``extra`` cells after its name."""
+    median, low, high = s["wall"]
+    cells = [name, *extra, f"{median:.2f} s", f"{low:.2f} - {high:.2f} s", f"{s['cpu']:.2f} s",
+             f"{s['rss_median']:.0f} MB ({s['rss_max']:.0f})", fmt_size(s["read"]),
+             fmt_size(s["write"])]
+    return "| " + " | ".join(cells) + " |"
+
+
+def render(results: list[dict], meta: dict) -> str:
+    lines = run_header(meta)
     for result in results:
         summary = summarize(result)
         lines += [
@@ -485,10 +476,7 @@ def render(results: list[dict], meta: dict) -> str:
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for name, s in summary.items():
-            median, low, high = s["wall"]
-            lines.append(f"| {name} | {median:.2f} s | {low:.2f} - {high:.2f} s | {s['cpu']:.2f} s | "
-                         f"{s['rss_median']:.0f} MB ({s['rss_max']:.0f}) | {fmt_size(s['read'])} | "
-                         f"{fmt_size(s['write'])} |")
+            lines.append(command_row(name, s))
         lines += ["", "| target | measured | ratio / value | met |", "|---|---|---:|---|"]
         for label, detail, value, ok in targets(result, summary):
             lines.append(f"| {label} | {detail} | {value} | {'yes' if ok else '**no**'} |")
@@ -503,6 +491,23 @@ def render(results: list[dict], meta: dict) -> str:
                + ", ".join(f"{name} {statistics.median(walls):.2f} s" for name, walls in fixed.items())
                + "."),
               ""]
+    return "\n".join(lines)
+
+
+def render_quantize(result: dict, meta: dict) -> str:
+    summary = summarize(result)
+    lines = run_header(meta) + [
+        (f"full: model.safetensors {fmt_size(result['weights_bytes'])}, BF16 drafter.gguf "
+         f"{fmt_size(result['gguf_bytes'])} (the parent of every quantize run)"),
+        "",
+        ("| command | output drafter.gguf | wall median | min - max | CPU (user+sys) median "
+         "| peak RSS median (max) | disk read | disk write |"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in summary.items():
+        size = result["output_bytes"].get(name)
+        lines.append(command_row(name, s, fmt_size(size) if size else "-"))
+    lines.append("")
     return "\n".join(lines)
 
 
