@@ -375,7 +375,7 @@ class MemoryBudgetError(RuntimeRefusal):
     exit_code = 78
 
 
-# --- `dspark quantize` (exit codes 80-84; dspark_convert/artifact/quantize.py) -------------
+# --- `dspark quantize` (exit codes 80-84; dspark_convert/commands/quantize.py) -------------
 
 class QuantizeError(DSparkError):
     kind = "quantize"
