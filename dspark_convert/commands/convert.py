@@ -147,7 +147,7 @@ def header_bytes(contract: FeatureContract, prov: Provenance, scratch: Path) -> 
 def gguf_header(values: dict[str, object], tensors, scratch: Path) -> bytes:
     """GGUF header, metadata and tensor infos as gguf-py writes them, padded to the data
     alignment; ``tensors`` is (name, torch shape, nbytes, ggml type) in file order (also
-    used by artifact/quantize.py). gguf-py only writes to files, so ``scratch`` holds them
+    used by commands/quantize.py). gguf-py only writes to files, so ``scratch`` holds them
     briefly."""
     writer = GGUFWriter(scratch, ARCHITECTURE_NAME)
     _add_metadata(writer, values)
