@@ -30,12 +30,25 @@ def pytest_collection_modifyitems(config, items):
 def big_source(tmp_path_factory) -> Path:
     """A ~130 MB synthetic checkpoint (the two Markov matrices, V=65536 x r=512 in BF16):
     its conversion keeps the hidden temporary sibling on disk long enough to be seen and
-    the process to be signalled while it writes drafter.gguf."""
-    from dspark_convert.synthetic import make_synthetic_checkpoint
+    the process to be signalled while it writes drafter.gguf. Only its size matters: the
+    values are the seeded synthetic ones of a 256-token vocabulary repeated down the rows
+    (drawing 67 M normals took 4 of the fixture's 6 s)."""
+    import numpy as np
 
+    from dspark_convert.contract.dspark import build_contract, parse_config
+    from dspark_convert.synthetic import synthetic_config, synthetic_tensors, write_checkpoint
+
+    geometry = dict(markov_rank=512, hidden_size=256)
+    config = synthetic_config(vocab_size=65536, **geometry)
+    shapes = {t.source_name: tuple(t.shape) for t in build_contract(parse_config(config)).tensors}
+    block = synthetic_tensors(synthetic_config(vocab_size=256, **geometry), include_embeddings=False)
+    tensors = {name: v if v.shape == shapes[name] else np.tile(v, (shapes[name][0] // v.shape[0], 1))
+               for name, v in block.items()}
+    assert {name: v.shape for name, v in tensors.items()} == {
+        name: shapes[name] for name in tensors}
     src = tmp_path_factory.mktemp("big") / "src"
-    make_synthetic_checkpoint(src, vocab_size=65536, markov_rank=512, hidden_size=256,
-                              include_embeddings=False)
+    write_checkpoint(src, config, tensors)
+    assert (src / "model.safetensors").stat().st_size > 130_000_000
     return src
 
 

@@ -240,7 +240,8 @@ def test_missing_parents_are_not_created_for_a_contract_refusal(tmp_path: Path) 
 
 # --- reproducibility ------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("dtype", "shards"), [("BF16", 1), ("F32", 2)], ids=["bf16", "f32-sharded"])
+@pytest.mark.parametrize(("dtype", "shards"), [("BF16", 1), pytest.param("F32", 2, marks=pytest.mark.slow)],
+                         ids=["bf16", "f32-sharded"])
 def test_converting_twice_is_byte_identical(tmp_path: Path, dtype: str, shards: int) -> None:
     src = tmp_path / "src"
     make_synthetic_checkpoint(src, dtype=dtype, shards=shards, markov_head_type="gated")

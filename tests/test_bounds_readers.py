@@ -197,6 +197,7 @@ def sparse_source(root: Path, vocab: int) -> Path:
     return root / "model.safetensors"
 
 
+@slow   # a child reading a 1 GiB (sparse) source while it is cut
 @pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="needs Linux /proc")
 def test_convert_refuses_a_source_that_shrinks_to_an_odd_length_while_read(tmp_path):
     # A 1 GiB (sparse) source is cut, while convert reads it, to an odd length 128 MiB past
@@ -301,6 +302,7 @@ def test_tokenizer_of_a_million_tokens_is_refused_in_bounded_memory(tmp_path):
     assert "tokenizer.json" in line and "1000000 tokens" in line
 
 
+@slow
 def test_tokenizer_values_are_counted_before_the_library_parses(tmp_path):
     target = make_target(tmp_path / "target")
     doc = json.loads((target / "tokenizer.json").read_text())
@@ -393,6 +395,7 @@ def test_gguf_metadata_amplification_is_refused_in_bounded_memory(tmp_path, arti
 
 # --- the readers' limits, in process ----------------------------------------------------------
 
+@slow   # writes and reads GGUF arrays of a million elements and more (~2.5 s)
 def test_large_scalar_arrays_are_packed_and_compare_like_lists(tmp_path):
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
@@ -420,6 +423,7 @@ def test_large_scalar_arrays_are_packed_and_compare_like_lists(tmp_path):
     assert g == gguf_reader.parse_gguf_bytes(path.read_bytes(), path=str(path))
 
 
+@slow   # decodes 2 x 3 MB of two-character strings up to the budget
 def test_gguf_decoded_budget_counts_string_sizes():
     # 2-character strings are 10 bytes in the file and ~60 in memory: charged at the latter.
     per_array = gguf_reader.MAX_DECODED_BYTES // 100     # two arrays: 10 MB of file

@@ -92,6 +92,7 @@ def _steps(run):
 
 # --- the report directory -------------------------------------------------------------------
 
+@pytest.mark.slow   # needs the calibrated eval run (`calibrated`: both drafters, --calibrate, ~3 s)
 def test_report_directory_and_json(calibrated):
     doc, out = calibrated
     names = {"report.json", "report.md", "acceptance.png", "static_cutoff.png", "speed.png",
@@ -175,6 +176,7 @@ def test_a_report_inside_the_target_is_refused(artifacts, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow   # needs the calibrated eval run
 def test_a_calibration_for_another_artifact_or_target_is_refused(artifacts, calibrated, tmp_path):
     _, out = calibrated
     cal_path = out / "calibration-vanilla_conf_markov.json"
@@ -224,6 +226,7 @@ def test_cuda_without_cuda_writes_the_report_of_what_did_not_run_and_fails(artif
 
 # --- Ctrl-C ---------------------------------------------------------------------------------
 
+@pytest.mark.slow   # a real eval process on a pty, started and interrupted (~5 s)
 def test_a_real_sigint_mid_run_leaves_a_partial_report(artifacts, tmp_path):
     """A child `dspark eval` on a terminal (a pty: its progress bars name each run); SIGINT
     once the DSpark drafter's first run has begun: exit 130, one error line, a partial
@@ -281,6 +284,7 @@ def test_a_real_sigint_mid_run_leaves_a_partial_report(artifacts, tmp_path):
 
 # --- bfloat16 ---------------------------------------------------------------------------------
 
+@pytest.mark.slow   # a whole eval run of both drafters in bfloat16
 def test_bfloat16_eval_is_lossless_at_temperature_zero(artifacts, tmp_path):
     prompts = _prompts(tmp_path / "p.jsonl", 2)
     out = tmp_path / "report"
@@ -317,6 +321,7 @@ def _with_temperatures(src, dst, temps):
     return dst
 
 
+@pytest.mark.slow   # the calibrated eval run and another
 def test_a_fitted_calibration_moves_the_cut_as_cut_length_predicts(artifacts, calibrated, small,
                                                                    tmp_path):
     doc, fitted_dir = calibrated
@@ -355,6 +360,7 @@ def test_a_fitted_calibration_moves_the_cut_as_cut_length_predicts(artifacts, ca
     assert "Calibration applied (`--calibration`)" in md
 
 
+@pytest.mark.slow   # the calibrated eval run and more
 def test_extreme_temperatures_cut_where_cut_length_says(artifacts, calibrated, small, tmp_path):
     """T_k = 100 flattens every step confidence to about 1/2 (|cl| < 40 here): above a
     threshold of 0.4 nothing is cut, below 0.6 everything is, whatever the raw head says."""
@@ -395,6 +401,7 @@ def test_extreme_temperatures_cut_where_cut_length_says(artifacts, calibrated, s
     assert cycles and all(c["proposed"] == [] for c in cycles)
 
 
+@pytest.mark.slow   # needs the calibrated eval run
 def test_report_failure_names_the_first_lossless_difference(calibrated, tmp_path):
     from dspark_convert.commands.evaluate import report_failure
     from dspark_convert.errors import LosslessnessError

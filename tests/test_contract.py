@@ -220,11 +220,13 @@ def test_head_tensors_must_agree_with_config():
 
 
 # --- property: any JSON gives a contract or one of our errors ----------------------------
+# (300 examples each, as test_contract_fuzz.py's: slow; `make fuzz` runs them longer)
 
 FIELDS = list(DSparkConfig.model_fields)
 EXAMPLES = int(os.environ.get("DSPARK_FUZZ_EXAMPLES", "300"))
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits=st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4),
        drops=st.sets(st.sampled_from(FIELDS), max_size=2))
@@ -242,6 +244,7 @@ def test_config_contract_never_crashes(edits, drops):
         assert contract.geometry.hidden_size > 0
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(value=json_values)
 def test_any_json_document_as_config(value):

@@ -4,8 +4,9 @@ A fault or a signal needs a real `dspark convert` process (a resource limit, a n
 process to kill or stop); the rest runs the app in-process (tests/support/cli.py). The
 rule: exit 31 (OutputWriteError) with one `error:` line and no traceback, or the signal's
 code; no output directory, no hidden temporary sibling, no parent directory it created;
-with --force the old artifact is left byte for byte as it was. One case of each kind of
-fault is in the fast loop; the others are marked slow. (Interruption by SIGINT/SIGTERM/SIGKILL without --force, an
+with --force the old artifact is left byte for byte as it was. The fast loop keeps a
+file-size limit (with and without --force) and a full disk; the other cases are marked slow
+(the signals' fast canaries are in test_atomic_output.py). (Interruption by SIGINT/SIGTERM/SIGKILL without --force, an
 unwritable parent and an existing output are in test_atomic_output.py and
 test_cli_refusals.py.)
 
@@ -213,6 +214,7 @@ def _resume(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, stderr
 
 
+@slow
 def test_output_that_appears_while_converting_is_refused_and_untouched(big_source: Path,
                                                                          tmp_path: Path) -> None:
     """Without --force nothing is ever replaced: not even an output that appears after the

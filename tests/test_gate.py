@@ -1,8 +1,9 @@
 """The pre-release gate: scripts/gate.sh (`make gate`) and the workflow that runs it.
 
 The script runs the real `dspark` CLI over a list of artifacts; these tests run the
-script itself on the repository's release/artifacts.txt (slow) and on lists with broken
-entries (the fast loop's canary of the script).
+script itself on the repository's release/artifacts.txt and on a list with broken entries
+(both slow: real dspark processes per entry), and on malformed lists (the fast loop's
+canary of the script).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def test_release_list_passes_the_strict_gate(tmp_path):
         assert json.loads((tmp_path / "reports" / f"{name}.convert.json").read_text())["ok"] is True
 
 
+@pytest.mark.slow   # four entries, seven dspark processes; the malformed lists are the fast canary
 def test_broken_entries_fail_the_gate_with_reports(tmp_path, converted):
     tampered = tmp_path / "tampered"
     shutil.copytree(converted["reference"], tampered)

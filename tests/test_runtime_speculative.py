@@ -68,6 +68,7 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
+@pytest.mark.slow   # 6000 draft-and-verify draws
 def test_rejection_sampling_is_lossless_on_a_tiny_vocabulary():
     """Draft from q, verify against p: committed token 0 ~ p_0, and committed token 1
     (when token 0 was the accepted draft) ~ p_1. 4 degrees of freedom: chi-square < 18.5
