@@ -12,20 +12,6 @@ from support.cli import dspark_cmd  # noqa: F401
 from support.paths import EXPECTED, GOLDEN, REFERENCE_DRAFTER, ROOT, golden_source  # noqa: F401
 
 
-# Slow marks for a module whose owner is reworking it (the Hub code, issue 12 item 3), set
-# here rather than in its file: every case of test_cli_hub.py is a `dspark` process against
-# the loopback Hub (~20 s on 2 cores, a third of the fast loop's budget). The fast loop keeps
-# its round trip online then offline from the cache. To become @pytest.mark.slow in the
-# module itself, and this hook to go, once the module is its owner's again.
-_CLI_HUB_FAST = {"test_convert_from_the_hub_then_offline_from_the_cache"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name == "test_cli_hub.py" and item.originalname not in _CLI_HUB_FAST:
-            item.add_marker(pytest.mark.slow)
-
-
 @pytest.fixture(scope="session")
 def big_source(tmp_path_factory) -> Path:
     """A ~130 MB synthetic checkpoint (the two Markov matrices, V=65536 x r=512 in BF16):

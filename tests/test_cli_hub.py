@@ -1,6 +1,10 @@
 """`dspark convert org/name@<commit>` and `dspark lock` as users run them: a subprocess
-with HF_ENDPOINT pointing at the loopback Hub (tests/hub_server.py) and HF_HOME in a
-temporary directory."""
+with HF_ENDPOINT pointing at the loopback Hub (tests/support/hub_server.py) and HF_HOME in a
+temporary directory.
+
+Every case is a `dspark` process against the loopback Hub (~20 s on 2 cores in all), so all
+but the online-then-offline round trip are marked slow: `make test` runs them, `make
+test-fast` keeps the round trip."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import time
 import pytest
 
 from conftest import REFERENCE_DRAFTER, dspark_cmd
-from hub_server import HubServer
+from support.hub_server import HubServer
 
 REPO = "org/draft"
 WEIGHTS_SHA = hashlib.sha256((REFERENCE_DRAFTER / "model.safetensors").read_bytes()).hexdigest()
@@ -79,6 +83,7 @@ def test_convert_from_the_hub_then_offline_from_the_cache(hub, env, tmp_path):
             == (tmp_path / "online" / "drafter.gguf").read_bytes())
 
 
+@pytest.mark.slow
 def test_resolve_prints_and_records_the_commit(hub, env, tmp_path):
     result = dspark(env, "convert", f"{REPO}@v1", "--resolve", "-o", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
@@ -87,6 +92,7 @@ def test_resolve_prints_and_records_the_commit(hub, env, tmp_path):
     assert (record["requested_revision"], record["resolved"]) == ("v1", True)
 
 
+@pytest.mark.slow
 def test_lock_then_convert_with_the_lock(hub, env, tmp_path):
     lock = tmp_path / "dspark.lock"
     made = dspark(env, "lock", f"{REPO}@{hub.commit}", "-o", str(lock))
@@ -147,6 +153,7 @@ def other_commit(hub, env, tmp_path):
     return [f"{REPO}@{hub.commit}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup, code, words", [
     (corrupt, 56, "model.safetensors: SHA-256"),
     (wrong_pin, 57, "--sha256"),
@@ -167,6 +174,7 @@ def test_refusals_have_their_own_code_and_leave_nothing(hub, env, tmp_path, setu
     assert left_behind(tmp_path, "out") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_download_leaves_no_artifact_and_no_bad_cache_entry(hub, env, tmp_path, sig, code):
     hub.faults.throttle = 0.02  # about 1.7 s for the weights
@@ -191,6 +199,7 @@ def test_interrupted_download_leaves_no_artifact_and_no_bad_cache_entry(hub, env
     assert {f["path"]: f["sha256"] for f in files}["model.safetensors"] == WEIGHTS_SHA
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["blobs", "snapshot", "cache-root", "inside-cache"])
 def test_an_output_in_the_cache_is_refused_and_the_cache_kept(hub, env, tmp_path, where):
     """`-o <HF cache>/blobs --force` used to delete the cached weights being converted.
@@ -210,6 +219,7 @@ def test_an_output_in_the_cache_is_refused_and_the_cache_kept(hub, env, tmp_path
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.slow
 def test_a_lock_file_in_the_cache_is_refused(hub, env, tmp_path):
     spec = f"{REPO}@{hub.commit}"
     assert dspark(env, "convert", spec, "-o", str(tmp_path / "first")).returncode == 0

@@ -1,5 +1,5 @@
 """dspark_convert.source.hub (fetch_snapshot) against the real huggingface_hub client and a
-loopback Hub (tests/hub_server.py) serving the golden fixtures, with HF_HOME in a temporary
+loopback Hub (tests/support/hub_server.py) serving the golden fixtures, with HF_HOME in a temporary
 directory."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import GOLDEN, REFERENCE_DRAFTER
-from hub_server import HubServer
+from support.hub_server import HubServer
 from dspark_convert import errors
 from dspark_convert.source.hub.client import RetryPolicy
 from dspark_convert.source.hub.snapshot import fetch_snapshot, lock_from_snapshot
@@ -309,7 +309,7 @@ def test_a_repo_id_huggingface_hub_refuses_is_a_spec_error(hub):
 
 
 def test_hash_file_gives_the_hubs_git_blob_id_and_sha256(tmp_path):
-    from hub_server import git_blob_sha1 as hub_git_blob_sha1
+    from support.hub_server import git_blob_sha1 as hub_git_blob_sha1
     from dspark_convert.util.hashing import BLOCK, hash_file
 
     data = bytes(range(256)) * ((2 * BLOCK + 300) // 256)  # more than two blocks

@@ -9,7 +9,7 @@ import hashlib
 import pytest
 
 from conftest import GOLDEN, REFERENCE_DRAFTER
-from hub_server import HubServer
+from support.hub_server import HubServer
 from dspark_convert import errors
 from dspark_convert.commands.convert import convert
 from dspark_convert.formats.gguf_reader import read_gguf

@@ -1,5 +1,5 @@
 """Hub targets: `--target org/name@<commit>` fetched by hub.fetch_snapshot from a loopback Hub
-(tests/hub_server.py, the real huggingface_hub client) serving the golden target, with
+(tests/support/hub_server.py, the real huggingface_hub client) serving the golden target, with
 HF_HOME in a temporary directory."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dspark_convert.commands.convert import convert
 from dspark_convert.errors import HubFileNotFoundError, HubSpecError
 from dspark_convert.target.model import open_target
 from dspark_convert.commands.validate import validate_artifact
-from hub_server import HubServer
-from test_target import GOLDEN_TARGET
+from support.hub_server import HubServer
+from support.targets import GOLDEN_TARGET
 
 REPO = "org/tiny-qwen3"
 
