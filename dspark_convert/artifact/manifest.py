@@ -5,13 +5,17 @@ schemas/manifest.schema.json is generated from ``Manifest``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from dspark_convert.checks import Check
 from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.errors import ManifestError
+from dspark_convert.util.models import validated
 from dspark_convert.util.patterns import COMMIT_PATTERN, SHA256_PATTERN
+from dspark_convert.util.strict_json import parse_json_strict, read_json_strict
 
 MANIFEST_FORMAT = "strata-dspark-artifact"
 Sha256 = Field(pattern=SHA256_PATTERN)
@@ -233,3 +237,16 @@ class Manifest(_Record):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
+
+
+# The one reader of a manifest.json (validate, quantize): strict JSON, then the model; every
+# refusal is one ManifestError line naming the file.
+def read_manifest(path: Path) -> Manifest:
+    raw = read_json_strict(path, error=ManifestError, label="manifest.json")
+    return validated(Manifest, raw, error=ManifestError, label="manifest.json", path=str(path))
+
+
+def parse_manifest(data: bytes, path: Path) -> Manifest:
+    """``read_manifest`` of bytes already read (quantize hashes the parent's manifest too)."""
+    raw = parse_json_strict(data, error=ManifestError, label="manifest.json", path=str(path))
+    return validated(Manifest, raw, error=ManifestError, label="manifest.json", path=str(path))

@@ -30,26 +30,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from gguf import GGUFWriter
 from gguf.constants import GGMLQuantizationType
 
 from dspark_convert import CONVERTER_NAME, __version__
 from dspark_convert.artifact.format import (
-    ALIGNMENT,
-    ARCHITECTURE_NAME,
     GGUF_FILE,
-    KEYS_BY_NAME,
     LOCAL_REVISION,
     MANIFEST_FILE,
     Provenance,
     expected_metadata,
 )
+from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, padded, pwrite_all
 from dspark_convert.util.atomic import atomic_directory, check_output, fsync_path, refuse_overlap, write_error
 from dspark_convert.contract.dspark import FeatureContract, TensorSpec
 from dspark_convert.errors import (InternalError, NonFiniteTensorError, OutputWriteError,
                      SafetensorsFormatError, SourceNotFoundError)
 from dspark_convert.util.paths import check_path
-from dspark_convert.util.hashing import BLOCK, ThreadedFileHash, hash_file_and_spans, weights_digest
+from dspark_convert.util.hashing import BLOCK, ThreadedFileHash, weights_digest
 from dspark_convert.checks import Check
 from dspark_convert.artifact.manifest import (
     MANIFEST_FORMAT,
@@ -123,46 +120,12 @@ def _source_files(source: Source) -> list[Path]:
     return [files.config, *extra, *files.weights]
 
 
-def _pad(n: int) -> int:
-    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-
-
-def _add_metadata(writer: GGUFWriter, values: dict[str, object]) -> None:
-    for key, value in values.items():
-        if key == "general.architecture":
-            continue  # GGUFWriter writes it first, from its arch argument
-        spec = KEYS_BY_NAME[key]
-        # add_key_value, not add_string/add_array: those silently drop empty values.
-        writer.add_key_value(key, value, spec.type, sub_type=spec.sub_type)
-
-
 def header_bytes(contract: FeatureContract, prov: Provenance, scratch: Path) -> bytes:
     """drafter.gguf's header for a contract: every written tensor BF16."""
     return gguf_header(expected_metadata(contract, prov),
                        [(spec.gguf_name, spec.shape, 2 * math.prod(spec.shape),
                          GGMLQuantizationType.BF16) for spec in contract.written_tensors],
                        scratch)
-
-
-def gguf_header(values: dict[str, object], tensors, scratch: Path) -> bytes:
-    """GGUF header, metadata and tensor infos as gguf-py writes them, padded to the data
-    alignment; ``tensors`` is (name, torch shape, nbytes, ggml type) in file order (also
-    used by commands/quantize.py). gguf-py only writes to files, so ``scratch`` holds them
-    briefly."""
-    writer = GGUFWriter(scratch, ARCHITECTURE_NAME)
-    _add_metadata(writer, values)
-    for name, shape, nbytes, ggml_type in tensors:
-        # A non-uint8 dtype: gguf-py takes ``shape`` as the element shape for any raw type.
-        writer.add_tensor_info(name, shape, np.dtype(np.uint16), nbytes, raw_dtype=ggml_type)
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-    finally:
-        writer.close()
-    data = scratch.read_bytes()
-    scratch.unlink()
-    return data + bytes(_pad(len(data)) - len(data))
 
 
 def _layout(contract: FeatureContract, data_start: int) -> tuple[dict[str, _Slot], int]:
@@ -172,16 +135,8 @@ def _layout(contract: FeatureContract, data_start: int) -> tuple[dict[str, _Slot
     for spec in contract.written_tensors:
         nbytes = 2 * math.prod(spec.shape)  # BF16, whatever the source dtype
         slots[spec.source_name] = _Slot(spec, offset, nbytes)
-        offset += _pad(nbytes)
+        offset += padded(nbytes)
     return slots, offset
-
-
-def pwrite_all(fd: int, data, offset: int) -> None:
-    """os.pwrite until every byte of ``data`` is written at ``offset``."""
-    view = memoryview(data).cast("B")
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
 
 
 def _overflow_error(entry: TensorEntry, raw: np.ndarray, bits: np.ndarray, done: int):
@@ -297,17 +252,11 @@ def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
     scratch = path.with_name(path.name + ".header")
     try:
         header = header_bytes(contract, placeholder, scratch)
-        slots, total = _layout(contract, len(header))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     except OSError as exc:
         raise write_error(exc, shown) from None
+    slots, total = _layout(contract, len(header))
+    fd = create_gguf(path, header, total, shown)
     try:
-        try:
-            # Padding between tensors is written as zeros by the truncate (no holes left
-            # once every tensor is written: the slots cover the data area).
-            os.ftruncate(fd, total)
-        except OSError as exc:
-            raise write_error(exc, shown) from None
         try:
             result = convert_pass(source, slots, fd, progress)
         except _OutputOSError as failed:
@@ -339,22 +288,13 @@ def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
 
 def hash_output(path: Path, slots: dict[str, _Slot], progress: Progress,
                 label: Path) -> tuple[str, list[TensorRecord]]:
-    """Read drafter.gguf back once, from the page cache: its SHA-256 on a worker thread and
-    each tensor's SHA-256 on this one, side by side; meanwhile a second worker flushes the
-    file to disk (atomic_directory's own fsync then finds little left to write)."""
-    def shrank():
-        return InternalError(f"{label}: the file shrank while it was hashed")
-
+    """Read drafter.gguf back once, from the page cache (artifact/writer.hash_written),
+    while a worker flushes the file to disk (atomic_directory's own fsync then finds little
+    left to write)."""
     with open(path, "rb") as fh, ThreadPoolExecutor(1, "fsync") as flusher:
         flushed = flusher.submit(fsync_path, path)
-        size = os.fstat(fh.fileno()).st_size
-        progress.start("hash drafter.gguf", size)
-        try:
-            gguf_sha, digests = hash_file_and_spans(
-                fh, size, [(name, s.offset, s.nbytes) for name, s in slots.items()],
-                BLOCK, progress.advance, shrank)
-        finally:
-            progress.finish()
+        gguf_sha, digests, _ = hash_written(
+            fh, [(name, s.offset, s.nbytes) for name, s in slots.items()], progress, label)
         try:
             flushed.result()
         except OSError as exc:
@@ -506,8 +446,3 @@ def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, pro
         checks=_checks(source, records, stripped, engines),
         engines=engine_records(engines),
     )
-
-
-def manifest_json(manifest: Manifest) -> str:
-    # Fixed field order, no timestamps: the same source gives the same bytes.
-    return manifest.model_dump_json(indent=2) + "\n"

@@ -15,7 +15,7 @@ project's guarantees around it:
   ``strata.dflash.source_sha256`` are appended, as Strata's tool appends them;
 - one streaming pass over the parent's drafter.gguf in row chunks (memory: a few chunks of
   4 MiB, whatever the model's size), hashing the parent as it is read (it must still be
-  the file that validated); the header is laid out by gguf-py (convert.gguf_header) and
+  the file that validated); the header is laid out by gguf-py (artifact/writer.gguf_header) and
   the data written by offset, like convert;
 - drafter.gguf is re-read: its tensor table against the plan, its SHA-256 and each
   tensor's for manifest.json, which names the parent (its drafter.gguf and manifest.json
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,9 +36,9 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from dspark_convert import CONVERTER_NAME, __version__
-from dspark_convert.artifact.format import ALIGNMENT, GGUF_FILE, MANIFEST_FILE
+from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE
 from dspark_convert.util.atomic import atomic_directory, check_output, refuse_overlap, write_error
-from dspark_convert.commands.convert import gguf_header, manifest_json, pwrite_all
+from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, padded, pwrite_all
 from dspark_convert.errors import (
     GGUFFormatError,
     IntegrityError,
@@ -49,7 +48,7 @@ from dspark_convert.errors import (
 )
 from dspark_convert.formats import quants
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
-from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, read_blocks
+from dspark_convert.util.hashing import BLOCK, read_blocks
 from dspark_convert.checks import Check
 from dspark_convert.artifact.manifest import (
     ArtifactRecord,
@@ -60,6 +59,7 @@ from dspark_convert.artifact.manifest import (
     QuantErrorRecord,
     QuantizationRecord,
     TensorRecord,
+    parse_manifest,
 )
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.artifact.engines import engine_checks, engine_records, written_reports
@@ -142,7 +142,7 @@ def _layout(plan: list[_Planned], data_start: int) -> tuple[list[_Planned], int]
     out, offset = [], data_start
     for t in plan:
         out.append(replace(t, offset=offset))
-        offset += -(-t.nbytes // ALIGNMENT) * ALIGNMENT
+        offset += padded(t.nbytes)
     return out, offset
 
 
@@ -236,18 +236,9 @@ def _read_back(path: Path, plan: list[_Planned], progress: Progress,
         if name in scanners:
             scanners[name].feed(block)
 
-    def shrank():
-        return InternalError(f"{shown}: the file shrank while it was hashed")
-
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        progress.start(f"hash {GGUF_FILE}", size)
-        try:
-            file_sha, digests = hash_file_and_spans(
-                fh, size, [(t.name, t.offset, t.nbytes) for t in plan], BLOCK,
-                progress.advance, shrank, inspect=scan)
-        finally:
-            progress.finish()
+        file_sha, digests, size = hash_written(
+            fh, [(t.name, t.offset, t.nbytes) for t in plan], progress, shown, inspect=scan)
     for name, scanner in scanners.items():
         if scanner.first_bad is not None:   # quantize_bf16 refused these: a bug if seen
             raise InternalError(f"{shown}: tensor '{name}': block {scanner.first_bad} has a "
@@ -333,7 +324,7 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
     except OSError as exc:
         raise ParentArtifactError(f"{parent / MANIFEST_FILE}: cannot read: {exc.strerror or exc}",
                                   path=str(parent / MANIFEST_FILE)) from None
-    parent_manifest = Manifest.model_validate(json.loads(manifest_bytes))
+    parent_manifest = parse_manifest(manifest_bytes, parent / MANIFEST_FILE)
     parent_sha = parent_manifest.artifact.sha256     # validated against the file just now
     plan = _plan(gguf, parent_manifest, qtype, heads, label)
 
@@ -341,16 +332,11 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
         path, shown = tmp / GGUF_FILE, out / GGUF_FILE
         try:
             header = _header(kv, plan, qtype, parent_sha, tmp / f"{GGUF_FILE}.header")
-            plan, total = _layout(plan, len(header))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as exc:
             raise write_error(exc, shown) from None
+        plan, total = _layout(plan, len(header))
+        fd = create_gguf(path, header, total, shown)
         try:
-            try:
-                os.ftruncate(fd, total)     # padding between tensors: zeros
-                pwrite_all(fd, header, 0)
-            except OSError as exc:
-                raise write_error(exc, shown) from None
             progress.start(f"quantize {GGUF_FILE} to {qtype}", gguf.file_size)
             try:
                 passed = _Pass(gguf, plan, fd, label, shown, progress)

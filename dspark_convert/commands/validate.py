@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from dspark_convert import CONVERTER_NAME
 from dspark_convert.artifact.format import (
@@ -44,23 +44,19 @@ from dspark_convert.errors import (
     GGUFFormatError,
     IntegrityError,
     InvalidArtifactError,
-    ManifestError,
     ManifestMismatchError,
     MetadataError,
-    NonFiniteTensorError,
     QuantizedTensorError,
     StrataRuleError,
 )
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, weights_digest
-from dspark_convert.artifact.manifest import EngineName, EngineRecord, Manifest
+from dspark_convert.artifact.manifest import EngineName, EngineRecord, Manifest, read_manifest
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.patterns import is_commit, is_sha256
 from dspark_convert.util.text import shown
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.numerics import non_finite_error
-from dspark_convert.util.models import first_problem
-from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.artifact.engines import (
     ENGINES,
     EngineReport,
@@ -381,17 +377,6 @@ def _first_difference(want: object, got: object, where: str = "") -> tuple[str, 
     return None if want == got and type(want) is type(got) else (where, want, got)
 
 
-def _load_manifest(path: Path) -> Manifest:
-    raw = read_json_strict(path, error=ManifestError, label=MANIFEST_FILE)
-    try:
-        return Manifest.model_validate(raw)
-    except ValidationError as exc:
-        problem = first_problem(exc)
-        raise ManifestError(f"{MANIFEST_FILE}: {problem.message}", path=str(path),
-                            field=problem.field, expected=problem.expected,
-                            found=problem.found) from None
-
-
 def _check_manifest_layout(manifest: Manifest, gguf: GGUFFile, label: str) -> None:
     """What manifest.json says of the file that needs no read of its data: the size and
     the tensor list (names, types, shapes). Checked before the long read, so an artifact
@@ -646,7 +631,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     # 2. the manifest against its schema
     manifest = None
     try:
-        manifest = _load_manifest(manifest_path)
+        manifest = read_manifest(manifest_path)
         checks.passed("manifest.schema", "manifest.json follows schemas/manifest.schema.json")
     except DSparkError as exc:
         checks.failed("manifest.schema", exc)

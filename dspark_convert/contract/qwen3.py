@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.errors import DSparkError
-from dspark_convert.util.models import first_problem
+from dspark_convert.util.models import validated
 
 # transformers' Qwen3Config default when config.json has no max_position_embeddings.
 DEFAULT_MAX_POSITION_EMBEDDINGS = 32768
@@ -89,12 +89,7 @@ def parse_qwen3_config(data: object, *, path: str, errors: ConfigErrors,
     if not isinstance(data, dict):
         raise errors.malformed(f"{path}: expected a JSON object, found {type(data).__name__}",
                                path=path, expected="object", found=type(data).__name__)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problem = first_problem(exc)
-        raise errors.malformed(f"{path}: {problem.message}", path=path, field=problem.field,
-                               expected=problem.expected, found=problem.found) from None
+    return validated(model, data, error=errors.malformed, label=path, path=path)
 
 
 def rope_theta(cfg: Qwen3Config, *, path: str, errors: ConfigErrors) -> float:

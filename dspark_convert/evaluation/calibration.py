@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError, InternalError
 from dspark_convert.util.hashing import sha256_file
 from dspark_convert.util.patterns import is_sha256
-from dspark_convert.util.models import first_problem
+from dspark_convert.util.models import validated
 from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.util.text import shown
 from dspark_convert.evaluation.environment import TargetIdentity
@@ -241,13 +241,7 @@ def read_calibration(path: str | os.PathLike) -> CalibrationFile:
         raise CalibrationFileError(f"{label}: not found", path=str(path),
                                    expected="a calibration.json", found="nothing")
     raw = read_json_strict(path, error=CalibrationFileError, label=label)
-    try:
-        cal = CalibrationFile.model_validate(raw)
-    except ValidationError as exc:
-        problem = first_problem(exc)
-        raise CalibrationFileError(f"{label}: {problem.message}", path=str(path),
-                                   field=problem.field, expected=problem.expected,
-                                   found=problem.found) from None
+    cal = validated(CalibrationFile, raw, error=CalibrationFileError, label=label, path=str(path))
     if not is_sha256(cal.drafter_gguf_sha256):
         raise CalibrationFileError(f"{label}: drafter_gguf_sha256: expected 64 lowercase hex digits",
                                    path=str(path), field="drafter_gguf_sha256")

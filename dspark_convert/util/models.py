@@ -3,15 +3,18 @@
 Configs, manifests, lock files, calibrations and prompt lines are all read by strict
 pydantic models; the first problem pydantic finds becomes ``FieldProblem`` (the field's
 dotted path, what was expected in words, what was found, short), and the reader raises its
-own error class with ``problem.message``.
+own error class with ``problem.message`` (``validated`` does both for a whole document).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 # pydantic error type -> what was expected, in words (for the types a JSON file holds).
 _EXPECTED_BY_TYPE = {
@@ -62,3 +65,16 @@ def first_problem(exc: ValidationError, *,
             .removeprefix("Value error, ")
     found = "present" if kind == "extra_forbidden" else describe_value(err.get("input"))
     return FieldProblem(field, expected, found, False)
+
+
+def validated(model: type[M], raw: object, *, error, label: str, path: str,
+              hint: str = "") -> M:
+    """``model.model_validate(raw)``; its first problem raised as one ``error`` line
+    (``error`` a DSparkError class): "{label}: {problem}{hint}", with the field, what was
+    expected and what was found as the error's context."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        problem = first_problem(exc)
+        raise error(f"{label}: {problem.message}{hint}", path=path, field=problem.field,
+                    expected=problem.expected, found=problem.found) from None

@@ -115,15 +115,20 @@ def read_json_strict(path: Path, *, error, label: str | None = None) -> object:
     except OSError as exc:
         raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
                     path=str(path)) from None
+    return parse_json_strict(data, error=error, label=label, path=str(path))
+
+
+def parse_json_strict(data: bytes, *, error, label: str, path: str) -> object:
+    """``read_json_strict`` for bytes already read (a file that is also hashed)."""
     if len(data) > MAX_CONFIG_BYTES:
         raise error(f"{label}: file is over {MAX_CONFIG_BYTES} bytes; expected at most "
-                    f"{MAX_CONFIG_BYTES}", path=str(path), expected=MAX_CONFIG_BYTES,
+                    f"{MAX_CONFIG_BYTES}", path=path, expected=MAX_CONFIG_BYTES,
                     found=f"> {MAX_CONFIG_BYTES}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{label}: not UTF-8 text (byte {exc.start})", path=str(path)) from None
+        raise error(f"{label}: not UTF-8 text (byte {exc.start})", path=path) from None
     try:
         return loads_strict(text)
     except (ValueError, RecursionError) as exc:
-        raise error(f"{label}: not valid JSON: {json_error_text(exc)}", path=str(path)) from None
+        raise error(f"{label}: not valid JSON: {json_error_text(exc)}", path=path) from None

@@ -12,11 +12,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dspark_convert.util.atomic import atomic_file
 from dspark_convert.errors import HubSpecError
-from dspark_convert.util.models import first_problem
+from dspark_convert.util.models import validated
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
 
@@ -64,13 +64,8 @@ def read_lock(path: str | os.PathLike) -> LockFile:
         raise HubSpecError(f"{path}: lock file not found", path=str(path),
                            expected="a lock file written by `dspark lock`", found="missing")
     raw = read_json_strict(path, error=HubSpecError, label=f"{path}")
-    try:
-        return LockFile.model_validate(raw)
-    except ValidationError as exc:
-        problem = first_problem(exc)
-        raise HubSpecError(f"{path}: {problem.message} (a dspark-lock v1 file)", path=str(path),
-                           field=problem.field, expected=problem.expected,
-                           found=problem.found) from None
+    return validated(LockFile, raw, error=HubSpecError, label=f"{path}", path=str(path),
+                     hint=" (a dspark-lock v1 file)")
 
 
 def write_lock(lock: LockFile, path: str | os.PathLike, *, force: bool = False) -> Path:

@@ -1,0 +1,107 @@
+"""How a drafter.gguf and its manifest.json are written: the pieces `dspark convert` and
+`dspark quantize` share (docs/ARTIFACT_FORMAT.md).
+
+Both lay the file out before writing a tensor byte: the header (metadata and tensor infos,
+built by gguf-py) first, padded to the alignment, then each tensor at its padded offset.
+The file is created at its full size (the padding is the truncate's zeros), the tensors are
+written to their places with ``pwrite_all``, and the file is read back once for its
+SHA-256 and each tensor's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+
+from dspark_convert.artifact.format import ALIGNMENT, ARCHITECTURE_NAME, KEYS_BY_NAME
+from dspark_convert.artifact.manifest import Manifest
+from dspark_convert.errors import InternalError
+from dspark_convert.util.atomic import write_error
+from dspark_convert.util.hashing import BLOCK, hash_file_and_spans
+from dspark_convert.util.progress import Progress
+
+
+def padded(n: int) -> int:
+    """``n`` bytes rounded up to the data alignment (where the next tensor may begin)."""
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _add_metadata(writer: GGUFWriter, values: dict[str, object]) -> None:
+    for key, value in values.items():
+        if key == "general.architecture":
+            continue  # GGUFWriter writes it first, from its arch argument
+        spec = KEYS_BY_NAME[key]
+        # add_key_value, not add_string/add_array: those silently drop empty values.
+        writer.add_key_value(key, value, spec.type, sub_type=spec.sub_type)
+
+
+def gguf_header(values: dict[str, object], tensors: Iterable, scratch: Path) -> bytes:
+    """GGUF header, metadata and tensor infos as gguf-py writes them, padded to the data
+    alignment; ``tensors`` is (name, torch shape, nbytes, ggml type) in file order. gguf-py
+    only writes to files, so ``scratch`` holds them briefly."""
+    writer = GGUFWriter(scratch, ARCHITECTURE_NAME)
+    _add_metadata(writer, values)
+    for name, shape, nbytes, ggml_type in tensors:
+        # A non-uint8 dtype: gguf-py takes ``shape`` as the element shape for any raw type.
+        writer.add_tensor_info(name, shape, np.dtype(np.uint16), nbytes, raw_dtype=ggml_type)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+    finally:
+        writer.close()
+    data = scratch.read_bytes()
+    scratch.unlink()
+    return data + bytes(padded(len(data)) - len(data))
+
+
+def pwrite_all(fd: int, data, offset: int) -> None:
+    """os.pwrite until every byte of ``data`` is written at ``offset``."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def create_gguf(path: Path, header: bytes, total: int, shown: Path) -> int:
+    """``path`` created at ``total`` bytes with ``header`` at its start; returns the open
+    descriptor (the caller closes it). The padding between tensors is the truncate's zeros,
+    and no hole is left once every tensor is written (the tensors cover the data area).
+    A failure is an OutputWriteError naming ``shown``, the output the user asked for."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as exc:
+        raise write_error(exc, shown) from None
+    try:
+        os.ftruncate(fd, total)
+        pwrite_all(fd, header, 0)
+    except OSError as exc:
+        os.close(fd)
+        raise write_error(exc, shown) from None
+    return fd
+
+
+def hash_written(fh, spans: list[tuple[str, int, int]], progress: Progress, shown: Path,
+                 inspect: Callable | None = None) -> tuple[str, dict[str, str], int]:
+    """The written file read back once: its SHA-256, each span's (name, offset, nbytes)
+    SHA-256 and its size; ``inspect(name, block, done)`` sees each span's blocks."""
+    def shrank():
+        return InternalError(f"{shown}: the file shrank while it was hashed")
+
+    size = os.fstat(fh.fileno()).st_size
+    progress.start(f"hash {shown.name}", size)
+    try:
+        sha, digests = hash_file_and_spans(fh, size, spans, BLOCK, progress.advance, shrank,
+                                           inspect=inspect)
+    finally:
+        progress.finish()
+    return sha, digests, size
+
+
+def manifest_json(manifest: Manifest) -> str:
+    # Fixed field order, no timestamps: the same source gives the same bytes.
+    return manifest.model_dump_json(indent=2) + "\n"
