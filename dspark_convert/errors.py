@@ -10,6 +10,18 @@ the README's exit-code table (a test keeps the two in agreement).
 from __future__ import annotations
 
 
+def _one_line(message: str) -> str:
+    """The message on one line without losing what an input held: a line break, tab or
+    other whitespace character but the space is escaped (``\\x0a``, ``\\u2028``), as
+    util/text.shown escapes it on output, instead of being collapsed into a space (which
+    turned a spec ending in a newline, or a tensor name holding a carriage return, into a
+    name that looked like something else). The CLI escapes the rest of what does not print
+    when it writes the line."""
+    return "".join(c if c == " " or not c.isspace() else
+                   (f"\\x{ord(c):02x}" if ord(c) <= 0xFF else f"\\u{ord(c):04x}")
+                   for c in str(message)).strip(" ")
+
+
 class DSparkError(Exception):
     """Base of every refusal. ``exit_code`` is stable and documented in the README."""
 
@@ -19,7 +31,7 @@ class DSparkError(Exception):
     def __init__(self, message: str, *, path: str | None = None, field: str | None = None,
                  tensor: str | None = None, expected: object = None, found: object = None):
         # The message is one line: newlines would break the CLI's one-line contract.
-        self.message = " ".join(str(message).split())
+        self.message = _one_line(message)
         self.path = path
         self.field = field
         self.tensor = tensor

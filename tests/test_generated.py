@@ -45,6 +45,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_error_messages_are_one_line():
-    err = errors.ConfigError("a\nb   c")
-    assert err.message == "a b c"
+    # A line break from an input is escaped, not collapsed: the name stays recognisable.
+    err = errors.ConfigError("a\nb   c\r\t\u2028 ")
+    assert err.message == "a\\x0ab   c\\x0d\\x09\\u2028"
     assert err.to_dict()["exit_code"] == 13

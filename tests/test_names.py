@@ -78,7 +78,7 @@ def test_a_tensor_name_with_escape_sequences_is_refused_escaped(tmp_path: Path):
     (src / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length:])
     proc = run_cli("convert", str(src), "-o", str(tmp_path / "art"))
     line = assert_one_error_line(proc, errors.UnexpectedTensorError.exit_code,
-                                 "\\x1b[2K embed_tokens.weight")  # \r: white space, folded
+                                 "\\x1b[2K\\x0dembed_tokens.weight")  # \r escaped, not folded
     assert "\x1b" not in proc.stderr and "\r" not in proc.stderr, line
     assert not (tmp_path / "art").exists()
 

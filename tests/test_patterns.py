@@ -27,10 +27,26 @@ def test_a_final_newline_or_space_never_matches(check, good):
 def test_hub_specs_with_a_trailing_newline_are_not_commits():
     assert parse_hub_spec(f"org/name@{COMMIT}") == ("org/name", COMMIT)
     assert parse_hub_spec(f"org/name@{COMMIT}\n") is None
-    spec = parse_spec(f"org/name@{COMMIT}\n")
-    assert not spec.is_commit
+    with pytest.raises(HubSpecError, match="is not a commit, branch or tag name"):
+        parse_spec(f"org/name@{COMMIT}\n")
     # A pin's hash is trimmed of surrounding white space (a shell-pasted value), not inside.
     assert parse_pins([f"model.safetensors={SHA}\n "]) == {"model.safetensors": SHA}
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "v1.0+cu118", "refs/pr/1", "release_2",
+                                      COMMIT, COMMIT.upper()])
+def test_revisions_a_hub_can_name_are_read(revision):
+    assert patterns.is_revision(revision)
+    assert parse_spec(f"org/name@{revision}").revision == (
+        revision.lower() if revision.upper() == COMMIT.upper() else revision)
+
+
+@pytest.mark.parametrize("revision", [COMMIT + "\n", "main ", "a b", "v1\t", "x\x1b[2K", "a~1",
+                                      "a^", "a:b", "a?", "a*", "a[0]", "a\\b"])
+def test_text_no_branch_or_tag_can_hold_is_refused(revision):
+    assert not patterns.is_revision(revision)
+    with pytest.raises(HubSpecError, match="is not a commit, branch or tag name"):
+        parse_spec(f"org/name@{revision}")
 
 
 def test_pins_with_a_newline_inside_are_refused():
@@ -45,5 +61,6 @@ def test_convert_refuses_a_spec_with_a_final_newline(tmp_path):
     proc = dspark("convert", spec, "-o", str(tmp_path / "art"), env={"HF_HUB_OFFLINE": "1",
                                                                      "HF_HOME": str(tmp_path / "hf"),
                                                                      "PATH": "/usr/bin:/bin"})
-    assert_one_error_line(proc, HubSpecError.exit_code, "not a 40-hex commit")
+    line = assert_one_error_line(proc, HubSpecError.exit_code, "is not a commit, branch or tag name")
+    assert f"org/name@{COMMIT}\\x0a:" in line    # the newline shown escaped, not as a space
     assert not (tmp_path / "art").exists()

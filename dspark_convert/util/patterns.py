@@ -17,8 +17,12 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _COMMIT_ANY_CASE = re.compile(r"[0-9a-fA-F]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-# org/name@revision: the revision is a commit, a branch or a tag (no whitespace).
-_HUB_SPEC = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<rev>[\w./-]+)")
+# A revision: a commit, a branch or a tag. Letters, digits and ``_ . / - +``: no whitespace
+# or control character (which git's check-ref-format refuses in a ref name too).
+_REVISION_TEXT = r"[\w./+-]+"
+_REVISION = re.compile(_REVISION_TEXT)
+# org/name@revision
+_HUB_SPEC = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<rev>" + _REVISION_TEXT + ")")
 
 
 def is_commit(text: object) -> bool:
@@ -38,6 +42,11 @@ def is_sha256(text: object) -> bool:
 def is_repo_id(text: object) -> bool:
     """A Hugging Face Hub repo id, org/name."""
     return isinstance(text, str) and _REPO.fullmatch(text) is not None
+
+
+def is_revision(text: object) -> bool:
+    """Text that can name a commit, branch or tag on the Hub (see _REVISION_TEXT)."""
+    return isinstance(text, str) and _REVISION.fullmatch(text) is not None
 
 
 def split_hub_spec(text: str) -> tuple[str, str] | None:

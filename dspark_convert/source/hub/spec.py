@@ -22,6 +22,7 @@ from dspark_convert.util.patterns import (
     is_commit,
     is_commit_any_case,
     is_repo_id,
+    is_revision,
     is_sha256,
 )
 
@@ -69,6 +70,11 @@ def parse_spec(text: str) -> HubSpec:
     if at and not revision:
         raise HubSpecError(f"{text}: empty revision after '@'; expected a 40-hex commit",
                            field="source", expected="org/name@<40-hex commit>", found=text)
+    if revision and not is_revision(revision):
+        raise HubSpecError(f"{text}: revision {revision!r} is not a commit, branch or tag name "
+                           "(letters, digits, '_', '.', '/', '-', '+'); expected "
+                           "org/name@<40-hex commit>", field="source",
+                           expected="org/name@<40-hex commit>", found=text)
     if revision and is_commit_any_case(revision):
         revision = revision.lower()
     return HubSpec(repo=repo, revision=revision or None)
