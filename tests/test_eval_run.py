@@ -67,7 +67,8 @@ def report(artifacts) -> EvalReport:
 
 @pytest.fixture(scope="module")
 def prompts():
-    return resolve_prompts(load_prompt_set(), tokenizer=open_target(TARGET).tokenizer, vocab_size=512)
+    return resolve_prompts(load_prompt_set(), tokenizer=open_target(TARGET).tokenizer, vocab_size=512,
+                           context=512)
 
 
 def _small_prompts(tmp_path, n=3):

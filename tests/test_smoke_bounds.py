@@ -105,6 +105,20 @@ def test_a_prompt_beyond_the_context(converted):
     assert proc.seconds < 30
 
 
+def test_a_text_prompt_too_long_for_any_context_is_refused_before_it_is_encoded(converted):
+    """The golden tokenizer's longest token is 9 characters: 512 of them hold 4,608. A text
+    of 5 MB used to be encoded whole (minutes at 50 MB) before its length was refused."""
+    proc = _smoke_in_process(converted["reference"], TARGET, "--prompt", "ab " * 1_700_000)
+    _refused(proc, 73, "--prompt: 5100000 characters of text; expected at most 4608",
+             "context of 512 tokens, each at most 9 characters")
+
+
+def test_a_text_prompt_that_can_fit_is_encoded_and_checked_in_tokens(converted):
+    """4,000 characters may fit 512 tokens: encoded, then refused by its token count."""
+    proc = _smoke_in_process(converted["reference"], TARGET, "--prompt", "ab " * 1333)
+    _refused(proc, 73, "prompt 0: expected prompt + --max-new-tokens within the target's context")
+
+
 @pytest.mark.parametrize("new", [pytest.param(str(10 ** 30), marks=pytest.mark.slow), "506"])
 def test_new_tokens_beyond_the_context(converted, new):
     # 10**30 new tokens used to run on: bounded child; 506 in-process.

@@ -79,6 +79,9 @@ LIMITS = [
     ("dspark_convert.target.tokenizer", "MAX_TOKENIZER_BYTES", "bytes of the target's tokenizer.json"),
     ("dspark_convert.target.tokenizer", "MAX_TOKENIZER_ITEMS", "JSON values in tokenizer.json, counted before the library parses it"),
     ("dspark_convert.target.tokenizer", "MAX_TOKENIZER_TOKENS", "tokens in the target's tokenizer"),
+    ("dspark_convert.evaluation.prompts", "MAX_PROMPT_FILE_BYTES", "bytes of `eval`'s prompt set"),
+    ("dspark_convert.evaluation.prompts", "MAX_PROMPT_LINE_BYTES", "bytes of one line of the prompt set"),
+    ("dspark_convert.evaluation.prompts", "MAX_PROMPTS", "prompts in the prompt set"),
     ("dspark_convert.util.paths", "NAME_MAX", "bytes of one path component"),
     ("dspark_convert.util.paths", "PATH_MAX", "bytes of a whole path (exclusive)"),
     ("dspark_convert.commands.inspection", "MAX_UNEXPECTED_ROWS", "unexpected tensors `inspect` lists (the rest are counted)"),
@@ -94,9 +97,11 @@ def limits_table() -> str:
         rows.append(f"| `{name}` | {value:,} | {what} | `{module.replace('.', '/')}.py` |")
     rows.append("")
     rows.append("Also checked before anything is sized by them: a target's layer count against "
-                "the layers its headers hold; `smoke`'s prompt plus `--max-new-tokens` against "
-                "the target's `max_position_embeddings` (73); `smoke`'s memory estimate against "
-                "what the device has (78).")
+                "the layers its headers hold; a prompt's text against what the context can hold "
+                "(its length in tokens times the tokenizer's longest token) before it is "
+                "encoded, and the prompt plus `--max-new-tokens` against the target's "
+                "`max_position_embeddings` (`smoke` 73, `eval` 90); `smoke`'s memory estimate "
+                "against what the device has (78).")
     return "\n".join(rows)
 
 

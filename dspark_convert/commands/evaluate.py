@@ -458,7 +458,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         arts.append(_Artifact(name=name, path=path, sha256=binding.report.gguf_sha256,
                               warnings=binding.warnings, contract=binding.drafter_plan.contract))
     cfg = bindings[names[0]].target_plan.config
-    resolved = resolve_prompts(prompt_set, tokenizer=opened.tokenizer, vocab_size=cfg.vocab_size)
+    resolved = resolve_prompts(prompt_set, tokenizer=opened.tokenizer, vocab_size=cfg.vocab_size,
+                               context=cfg.max_position_embeddings)
     check_context(resolved, prompt_set, max_new_tokens=max_new_tokens,
                   context=cfg.max_position_embeddings,
                   config=shown(opened.directory / "config.json"))

@@ -57,6 +57,7 @@ from dspark_convert.util.atomic import atomic_file, refuse_overlap
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.evaluation.calibration import AppliedCalibration
+from dspark_convert.target.prompt import check_context, check_ids, encode_text, shown_int
 
 SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
 
@@ -144,11 +145,6 @@ class SmokeResult(BaseModel):
     calibration: AppliedCalibration | None = None  # --calibration: applied before the threshold
 
 
-def _shown(value: int) -> str:
-    """An integer for a message: a huge one by its size (str() of a 5,000-digit int raises)."""
-    return str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
-
-
 VERIFY_MODES = ("auto", "batched", "stepwise")
 
 
@@ -169,8 +165,8 @@ def verify_mode(verify: str, dtype: str) -> str:
 def _check_options(*, max_new_tokens: int, temperature: float, confidence_threshold: float,
                    min_tau: float | None, seed: int, max_memory: int | None) -> None:
     if max_new_tokens < 1:
-        raise SmokeInputError(f"--max-new-tokens: expected at least 1, found {_shown(max_new_tokens)}",
-                              field="max_new_tokens", expected=">= 1", found=_shown(max_new_tokens))
+        raise SmokeInputError(f"--max-new-tokens: expected at least 1, found {shown_int(max_new_tokens)}",
+                              field="max_new_tokens", expected=">= 1", found=shown_int(max_new_tokens))
     if not 0.0 <= temperature <= 100.0:
         raise SmokeInputError(f"--temperature: expected 0..100, found {temperature}",
                               field="temperature", expected="0..100", found=temperature)
@@ -183,11 +179,11 @@ def _check_options(*, max_new_tokens: int, temperature: float, confidence_thresh
                               field="min_tau", expected=">= 0", found=min_tau)
     if not 0 <= seed <= SEED_MAX:
         raise SmokeInputError(f"--seed: expected 0..2^64-1 (a torch.Generator seed), found "
-                              f"{_shown(seed)}", field="seed", expected="0..2^64-1",
-                              found=_shown(seed))
+                              f"{shown_int(seed)}", field="seed", expected="0..2^64-1",
+                              found=shown_int(seed))
     if max_memory is not None and max_memory <= 0:
-        raise SmokeInputError(f"--max-memory: expected a positive size, found {_shown(max_memory)}",
-                              field="max_memory", expected="> 0", found=_shown(max_memory))
+        raise SmokeInputError(f"--max-memory: expected a positive size, found {shown_int(max_memory)}",
+                              field="max_memory", expected="> 0", found=shown_int(max_memory))
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?", re.IGNORECASE)
@@ -228,16 +224,6 @@ def resolve_device(device: str):
                           field="device", expected="auto|cpu|cuda", found=device)
 
 
-def _check_prompt(ids: list[int], vocab_size: int, label: str) -> None:
-    if not ids:
-        raise SmokeInputError(f"{label}: empty prompt", field="prompt", expected="at least one token",
-                              found=0)
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise SmokeInputError(f"{label}: token id {bad} is outside the vocabulary 0..{vocab_size - 1}",
-                              field="prompt", expected=f"0..{vocab_size - 1}", found=bad)
-
-
 def _write_report_file(path: Path, write) -> None:
     """--trace and --plot are reports of this run: replaced when they exist (like a test
     runner's report), always in one step through a hidden temporary (util/atomic.py)."""
@@ -263,19 +249,6 @@ def _plot(path: Path, rates: list[float | None], tau: float, title: str) -> None
         _write_report_file(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
     finally:
         plt.close(fig)
-
-
-def _check_context(ids: list[int], max_new_tokens: int, context: int, label: str,
-                   config: Path) -> None:
-    """Prompt + new tokens must fit the target's context: beyond max_position_embeddings
-    the target was never trained, and the caches and the run grow with the count."""
-    need = len(ids) + max_new_tokens
-    if need > context:
-        raise SmokeInputError(
-            f"{label}: expected prompt + --max-new-tokens within the target's context of "
-            f"{context} positions (max_position_embeddings, {config}), found {len(ids)} + "
-            f"{_shown(max_new_tokens)}", path=str(config), field="max_new_tokens",
-            expected=f"<= {context}", found=_shown(need))
 
 
 def _peak_rss() -> int:
@@ -354,8 +327,10 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
 
     ref_runs = load_reference(reference) if reference is not None else None
     all_prompts = [list(p) for p in prompts or []]
+    context, config = cfg.max_position_embeddings, target_plan.directory / "config.json"
     if prompt_text is not None:
-        all_prompts.append(binding.target.tokenizer.encode(prompt_text))
+        all_prompts.append(encode_text(binding.target.tokenizer, prompt_text, context=context,
+                                       where="--prompt", error=SmokeInputError))
     if not all_prompts:
         if ref_runs is None:
             raise SmokeInputError("no prompt: pass --prompt-ids, --prompt or --reference",
@@ -367,9 +342,9 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                                       f"confidence threshold {confidence_threshold:g}",
                                       path=str(reference), found="none")
     for i, ids in enumerate(all_prompts):
-        _check_prompt(ids, vocab, f"prompt {i}")
-        _check_context(ids, max_new_tokens, cfg.max_position_embeddings, f"prompt {i}",
-                       target_plan.directory / "config.json")
+        check_ids(ids, vocab, where=f"prompt {i}", error=SmokeInputError)
+        check_context(len(ids), max_new_tokens, context=context, config=config,
+                      where=f"prompt {i}", error=SmokeInputError, path=str(config))
     matched = []
     if ref_runs is not None:
         for ids in all_prompts:

@@ -28,11 +28,19 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
 
 from dspark_convert.errors import PromptSetError
+from dspark_convert.target.prompt import check_context as check_prompt_context, check_ids, encode_text
 from dspark_convert.util.strict_json import json_error_text, loads_strict
 from dspark_convert.util.text import shown
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "golden_prompts.jsonl"
-MAX_PROMPT_FILE_BYTES = 256 * 1024 * 1024   # a bound, not a target: prompts are read whole
+# Bounds, not targets: the file is read whole and every line kept as a record, so its size,
+# a line's and the count bound the memory a prompt set takes (a 256 MiB file of one-token
+# lines would have been millions of records, several GB). A 40,960-token prompt of Qwen3
+# ids is ~300 KB as JSON, and as text well under 1 MiB even written as \u escapes; an eval
+# runs every prompt through the target and each drafter, so 10,000 is hours of work.
+MAX_PROMPT_FILE_BYTES = 16 * 1024 * 1024
+MAX_PROMPT_LINE_BYTES = 1024 * 1024
+MAX_PROMPTS = 10_000
 
 
 class PromptRecord(BaseModel):
@@ -134,7 +142,8 @@ def load_prompt_set(path: str | os.PathLike | None = None) -> PromptSet:
         if size > MAX_PROMPT_FILE_BYTES:
             raise PromptSetError(f"{label}: {size} bytes; expected at most {MAX_PROMPT_FILE_BYTES}",
                                  path=str(path), expected=MAX_PROMPT_FILE_BYTES, found=size)
-        raw = path.read_bytes()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_PROMPT_FILE_BYTES + 1)   # a file that grew since stat: still bounded
     except FileNotFoundError:
         raise PromptSetError(f"{label}: not found", path=str(path), expected="a JSONL file",
                              found="nothing") from None
@@ -142,14 +151,26 @@ def load_prompt_set(path: str | os.PathLike | None = None) -> PromptSet:
         raise PromptSetError(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
                              path=str(path)) from None
 
+    if len(raw) > MAX_PROMPT_FILE_BYTES:
+        raise PromptSetError(f"{label}: over {MAX_PROMPT_FILE_BYTES} bytes; expected at most "
+                             f"{MAX_PROMPT_FILE_BYTES}", path=str(path),
+                             expected=MAX_PROMPT_FILE_BYTES, found=f"> {MAX_PROMPT_FILE_BYTES}")
     text_lines = raw.split(b"\n")
     if text_lines and text_lines[-1] == b"":
         text_lines.pop()                      # the final newline
+    if len(text_lines) > MAX_PROMPTS:      # a blank line is refused below: one prompt a line
+        raise PromptSetError(f"{label}: {len(text_lines)} lines; expected at most {MAX_PROMPTS} "
+                             "prompts", path=str(path), expected=MAX_PROMPTS, found=len(text_lines))
     records: list[PromptRecord] = []
     numbers: list[int] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(text_lines, start=1):
         where = f"{label}: line {number}"
+        if len(line) > MAX_PROMPT_LINE_BYTES:
+            raise PromptSetError(f"{where}: {len(line)} bytes; expected at most "
+                                 f"{MAX_PROMPT_LINE_BYTES} bytes a line", path=str(path),
+                                 field=f"line {number}", expected=MAX_PROMPT_LINE_BYTES,
+                                 found=len(line))
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -188,43 +209,31 @@ def load_prompt_set(path: str | os.PathLike | None = None) -> PromptSet:
                      lines=tuple(numbers))
 
 
-def resolve_prompts(prompt_set: PromptSet, *, tokenizer, vocab_size: int) -> list[Prompt]:
+def resolve_prompts(prompt_set: PromptSet, *, tokenizer, vocab_size: int,
+                    context: int) -> list[Prompt]:
     """Token ids for every record: text through ``tokenizer`` (the opened target's,
     target/tokenizer.py ``TokenizerFingerprint``: the one reader of tokenizer.json), ids
-    checked against the vocabulary."""
+    checked against the vocabulary, by the rules smoke applies (target/prompt.py); text
+    that cannot fit ``context`` tokens is refused before it is encoded."""
     out = []
     for record, number in zip(prompt_set.records, prompt_set.lines):
-        where = f"prompts {prompt_set.path}: line {number}"
+        where, path = f"prompts {prompt_set.path}: line {number}", str(prompt_set.path)
         if record.prompt is not None:
-            try:
-                ids = tokenizer.encode(record.prompt)
-            except Exception as exc:  # the tokenizers library raises its own exception types
-                raise PromptSetError(f"{where}: cannot tokenize: {' '.join(str(exc).split())}",
-                                     path=str(prompt_set.path), field=f"line {number}.prompt") from None
-            if not ids:
-                raise PromptSetError(f"{where}: the text encodes to no token", path=str(prompt_set.path),
-                                     field=f"line {number}.prompt", expected="at least one token", found=0)
+            ids = encode_text(tokenizer, record.prompt, context=context, where=where,
+                              error=PromptSetError, path=path, field=f"line {number}.prompt")
         else:
             ids = list(record.prompt_ids)
-        bad = next((t for t in ids if t >= vocab_size), None)
-        if bad is not None:
-            raise PromptSetError(f"{where}: token id {bad} is outside the vocabulary 0..{vocab_size - 1}",
-                                 path=str(prompt_set.path), field=f"line {number}.prompt_ids",
-                                 expected=f"0..{vocab_size - 1}", found=bad)
+        check_ids(ids, vocab_size, where=where, error=PromptSetError, path=path,
+                  field=f"line {number}.prompt_ids")
         out.append(Prompt(key=record.key, category=record.category, ids=tuple(ids), line=number))
     return out
 
 
 def check_context(prompts: list[Prompt], prompt_set: PromptSet, *, max_new_tokens: int,
                   context: int, config: str) -> None:
-    """Each prompt plus ``max_new_tokens`` within the target's context
-    (``max_position_embeddings``; smoke refuses the same): beyond it the target was never
-    trained, and the caches grow with the count."""
+    """Each prompt plus ``max_new_tokens`` within the target's context (target/prompt.py)."""
     for p in prompts:
-        need = len(p.ids) + max_new_tokens
-        if need > context:
-            raise PromptSetError(
-                f"prompts {prompt_set.path}: line {p.line}: expected prompt + --max-new-tokens "
-                f"within the target's context of {context} positions (max_position_embeddings, "
-                f"{config}), found {len(p.ids)} + {max_new_tokens}", path=str(prompt_set.path),
-                field=f"line {p.line}", expected=f"<= {context}", found=need)
+        check_prompt_context(len(p.ids), max_new_tokens, context=context, config=config,
+                             where=f"prompts {prompt_set.path}: line {p.line}",
+                             error=PromptSetError, path=str(prompt_set.path),
+                             field=f"line {p.line}")

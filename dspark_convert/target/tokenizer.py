@@ -60,6 +60,11 @@ class TokenizerFingerprint:
     added: Mapping[int, tuple[str, bool]] = field(repr=False)
     # the loaded tokenizers.Tokenizer, for text prompts (smoke --prompt, eval's prompt sets)
     tokenizer: object = field(repr=False, compare=False, default=None)
+    # the longest token's content in characters: no token of a byte-level BPE (the Qwen3
+    # family's) covers more characters of text, so a text longer than a context times this
+    # cannot fit it (target/prompt.py). A tokenizer that folds unknown text of any length
+    # into one token (WordPiece's [UNK]) could be refused on a text that would fit.
+    longest_token: int = 1
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text`` as the target's tokenizer gives them (special tokens added
@@ -122,8 +127,9 @@ def fingerprint_tokenizer(path: str | os.PathLike, *, label: str | None = None) 
         special_tokens=[SpecialTokenRecord(id=i, content=added[i][0])
                         for i in sorted(added) if added[i][1]],
         probe_text=PROBE_TEXT, probe_ids=list(probe))
+    longest = max(len(s) for s in [*model_vocab.values(), *(c for c, _ in added.values())])
     return TokenizerFingerprint(record=record, model_vocab=model_vocab, added=added,
-                                tokenizer=tokenizer)
+                                tokenizer=tokenizer, longest_token=max(1, longest))
 
 
 def _read_capped(path: Path, label: str) -> bytes:
