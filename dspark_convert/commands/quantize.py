@@ -311,7 +311,7 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
     report = _validated_parent(parent, progress)
 
     label = str(parent / GGUF_FILE)
-    gguf = read_gguf(parent / GGUF_FILE)
+    gguf = report.gguf        # validate's parse, handed on: drafter.gguf is parsed once
     kv = {k: v.value for k, v in gguf.kv.items()}
     already = kv.get(QUANTIZATION_KEY)
     if already is not None:
