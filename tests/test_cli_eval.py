@@ -23,6 +23,7 @@ from dspark_convert.errors import (
     CalibrationMismatchError,
     DeviceUnavailableError,
     EvalInputError,
+    MemoryBudgetError,
     OutputExistsError,
     PromptSetError,
 )
@@ -119,12 +120,51 @@ def test_text_summary_names_every_run_and_what_was_not_run(artifacts, small, tmp
                  "--threshold", "0.5")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith(f"eval on {TARGET}") and "float32, batched verify" in lines[0]
+    # The memory estimate, printed before loading, then the run's header.
+    assert lines[0].startswith("memory estimate ") and "(float32)" in lines[0]
+    assert lines[1].startswith(f"eval on {TARGET}") and "float32, batched verify" in lines[1]
     assert any(line.startswith("  target alone, T=0: ") for line in lines)
     assert any("dflash_shared (cutoff off), T=0" in line and "= target greedy" in line for line in lines)
     assert any("not run: drafter dflash_shared (T=0, threshold 0.5): the artifact has no "
                "confidence head" in line for line in lines)
     assert lines[-1].startswith(f"wrote {out}: ") and "report.json" in lines[-1]
+
+
+def test_the_memory_estimate_counts_every_artifact_loaded_at_once(artifacts, small, tmp_path):
+    """The estimate eval checks before loading is smoke's, with every drafter's weights
+    added: the target and both drafters are loaded together."""
+    names = ["vanilla_conf_markov", "dflash_shared"]
+    smoke = {}
+    for name in names:
+        proc = run_cli("smoke", str(artifacts[name]), "--target", str(TARGET), "--device", "cpu",
+                       "--prompt-ids", "1,17,33", "--max-new-tokens", "2", "--json")
+        assert proc.returncode == 0, proc.stderr
+        smoke[name] = json.loads(proc.stdout)["memory"]
+    out = tmp_path / "report"
+    proc = _eval(artifacts, names, out, "--prompts", str(small), "--max-new-tokens", "2",
+                 "--threshold", "0")
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("memory estimate ") and "drafters" in first and "available" in first
+    m = read_report(out / "report.json").memory_estimate
+    assert m.target_weights_bytes == smoke[names[0]]["target_weights_bytes"]
+    assert m.drafter_weights_bytes == sum(smoke[n]["drafter_weights_bytes"] for n in names)
+    assert m.estimate_bytes == (m.target_weights_bytes + m.drafter_weights_bytes
+                                + m.activations_bytes + m.runtime_bytes)
+
+
+def test_an_estimate_over_max_memory_is_refused_before_loading(artifacts, small, tmp_path):
+    out = tmp_path / "report"
+    line = assert_refused(_eval(artifacts, ["dflash_shared"], out, "--prompts", str(small),
+                                "--max-memory", "100MB"),
+                          MemoryBudgetError, ["expected at most 100.0 MB (--max-memory on cpu)",
+                                              "--dtype bfloat16, fewer artifacts"])
+    assert "estimate of" in line
+    assert not out.exists() and temp_siblings(out) == []
+    assert_refused(_eval(artifacts, ["dflash_shared"], out, "--prompts", str(small),
+                         "--max-memory", "12XB"),
+                   EvalInputError, ["--max-memory: expected a size such as 20GB"])
+    assert not out.exists()
 
 
 # --- refusals: one line, their own code, nothing written ----------------------------------
@@ -291,7 +331,7 @@ def test_bfloat16_eval_is_lossless_at_temperature_zero(artifacts, tmp_path):
     proc = _eval(artifacts, ["vanilla_conf_markov", "dflash_shared"], out, "--prompts", str(prompts),
                  "--max-new-tokens", "12", "--threshold", "0.5", "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr
-    assert "bfloat16, stepwise verify" in proc.stdout.splitlines()[0]
+    assert "bfloat16, stepwise verify" in proc.stdout.splitlines()[1]   # [0]: the estimate
     report = read_report(out / "report.json")
     assert report.settings.dtype == "bfloat16" and report.settings.verify == "stepwise"
     assert report.environment.dtype == "bfloat16"

@@ -100,8 +100,8 @@ def limits_table() -> str:
                 "the layers its headers hold; a prompt's text against what the context can hold "
                 "(its length in tokens times the tokenizer's longest token) before it is "
                 "encoded, and the prompt plus `--max-new-tokens` against the target's "
-                "`max_position_embeddings` (`smoke` 73, `eval` 90); `smoke`'s memory estimate "
-                "against what the device has (78).")
+                "`max_position_embeddings` (`smoke` 73, `eval` 90); the memory estimate of "
+                "`smoke` and `eval` against what the device has (78).")
     return "\n".join(rows)
 
 

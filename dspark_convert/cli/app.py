@@ -104,3 +104,20 @@ def print_hub(out: Console, hub) -> None:
     for f in hub.files:
         against = ", ".join(f.verified_against) or "nothing to compare with"
         out.print(escape(f"    {f.path}  {f.size:,} bytes  sha256 {f.sha256}  ({against})"))
+
+
+# Both smoke and eval print the memory estimate before the weights are loaded (their JSON
+# reports carry the same fields).
+MaxMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--max-memory", metavar="SIZE", help="Check the memory estimate against SIZE (20GB, "
+    "16GiB) instead of what the device has available.")]
+
+
+def print_estimate(out: Console, m, drafters: str = "drafter") -> None:
+    from dspark_convert.runtime.budget import format_bytes as gb
+
+    out.print(escape(f"memory estimate {gb(m.estimate_bytes)} on {m.device} ({m.dtype}): "
+                     f"weights {gb(m.target_weights_bytes)} target + "
+                     f"{gb(m.drafter_weights_bytes)} {drafters}, activations "
+                     f"{gb(m.activations_bytes)} ({m.context_tokens} positions), runtime "
+                     f"{gb(m.runtime_bytes)}; {gb(m.budget_bytes)} available ({m.budget_source})"))

@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_convert.cli.app import DebugOpt, JsonOpt, _out, app, escape
+from dspark_convert.cli.app import DebugOpt, JsonOpt, MaxMemoryOpt, _out, app, escape, print_estimate
 from dspark_convert.cli.errors import EXIT_INTERRUPTED, emit_error, run
 from dspark_convert.util.text import shown
 
@@ -63,6 +63,7 @@ def evaluate(
         "--calibration", metavar="FILE", help="A calibration.json: its temperatures scale the "
         "confidence logits before the threshold, for the artifact it was made for; "
         "repeatable.")] = None,
+    max_memory: MaxMemoryOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing report directory, "
                                                         "atomically.")] = False,
     as_json: JsonOpt = False,
@@ -84,6 +85,17 @@ def evaluate(
         )
         from dspark_convert.evaluation.report import write_report
 
+        from dspark_convert.errors import EvalInputError
+        from dspark_convert.runtime.budget import parse_memory_size
+
+        budget = parse_memory_size(max_memory, error=EvalInputError) if max_memory is not None \
+            else None
+        out = _out()
+
+        def show_estimate(m) -> None:
+            if not as_json:
+                print_estimate(out, m, drafters="drafters")
+
         calibrations = calibration or []
         # Before anything long: an existing report is refused now, not after the runs.
         check_report_dir(output, force=force, artifacts=artifacts, target=target, prompts=prompts,
@@ -96,6 +108,7 @@ def evaluate(
                 thresholds=threshold if threshold is not None else DEFAULT_THRESHOLDS,
                 max_new_tokens=max_new_tokens, seed=seed, device=device, dtype=dtype,
                 calibrate=calibrate, held_out=held_out, calibrations=calibrations,
+                max_memory=budget, on_estimate=show_estimate,
                 progress=RichProgress(enabled=not as_json),
                 run_progress=RichProgress(enabled=not as_json, counted=True))
         except EvalInterrupted as stop:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_convert.cli.app import DebugOpt, JsonOpt, _out, app, escape
+from dspark_convert.cli.app import DebugOpt, JsonOpt, MaxMemoryOpt, _out, app, escape, print_estimate
 from dspark_convert.cli.errors import run
 
 
@@ -46,9 +46,7 @@ def smoke(
         "--verify", help="Verify drafts in one forward (batched, as engines do) or token by "
         "token (stepwise: exactly the target's greedy numerics); auto: batched in float32, "
         "stepwise in bfloat16.")] = "auto",
-    max_memory: Annotated[Optional[str], typer.Option(
-        "--max-memory", metavar="SIZE", help="Check the memory estimate against SIZE (20GB, "
-        "16GiB) instead of what the device has available.")] = None,
+    max_memory: MaxMemoryOpt = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the trace (reference.json format).")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of acceptance by draft position.")] = None,
     reference: Annotated[Optional[Path], typer.Option(
@@ -71,22 +69,19 @@ def smoke(
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
-        from dspark_convert.commands.smoke import parse_memory_size, run_smoke
-        from dspark_convert.runtime.memory import format_bytes as gb
+        from dspark_convert.commands.smoke import run_smoke
+        from dspark_convert.errors import SmokeInputError
+        from dspark_convert.runtime.budget import format_bytes as gb
+        from dspark_convert.runtime.budget import parse_memory_size
 
         out = _out()
 
         def show_estimate(m) -> None:
-            # Printed before the weights are loaded; the JSON report carries the same fields.
             if not as_json:
-                out.print(escape(f"memory estimate {gb(m.estimate_bytes)} on {m.device} "
-                                 f"({m.dtype}): weights {gb(m.target_weights_bytes)} target + "
-                                 f"{gb(m.drafter_weights_bytes)} drafter, activations "
-                                 f"{gb(m.activations_bytes)} ({m.context_tokens} positions), "
-                                 f"runtime {gb(m.runtime_bytes)}; {gb(m.budget_bytes)} "
-                                 f"available ({m.budget_source})"))
+                print_estimate(out, m)
 
-        budget = parse_memory_size(max_memory) if max_memory is not None else None
+        budget = parse_memory_size(max_memory, error=SmokeInputError) if max_memory is not None \
+            else None
         if compare is not None:
             from dspark_convert.commands.smoke import check_comparable
 

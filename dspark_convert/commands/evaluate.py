@@ -36,6 +36,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Sequence
 
 from dspark_convert.errors import (
@@ -46,6 +47,7 @@ from dspark_convert.errors import (
     LosslessnessError,
     OutputWriteError,
 )
+from dspark_convert.runtime.budget import MemoryReport, budget_report
 from dspark_convert.util.atomic import check_output, refuse_overlap
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
@@ -131,7 +133,8 @@ def _unique(values: Sequence[float]) -> list[float]:
 
 def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
                   thresholds: Sequence[float], max_new_tokens: int, seed: int,
-                  held_out: float, dtype: str = "float32", device: str = "auto") -> None:
+                  held_out: float, dtype: str = "float32", device: str = "auto",
+                  max_memory: int | None = None) -> None:
     if not artifacts:
         raise EvalInputError("no artifact: expected at least one ARTIFACT directory",
                              field="artifacts", expected="at least one", found=0)
@@ -168,6 +171,9 @@ def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
         raise EvalInputError(f"--device: expected one of {', '.join(DEVICES)}, found "
                              f"{shown(device)!r}", field="device", expected="|".join(DEVICES),
                              found=shown(device))
+    if max_memory is not None and not (isinstance(max_memory, int) and max_memory > 0):
+        raise EvalInputError(f"--max-memory: expected a positive size, found {max_memory}",
+                             field="max_memory", expected="> 0", found=str(max_memory))
     if dtype not in DTYPES:
         raise EvalInputError(f"--dtype: expected one of {', '.join(DTYPES)}, found {shown(dtype)!r}",
                              field="dtype", expected="|".join(DTYPES), found=shown(dtype))
@@ -407,6 +413,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
              max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, seed: int = 0, device: str = "auto",
              calibrate: bool = False, held_out: float = DEFAULT_HELD_OUT,
              dtype: str = "float32", calibrations: Sequence[str | os.PathLike] = (),
+             max_memory: int | None = None,
+             on_estimate: Callable[[MemoryReport], None] | None = None,
              progress: Progress | None = None,
              run_progress: Progress | None = None) -> EvalReport:
     """Run the eval and return its report (see the module docstring). ``prompts``: a JSONL
@@ -423,6 +431,11 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     reports the checks (bytes read and hashed); ``run_progress`` (default: ``progress``)
     one bar per run, counted in prompts.
 
+    Before loading, the memory estimate of the target with every artifact loaded beside it
+    (runtime/memory.py, the one smoke makes) is checked against what the device has, or
+    ``max_memory`` bytes: over it, MemoryBudgetError (78); ``on_estimate`` receives it, and
+    the report records it.
+
     Raises a DSparkError for a bad input (before any run), EvalInterrupted on Ctrl-C once
     the runs have begun (a Ctrl-C while the inputs are checked and the models loaded is a
     plain KeyboardInterrupt: nothing to report)."""
@@ -430,6 +443,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     from dspark_convert.commands.smoke import resolve_device, verify_mode
     from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.loading import compute_dtype
+    from dspark_convert.runtime.memory import available_memory, estimate_memory
     from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.weights import load_drafter_weights
 
@@ -437,7 +451,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     run_progress = run_progress or progress
     check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
                   max_new_tokens=max_new_tokens, seed=seed, held_out=held_out, dtype=dtype,
-                  device=device)
+                  device=device, max_memory=max_memory)
     torch_dtype, verify = compute_dtype(dtype), verify_mode("auto", dtype)
     temps = _unique(temperatures)
     cuts = [c for c in _unique(thresholds) if c > 0.0]
@@ -477,9 +491,20 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         return _no_device_report(exc.message, arts, plan, settings, prompt_set, device,
                                  identity, calibrate=calibrate)
 
+    target_plan = bindings[names[0]].target_plan
+    estimate = estimate_memory(target_plan, [bindings[a.name].drafter_plan for a in arts],
+                               dtype=torch_dtype, device=dev,
+                               longest_prompt=max(len(p.ids) for p in resolved),
+                               max_new_tokens=max_new_tokens)
+    available, source = available_memory(dev)
+    memory = budget_report(estimate, available=available, source=source, max_memory=max_memory,
+                           smaller="fewer artifacts, shorter prompts or fewer new tokens")
+    if on_estimate is not None:
+        on_estimate(memory)
+
     # Loaded once, in the compute dtype, on the device (runtime/loading.py).
     model = Qwen3Target(opened.directory, device=dev, dtype=torch_dtype,
-                        plan=bindings[names[0]].target_plan, progress=progress)
+                        plan=target_plan, progress=progress)
     for a in arts:
         weights = load_drafter_weights(a.path, device=dev, dtype=torch_dtype,
                                        plan=bindings[a.name].drafter_plan, progress=progress)
@@ -557,7 +582,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         incomplete_reason="interrupted (Ctrl-C)" if interrupted else None,
         settings=settings, environment=environment, target=identity,
         prompt_set=prompt_set.info(), artifacts=artifacts_out, runs=runs, not_run=not_run,
-        lossless=all(checks) if checks else None)
+        lossless=all(checks) if checks else None, memory_estimate=memory)
     if interrupted:
         raise EvalInterrupted(report) from None
     return report

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import resource
 import sys
 import time
@@ -48,7 +47,6 @@ from dspark_convert.errors import (
     DeviceUnavailableError,
     InvalidArtifactError,
     LosslessnessError,
-    MemoryBudgetError,
     OutputWriteError,
     ReferenceTraceError,
     SmokeInputError,
@@ -57,6 +55,7 @@ from dspark_convert.util.atomic import atomic_file, refuse_overlap
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.evaluation.calibration import AppliedCalibration
+from dspark_convert.runtime.budget import MemoryReport, budget_report
 from dspark_convert.target.prompt import check_context, check_ids, encode_text, shown_int
 
 SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
@@ -88,27 +87,6 @@ class RunSummary(BaseModel):
     lossless: bool | None              # temperature 0: equals the target's greedy output
     reference_run: int | None          # index of the reference run it was compared with
     reference_agreement: ReferenceAgreement | None   # enforced when the dtypes are the same
-
-
-class MemoryReport(BaseModel):
-    """The estimate made before loading, what the device had, and the measured peaks."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    device: str
-    dtype: str
-    estimate_bytes: int                # the sum of the four below
-    target_weights_bytes: int
-    drafter_weights_bytes: int
-    activations_bytes: int             # caches at context_tokens + one forward's working set
-    runtime_bytes: int                 # the process itself (CPU) / allocator slack (CUDA)
-    context_tokens: int
-    available_bytes: int | None        # what the device had before loading
-    available_source: str
-    budget_bytes: int | None           # what the estimate was checked against
-    budget_source: str                 # "--max-memory" or available_source
-    peak_rss_bytes: int | None = None  # measured at the end (this process's max RSS)
-    cuda_max_allocated_bytes: int | None = None
 
 
 class SmokeResult(BaseModel):
@@ -184,26 +162,6 @@ def _check_options(*, max_new_tokens: int, temperature: float, confidence_thresh
     if max_memory is not None and max_memory <= 0:
         raise SmokeInputError(f"--max-memory: expected a positive size, found {shown_int(max_memory)}",
                               field="max_memory", expected="> 0", found=shown_int(max_memory))
-
-
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?", re.IGNORECASE)
-
-
-def parse_memory_size(text: str) -> int:
-    """``--max-memory``: bytes, or a number with K, M, G, T (powers of 1000) or KiB, MiB,
-    GiB, TiB (powers of 1024), the B optional: ``20GB``, ``19.5G``, ``16GiB``."""
-    match = _SIZE.fullmatch(text.strip()) if len(text) < 40 else None
-    if match is None:
-        shown = text if len(text) < 40 and text.isprintable() else f"{len(text)} characters"
-        raise SmokeInputError(f"--max-memory: expected a size such as 20GB or 16GiB, found "
-                              f"{shown!r}", field="max_memory", expected="a size", found=shown)
-    number, unit, binary = match.groups()
-    power = " kmgt".index(unit.lower()) if unit else 0
-    value = int(float(number) * (1024 if binary else 1000) ** power)
-    if value <= 0:
-        raise SmokeInputError(f"--max-memory: expected a positive size, found {text!r}",
-                              field="max_memory", expected="> 0", found=text)
-    return value
 
 
 def resolve_device(device: str):
@@ -296,7 +254,6 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.loading import compute_dtype, dtype_name
     from dspark_convert.runtime.memory import available_memory, estimate_memory
-    from dspark_convert.runtime.memory import format_bytes as gb
     from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.speculative import speculative_generate, target_greedy
     from dspark_convert.runtime.trace import (
@@ -362,24 +319,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                                longest_prompt=max(len(p) for p in all_prompts),
                                max_new_tokens=max_new_tokens)
     available, source = available_memory(dev)
-    budget, budget_source = (max_memory, "--max-memory") if max_memory is not None \
-        else (available, source)
-    memory = MemoryReport(
-        device=str(dev), dtype=dtype, estimate_bytes=estimate.total,
-        target_weights_bytes=estimate.target_weights,
-        drafter_weights_bytes=estimate.drafter_weights, activations_bytes=estimate.activations,
-        runtime_bytes=estimate.runtime, context_tokens=estimate.context_tokens,
-        available_bytes=available, available_source=source, budget_bytes=budget,
-        budget_source=budget_source)
-    if budget is not None and estimate.total > budget:
-        hint = "--dtype bfloat16, a shorter prompt or fewer new tokens, or --max-memory " \
-               "to override" if dtype == "float32" else "a shorter prompt or fewer new " \
-               "tokens, or --max-memory to override"
-        raise MemoryBudgetError(
-            f"memory: expected at most {gb(budget)} ({budget_source} on {dev}), found an "
-            f"estimate of {gb(estimate.total)} for {dtype} (weights {gb(estimate.weights)}, "
-            f"activations {gb(estimate.activations)}, runtime {gb(estimate.runtime)}); "
-            f"use {hint}", field="memory", expected=budget, found=estimate.total)
+    memory = budget_report(estimate, available=available, source=source, max_memory=max_memory,
+                           smaller="a shorter prompt or fewer new tokens")
     if on_estimate is not None:
         on_estimate(memory)
 

@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from dspark_convert.runtime.budget import MemoryReport
 from dspark_convert.util.atomic import atomic_directory, write_error
 from dspark_convert.evaluation.calibration import AppliedCalibration, CalibrationFile
 from dspark_convert.evaluation.environment import Environment, TargetIdentity
@@ -141,6 +142,9 @@ class EvalReport(BaseModel):
     runs: list[RunReport]
     not_run: list[NotRun]
     lossless: bool | None              # every temperature-0 drafter run equals the target
+    # The estimate checked before loading (the target and every artifact at once), what the
+    # device had; None when nothing was loaded (no device).
+    memory_estimate: MemoryReport | None = None
 
     def run(self, kind: str, artifact: str | None, temperature: float,
             threshold: float | None) -> RunReport | None:
@@ -155,7 +159,7 @@ class EvalReport(BaseModel):
 MEASURED_FIELDS = frozenset({
     "seconds", "committed_tokens_per_second", "speedup", "draft_seconds",
     "draft_seconds_per_step", "verify_seconds_per_step", "verify_seconds", "peak_memory",
-    "timing_note", "environment"})
+    "timing_note", "environment", "memory_estimate"})
 
 
 def comparable(report: EvalReport) -> dict:

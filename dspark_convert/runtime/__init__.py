@@ -8,5 +8,8 @@
 - ``speculative``: the loop, greedy and lossless rejection sampling.
 - ``trace``: the reference.json trace format and the cycle-by-cycle comparison.
 
-Everything here imports torch; nothing here is imported by ``dspark --help``.
+- ``memory``: the memory estimate made before loading; ``budget``: its check against what
+  the device has, and the report both smoke and eval carry.
+
+Everything here but ``budget`` imports torch; nothing here is imported by ``dspark --help``.
 """

@@ -1,4 +1,5 @@
-"""How much memory a smoke run will take, from the plans alone, and what the device has.
+"""How much memory a smoke or eval run will take, from the plans alone, and what the device
+has (runtime/budget.py checks the one against the other).
 
 The estimate is made before any weight is loaded, from the tensor tables of the target
 and the drafter (runtime/qwen3.py ``plan_target``, runtime/weights.py ``plan_drafter``)
@@ -21,6 +22,7 @@ driver's free memory (``torch.cuda.mem_get_info``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +60,31 @@ class MemoryEstimate:
         return self.weights + self.activations + self.runtime
 
 
-def estimate_memory(target: TargetPlan, drafter: DrafterPlan, *, dtype: torch.dtype,
-                    device: torch.device, longest_prompt: int, max_new_tokens: int
-                    ) -> MemoryEstimate:
+def estimate_memory(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterPlan], *,
+                    dtype: torch.dtype, device: torch.device, longest_prompt: int,
+                    max_new_tokens: int) -> MemoryEstimate:
+    """The estimate for ``target`` with ``drafter`` loaded beside it, or with every drafter
+    of a sequence loaded at once (eval): their weights add up, while the runs, one drafter
+    at a time, need the largest of their working sets."""
+    drafters = [drafter] if isinstance(drafter, DrafterPlan) else list(drafter)
     es = dtype.itemsize
+    sized = [_activations(target, d, es, device, longest_prompt, max_new_tokens)
+             for d in drafters]
+    activations, T = max(sized)
+    drafter_numel = sum(d.numel for d in drafters)
+    weights = (target.numel + drafter_numel) * es
+    if device.type == "cuda":
+        runtime = int(CUDA_SLACK_FRACTION * (weights + activations)) + 2 * STAGING_BYTES
+    else:
+        runtime = RUNTIME_CPU_BYTES + STAGING_BYTES
+    return MemoryEstimate(device=str(device), dtype=str(dtype).removeprefix("torch."),
+                          target_weights=target.numel * es, drafter_weights=drafter_numel * es,
+                          activations=activations, runtime=runtime, context_tokens=T)
+
+
+def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torch.device,
+                 longest_prompt: int, max_new_tokens: int) -> tuple[int, int]:
+    """(bytes of the activations, the positions the caches are sized for)."""
     cfg = target.config
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     nh, nkv, d, layers = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
@@ -91,16 +114,7 @@ def estimate_memory(target: TargetPlan, drafter: DrafterPlan, *, dtype: torch.dt
     # A block's logits: target verify logits and probabilities, drafter base and corrected
     # logits and their probabilities (float32).
     logits = B * V * (2 * es + 2 * 4) + V * es
-    activations = caches + max(layer, context) + logits
-
-    weights = (target.numel + drafter.numel) * es
-    if device.type == "cuda":
-        runtime = int(CUDA_SLACK_FRACTION * (weights + activations)) + 2 * STAGING_BYTES
-    else:
-        runtime = RUNTIME_CPU_BYTES + STAGING_BYTES
-    return MemoryEstimate(device=str(device), dtype=str(dtype).removeprefix("torch."),
-                          target_weights=target.numel * es, drafter_weights=drafter.numel * es,
-                          activations=activations, runtime=runtime, context_tokens=T)
+    return caches + max(layer, context) + logits, T
 
 
 def _attention_scores(nh: int, S: int, T: int, d: int, es: int, device: torch.device) -> int:
@@ -148,12 +162,3 @@ def available_memory(device: torch.device) -> tuple[int | None, str]:
     if cgroup is not None and (meminfo is None or cgroup < meminfo):
         return cgroup, "the cgroup's memory.max minus memory.current"
     return meminfo, "MemAvailable in /proc/meminfo"
-
-
-def format_bytes(nbytes: int | None) -> str:
-    """Decimal units, as the memory figures in the reports: 9.66 GB, 350 MB."""
-    if nbytes is None:
-        return "?"
-    if nbytes >= 1e9:
-        return f"{nbytes / 1e9:.2f} GB"
-    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes} bytes"
