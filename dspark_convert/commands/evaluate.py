@@ -47,7 +47,7 @@ from dspark_convert.errors import (
     LosslessnessError,
     OutputWriteError,
 )
-from dspark_convert.runtime.budget import MemoryReport, budget_report
+from dspark_convert.runtime.budget import MemoryReport
 from dspark_convert.util.atomic import check_output, refuse_overlap
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
@@ -443,7 +443,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     from dspark_convert.commands.smoke import resolve_device, verify_mode
     from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.loading import compute_dtype
-    from dspark_convert.runtime.memory import available_memory, estimate_memory
+    from dspark_convert.runtime.memory import checked_estimate
     from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.weights import load_drafter_weights
 
@@ -492,13 +492,11 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                                  identity, calibrate=calibrate)
 
     target_plan = bindings[names[0]].target_plan
-    estimate = estimate_memory(target_plan, [bindings[a.name].drafter_plan for a in arts],
-                               dtype=torch_dtype, device=dev,
-                               longest_prompt=max(len(p.ids) for p in resolved),
-                               max_new_tokens=max_new_tokens)
-    available, source = available_memory(dev)
-    memory = budget_report(estimate, available=available, source=source, max_memory=max_memory,
-                           smaller="fewer artifacts, shorter prompts or fewer new tokens")
+    memory = checked_estimate(target_plan, [bindings[a.name].drafter_plan for a in arts],
+                              dtype=torch_dtype, device=dev,
+                              longest_prompt=max(len(p.ids) for p in resolved),
+                              max_new_tokens=max_new_tokens, max_memory=max_memory,
+                              smaller="fewer artifacts, shorter prompts or fewer new tokens")
     if on_estimate is not None:
         on_estimate(memory)
 

@@ -55,7 +55,7 @@ from dspark_convert.util.atomic import atomic_file, refuse_overlap
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.evaluation.calibration import AppliedCalibration
-from dspark_convert.runtime.budget import MemoryReport, budget_report
+from dspark_convert.runtime.budget import MemoryReport
 from dspark_convert.target.prompt import check_context, check_ids, encode_text, shown_int
 
 SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
@@ -253,7 +253,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
 
     from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.loading import compute_dtype, dtype_name
-    from dspark_convert.runtime.memory import available_memory, estimate_memory
+    from dspark_convert.runtime.memory import checked_estimate
     from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.speculative import speculative_generate, target_greedy
     from dspark_convert.runtime.trace import (
@@ -315,12 +315,10 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                     found=max_new_tokens)
             matched.append(ref)
 
-    estimate = estimate_memory(target_plan, drafter_plan, dtype=torch_dtype, device=dev,
-                               longest_prompt=max(len(p) for p in all_prompts),
-                               max_new_tokens=max_new_tokens)
-    available, source = available_memory(dev)
-    memory = budget_report(estimate, available=available, source=source, max_memory=max_memory,
-                           smaller="a shorter prompt or fewer new tokens")
+    memory = checked_estimate(target_plan, drafter_plan, dtype=torch_dtype, device=dev,
+                              longest_prompt=max(len(p) for p in all_prompts),
+                              max_new_tokens=max_new_tokens, max_memory=max_memory,
+                              smaller="a shorter prompt or fewer new tokens")
     if on_estimate is not None:
         on_estimate(memory)
 

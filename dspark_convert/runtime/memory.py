@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from dspark_convert.runtime.budget import MemoryReport, budget_report
 from dspark_convert.runtime.loading import STAGING_BYTES
 from dspark_convert.runtime.qwen3 import TargetPlan
 from dspark_convert.runtime.weights import DrafterPlan
@@ -162,3 +163,15 @@ def available_memory(device: torch.device) -> tuple[int | None, str]:
     if cgroup is not None and (meminfo is None or cgroup < meminfo):
         return cgroup, "the cgroup's memory.max minus memory.current"
     return meminfo, "MemAvailable in /proc/meminfo"
+
+
+def checked_estimate(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterPlan], *,
+                     dtype: torch.dtype, device: torch.device, longest_prompt: int,
+                     max_new_tokens: int, max_memory: int | None, smaller: str) -> MemoryReport:
+    """``estimate_memory`` checked against what ``device`` has now, or ``max_memory``
+    (runtime/budget.py ``budget_report``: MemoryBudgetError when over)."""
+    estimate = estimate_memory(target, drafter, dtype=dtype, device=device,
+                               longest_prompt=longest_prompt, max_new_tokens=max_new_tokens)
+    available, source = available_memory(device)
+    return budget_report(estimate, available=available, source=source, max_memory=max_memory,
+                         smaller=smaller)
