@@ -11,14 +11,30 @@ that never load torch (`--help`, the schema generator).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.errors import MemoryBudgetError
 
-if TYPE_CHECKING:
-    from dspark_convert.runtime.memory import MemoryEstimate
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    device: str
+    dtype: str
+    target_weights: int       # bytes, in the compute dtype
+    drafter_weights: int
+    activations: int
+    runtime: int
+    context_tokens: int       # the positions the caches are sized for
+
+    @property
+    def weights(self) -> int:
+        return self.target_weights + self.drafter_weights
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations + self.runtime
 
 
 class MemoryReport(BaseModel):

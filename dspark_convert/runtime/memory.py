@@ -23,12 +23,11 @@ driver's free memory (``torch.cuda.mem_get_info``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dspark_convert.runtime.budget import MemoryReport, budget_report
+from dspark_convert.runtime.budget import MemoryEstimate, MemoryReport, budget_report
 from dspark_convert.runtime.loading import STAGING_BYTES
 from dspark_convert.runtime.qwen3 import TargetPlan
 from dspark_convert.runtime.weights import DrafterPlan
@@ -40,25 +39,6 @@ MiB = 1024 * 1024
 RUNTIME_CPU_BYTES = 300 * MiB
 # The CUDA caching allocator rounds blocks up and keeps freed ones: a margin on the device.
 CUDA_SLACK_FRACTION = 0.05
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    device: str
-    dtype: str
-    target_weights: int       # bytes, in the compute dtype
-    drafter_weights: int
-    activations: int
-    runtime: int
-    context_tokens: int       # the positions the caches are sized for
-
-    @property
-    def weights(self) -> int:
-        return self.target_weights + self.drafter_weights
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.activations + self.runtime
 
 
 def estimate_memory(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterPlan], *,
