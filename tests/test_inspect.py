@@ -69,3 +69,24 @@ def test_cli_inspect_writes_nothing_and_exits_with_the_problem(tmp_path):
     data = json.loads(run.stdout)
     assert data["contract"]["taps"]["target_layer_ids"] == [0, 2, 4]
     assert data["kind"] == "checkpoint"
+
+
+def test_an_artifact_whose_drafter_gguf_is_no_regular_file_is_refused_as_such(converted, tmp_path):
+    """A FIFO there is refused without opening it (that would block), a dangling link by its
+    name; neither is taken for a checkpoint without a config.json."""
+    import os
+    import shutil
+
+    from support.cli import assert_one_error_line
+    from dspark_convert.errors import GGUFFormatError
+
+    art = tmp_path / "art"
+    shutil.copytree(converted["reference"], art)
+    (art / "drafter.gguf").unlink()
+    os.mkfifo(art / "drafter.gguf")
+    assert_one_error_line(run_cli("inspect", str(art)), GGUFFormatError.exit_code,
+                          f"{art}/drafter.gguf: not a regular file")
+    (art / "drafter.gguf").unlink()
+    (art / "drafter.gguf").symlink_to(tmp_path / "gone")
+    assert_one_error_line(run_cli("inspect", str(art)), GGUFFormatError.exit_code,
+                          f"{art}/drafter.gguf: cannot read the file")

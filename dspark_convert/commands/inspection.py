@@ -78,6 +78,9 @@ def inspect_path(path: str | os.PathLike) -> InspectResult:
     target = check_path(path, what="the path to inspect", error=SourceNotFoundError)
     if target.is_file() and target.suffix == ".gguf":
         return _inspect_artifact(target)
-    if target.is_dir() and (target / GGUF_FILE).is_file():
-        return _inspect_artifact(target / GGUF_FILE)
+    # A drafter.gguf that is there but not a regular file (a FIFO, a dangling link) makes it
+    # an artifact to refuse (read_gguf says why), not a checkpoint without a config.json.
+    gguf = target / GGUF_FILE
+    if target.is_dir() and (gguf.exists() or gguf.is_symlink()):
+        return _inspect_artifact(gguf)
     return _inspect_checkpoint(target)
