@@ -117,7 +117,7 @@ def test_hub_spec_resolved_by_the_given_function(tmp_path):
                                    "tie_word_embeddings is false)"),
     ("layers disagree", TargetFormatError, "holds layers 0..5 (6); target"),
     ("embedding shape", TargetFormatError, "tensor 'model.embed_tokens.weight': expected shape [600, 64]"),
-    ("bad header", TargetFormatError, "target: "),
+    ("bad header", TargetFormatError, "target /"),     # "target <path>: ...", as the others
 ])
 def test_refusals(tmp_path, case, error, words):
     root = tmp_path / "t"

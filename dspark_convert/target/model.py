@@ -151,7 +151,7 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
         checkpoint = read_checkpoint(directory)
     except SourceError as exc:
         cls = TargetNotFoundError if isinstance(exc, SourceNotFoundError) else TargetFormatError
-        raise cls(f"target: {exc.message}", path=exc.path, field=exc.field, tensor=exc.tensor,
+        raise cls(f"target {exc.message}", path=exc.path, field=exc.field, tensor=exc.tensor,
                   expected=exc.expected, found=exc.found) from None
 
     config_path = checkpoint.files.config
@@ -167,7 +167,7 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     try:
         _check_openable(tokenizer_path, _allowed_roots(directory))
     except SourceError as exc:
-        raise TargetFormatError(f"target: {exc.message}", path=exc.path, expected=exc.expected,
+        raise TargetFormatError(f"target {exc.message}", path=exc.path, expected=exc.expected,
                                 found=exc.found) from None
     tokenizer = fingerprint_tokenizer(tokenizer_path, label=tok_label)
 
