@@ -56,7 +56,8 @@ from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.evaluation.calibration import AppliedCalibration
 from dspark_convert.runtime.budget import MemoryReport
-from dspark_convert.target.prompt import check_context, check_ids, encode_text, shown_int
+from dspark_convert.target.prompt import check_context, check_ids, encode_text
+from dspark_convert.util.text import shown_int
 
 SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
 

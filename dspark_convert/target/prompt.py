@@ -18,11 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dspark_convert.target.tokenizer import TokenizerFingerprint
-
-
-def shown_int(value: int) -> str:
-    """An integer for a message: a huge one by its size (str() of a 5,000-digit int raises)."""
-    return str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+from dspark_convert.util.text import shown_int
 
 
 def check_ids(ids, vocab_size: int, *, where: str, error, path: str | None = None,

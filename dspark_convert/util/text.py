@@ -39,3 +39,9 @@ def shown(text: object) -> str:
         return text
     return "".join(_escape(ch) if (ch != " " and unicodedata.category(ch) in _HIDDEN)
                    or (ch.isspace() and ch != " ") else ch for ch in text)
+
+
+def shown_int(value: int) -> str:
+    """An integer from an input, for a message: a huge one by its size (str() of a
+    5,000-digit int raises)."""
+    return str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
