@@ -123,6 +123,18 @@ def write_tokenizer(directory: Path, tokens: int = 256) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
+def _fresh_pair(g: Geometry, root: Path) -> tuple[Path, Path]:
+    """``root`` emptied into ``target/`` (its config.json and tokenizer.json written) and an
+    empty ``drafter/``: what both pairs start from."""
+    shutil.rmtree(root, ignore_errors=True)
+    target, drafter = root / "target", root / "drafter"
+    target.mkdir(parents=True)
+    drafter.mkdir()
+    (target / "config.json").write_text(json.dumps(target_config(g), indent=2) + "\n")
+    write_tokenizer(target)
+    return target, drafter
+
+
 def make_sparse_pair(g: Geometry, root: Path) -> tuple[Path, Path]:
     """``root/target`` (config.json + sparse model.safetensors) and ``root/drafter`` (a
     DSpark checkpoint, sparse), unless the same geometry is there already."""
@@ -130,12 +142,7 @@ def make_sparse_pair(g: Geometry, root: Path) -> tuple[Path, Path]:
     marker = root / ".sparse-models.json"
     if marker.is_file() and json.loads(marker.read_text()) == stamp:
         return root / "target", root / "drafter"
-    shutil.rmtree(root, ignore_errors=True)
-    target, drafter = root / "target", root / "drafter"
-    target.mkdir(parents=True)
-    drafter.mkdir()
-    (target / "config.json").write_text(json.dumps(target_config(g), indent=2) + "\n")
-    write_tokenizer(target)
+    target, drafter = _fresh_pair(g, root)
     write_sparse_safetensors(target / "model.safetensors", _target_shapes(target))
     config = drafter_config(g)
     (drafter / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -159,12 +166,7 @@ def make_random_pair(g: Geometry, root: Path, *, seed: int = 0) -> tuple[Path, P
             return (1 + 0.05 * torch.randn(shape, generator=gen)).to(torch.bfloat16)
         return (torch.randn(shape, generator=gen) / shape[-1] ** 0.5).to(torch.bfloat16)
 
-    shutil.rmtree(root, ignore_errors=True)
-    target, drafter = root / "target", root / "drafter"
-    target.mkdir(parents=True)
-    drafter.mkdir()
-    (target / "config.json").write_text(json.dumps(target_config(g), indent=2) + "\n")
-    write_tokenizer(target)
+    target, drafter = _fresh_pair(g, root)
     tensors = {name: value(name, shape) for name, shape in _target_shapes(target).items()}
     embed = torch.randn(g.vocab_size, g.hidden_size, generator=gen).to(torch.bfloat16)
     tensors["model.embed_tokens.weight"] = embed

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import GOLDEN
+from support.paths import REFERENCE_TRACE as REFERENCE
 from support.confidence import assert_same_metrics, plain_metrics
 from dspark_convert.evaluation.metrics import (
     MemoryProbe,
@@ -33,7 +33,6 @@ from dspark_convert.evaluation.metrics import (
     spread,
 )
 
-REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
 STOPS = (2,)
 
 

@@ -8,13 +8,13 @@ import json
 import pytest
 
 from conftest import GOLDEN
+from support.paths import REFERENCE_TRACE as REFERENCE
 from dspark_convert.errors import PromptSetError
 from dspark_convert.evaluation import prompts as prompt_module
 from dspark_convert.evaluation.prompts import DEFAULT_PROMPTS, load_prompt_set, resolve_prompts
 from dspark_convert.target.tokenizer import fingerprint_tokenizer
 
 TARGET = GOLDEN / "reference" / "target"
-REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
 # The target's tokenizer as the opened target carries it (target/tokenizer.py).
 TOKENIZER = fingerprint_tokenizer(TARGET / "tokenizer.json")
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from dataclasses import replace
 
 import pytest
 import torch
 
 from conftest import GOLDEN
+from support.paths import REFERENCE_PROMPTS as PROMPTS, REFERENCE_TRACE as REFERENCE
+from support.sampling import assert_reference_tau_within_our_spread
 from support.tools import load_tool
 from dspark_convert.errors import ReferenceDivergenceError
 from dspark_convert.runtime.drafter import DSparkDrafter, probs_from_logits
@@ -38,8 +39,6 @@ from dspark_convert.runtime.weights import load_drafter_weights
 from dspark_convert.commands.smoke import run_smoke
 
 TARGET = GOLDEN / "reference" / "target"
-REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
-PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16
 
@@ -209,20 +208,7 @@ def test_temperature_one_tau_over_seeds_in_bfloat16(bf16_models):
     """DeepSpec's float32 run (one seed) lies within 3 standard deviations of our bfloat16
     per-seed tau distribution, as it does in float32 (test_runtime_speculative)."""
     target, drafter, _ = bf16_models
-    per_seed = []
-    for seed in range(100, 120):
-        steps = []
-        for prompt in PROMPTS:
-            run = speculative_generate(target, drafter, prompt, max_new_tokens=24, temperature=1.0,
-                                       stop_token_ids=target.config.stop_token_ids, seed=seed)
-            steps += run.acceptance_lengths
-        per_seed.append(sum(steps) / len(steps))
-    ref_steps = [a for r in load_reference(REFERENCE) if r.temperature == 1.0
-                 for a in r.data["acceptance_lengths"]]
-    ref_tau = sum(ref_steps) / len(ref_steps)
-    mean, sd = statistics.mean(per_seed), statistics.stdev(per_seed)
-    assert 0.1 < sd < 0.6, sd
-    assert abs(ref_tau - mean) <= 3 * sd, (ref_tau, mean, sd)
+    assert_reference_tau_within_our_spread(target, drafter, PROMPTS, load_reference(REFERENCE))
     # The same seed gives the same run (the draws come from one CPU generator).
     runs = [speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=24, temperature=1.0,
                                  stop_token_ids=target.config.stop_token_ids, seed=100)

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import GOLDEN
+from support.paths import REFERENCE_TRACE as REFERENCE
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
 from dspark_convert.runtime.weights import load_drafter_weights
@@ -21,7 +22,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 TARGET = GOLDEN / "reference" / "target"
 FIRST_BLOCK = GOLDEN / "reference" / "vanilla_conf_markov" / "first_block.safetensors"
-REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
 
 
 def test_first_block_on_cuda(converted):

@@ -13,16 +13,15 @@
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 import torch
 
-from conftest import GOLDEN
+from support.paths import REFERENCE_TRACE as REFERENCE
+from support.sampling import assert_reference_tau_within_our_spread
 from dspark_convert.runtime.speculative import speculative_generate, target_greedy, verify
 from dspark_convert.runtime.trace import compare_run, load_reference, run_to_json
 
-REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,19 +47,7 @@ def test_trace_identical_to_deepspec(golden_models, ref):
 def test_temperature_one_tau_over_seeds(golden_models):
     target, drafter = golden_models
     prompts = json.loads(REFERENCE.read_text())["prompts"]
-    per_seed = []
-    for seed in range(100, 120):
-        steps = []
-        for prompt in prompts:
-            run = speculative_generate(target, drafter, prompt, max_new_tokens=24, temperature=1.0,
-                                       stop_token_ids=target.config.stop_token_ids, seed=seed)
-            steps += run.acceptance_lengths
-        per_seed.append(sum(steps) / len(steps))
-    ref_steps = [a for r in REF_RUNS if r.temperature == 1.0 for a in r.data["acceptance_lengths"]]
-    ref_tau = sum(ref_steps) / len(ref_steps)
-    mean, sd = statistics.mean(per_seed), statistics.stdev(per_seed)
-    assert 0.1 < sd < 0.6, sd
-    assert abs(ref_tau - mean) <= 3 * sd, (ref_tau, mean, sd)
+    assert_reference_tau_within_our_spread(target, drafter, prompts, REF_RUNS)
 
 
 def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:

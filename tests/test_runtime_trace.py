@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import GOLDEN
+from support.paths import REFERENCE_TRACE as REFERENCE
 from dspark_convert.errors import ReferenceDivergenceError, ReferenceTraceError
 from dspark_convert.runtime.trace import (
     Agreement,
@@ -19,7 +19,6 @@ from dspark_convert.runtime.trace import (
     trace_to_json,
 )
 
-REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
 
 
 def test_reads_the_golden_reference():

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import GOLDEN, REFERENCE_DRAFTER
+from support.paths import REFERENCE_PROMPTS as PROMPTS, REFERENCE_TRACE as REFERENCE
 from support.cli import run_cli
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
@@ -32,8 +33,6 @@ from dspark_convert.commands.smoke import run_smoke
 from dspark_convert.commands.validate import validate_artifact
 
 TARGET = GOLDEN / "reference" / "target"
-REFERENCE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
-PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

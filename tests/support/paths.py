@@ -10,6 +10,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 GOLDEN = ROOT / "golden"
 REFERENCE_DRAFTER = GOLDEN / "reference" / "vanilla_conf_markov" / "draft"
 GOLDEN_TARGET = GOLDEN / "reference" / "target"
+# DeepSpec's own trace of the reference drafter on the golden target, and its prompts.
+REFERENCE_TRACE = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
+REFERENCE_PROMPTS = json.loads(REFERENCE_TRACE.read_text())["prompts"]
 EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
 
 
