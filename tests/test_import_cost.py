@@ -71,9 +71,15 @@ def imported_after(tmp_path, args: list[str]) -> tuple[subprocess.CompletedProce
     return proc, top_level
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["convert", "--help"],
-                                  ["validate", "--help"], ["inspect", "--help"],
-                                  ["smoke", "--help"], ["lock", "--help"]])
+# One child per case (~0.3-0.7 s each): the fast loop keeps a canary of each kind, the
+# full suite every command.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("args", [["--help"], ["smoke", "--help"]] + [
+    pytest.param(args, marks=SLOW) for args in (
+        ["--version"], ["convert", "--help"], ["validate", "--help"], ["inspect", "--help"],
+        ["lock", "--help"], ["quantize", "--help"], ["eval", "--help"])])
 def test_help_does_not_import_heavy_modules(tmp_path, args):
     proc, top_level = imported_after(tmp_path, args)
     assert proc.returncode == 0, proc.stderr
@@ -103,12 +109,13 @@ def _command(name: str, converted, tmp_path) -> list[str]:
 
 @pytest.mark.parametrize("name, unused, used", [
     ("validate", NOT_FOR_ARTIFACTS, {"numpy", "gguf"}),
-    ("inspect artifact", NOT_FOR_ARTIFACTS, {"numpy", "gguf"}),
-    ("inspect checkpoint", NOT_FOR_ARTIFACTS, {"numpy"}),
-    ("convert", NOT_FOR_ARTIFACTS, {"numpy", "gguf"}),
+    pytest.param("inspect artifact", NOT_FOR_ARTIFACTS, {"numpy", "gguf"}, marks=SLOW),
+    pytest.param("inspect checkpoint", NOT_FOR_ARTIFACTS, {"numpy"}, marks=SLOW),
+    pytest.param("convert", NOT_FOR_ARTIFACTS, {"numpy", "gguf"}, marks=SLOW),
     # The target's tokenizer is fingerprinted: tokenizers, still no torch.
     ("convert --target", NOT_FOR_ARTIFACTS - {"tokenizers"}, {"tokenizers"}),
-    ("validate --target", NOT_FOR_ARTIFACTS - {"tokenizers"}, {"tokenizers"}),
+    pytest.param("validate --target", NOT_FOR_ARTIFACTS - {"tokenizers"}, {"tokenizers"},
+                 marks=SLOW),
 ])
 def test_a_command_imports_only_what_it_uses(tmp_path, converted, name, unused, used):
     """The same probe, on real work: each command succeeds, imports what it needs (so the
@@ -125,6 +132,7 @@ def test_a_command_imports_only_what_it_uses(tmp_path, converted, name, unused, 
         assert record["threads"] == 1, f"dspark {name} ended with {record['threads']} threads"
 
 
+@pytest.mark.slow   # two children
 @pytest.mark.skipif(not HAS_TASKS, reason="counts threads in Linux's /proc/self/task")
 def test_a_users_thread_setting_is_left_alone(tmp_path, converted):
     """OPENBLAS_NUM_THREADS=2 from the user stays 2, and OpenBLAS then runs its second
