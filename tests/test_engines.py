@@ -195,6 +195,21 @@ def test_target_layers(plain, edit, message):
     assert reason(kv, types, tensors) == message
 
 
+def test_a_long_tap_array_read_packed_is_judged_by_its_values(plain):
+    """The reader keeps an array of over 65,536 scalars packed (GGUFArray, not a list): the
+    rules read it as the array it is, not as "no integer array"."""
+    import array
+
+    from gguf.constants import GGUFValueType
+    from dspark_convert.formats.gguf_reader import GGUFArray
+
+    kv, types, tensors = plain
+    kv["dflash.target_layers"] = GGUFArray(GGUFValueType.INT32, array.array("i", range(70_000)))
+    types["dflash.target_layers"] = "ARRAY[INT32]"
+    assert reason(kv, types, tensors) == "dflash: implausibly long target_layers array"
+    assert "array type mismatch" not in (reason(kv, types, tensors, "llama.cpp") or "")
+
+
 def test_geometry_bounds(plain):
     kv, types, tensors = plain
     assert reason({**kv, "dflash.block_size": 129}, types, tensors) == (

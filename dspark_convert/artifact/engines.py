@@ -230,12 +230,18 @@ def _strata_parse_rest(view: _View) -> str | None:
     return None
 
 
+def _is_array(value: object) -> bool:
+    """A metadata array as the reader returns it: a list, or formats/gguf_reader.GGUFArray
+    (a long scalar array kept packed, a Sequence); a string is no array."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
 def _strata_taps(view: _View) -> str | None:
     key = _first_key(view, STRATA_TAP_KEYS)
     if key is None:
         return "dflash: missing dflash.target_layers (the taps this drafter was trained against)"
     value, gtype = view.kv[key], view.type_of(key) or ""
-    if not gtype.startswith("ARRAY") or gtype == "ARRAY[STRING]" or not isinstance(value, list):
+    if not gtype.startswith("ARRAY") or gtype == "ARRAY[STRING]" or not _is_array(value):
         return "dflash: target_layers must be an integer array"
     if len(value) > STRATA_MAX_TAPS:
         return "dflash: implausibly long target_layers array"
@@ -548,7 +554,7 @@ def _llama_taps(view: _View) -> str | None:
     if LLAMA_TAP_KEY not in view.kv:
         return "DFlash model requires 'target_layers' in GGUF metadata"
     gtype, value = view.type_of(LLAMA_TAP_KEY) or "", view.kv[LLAMA_TAP_KEY]
-    integers = isinstance(value, list) and all(
+    integers = _is_array(value) and all(
         isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value)
     if gtype not in ("ARRAY[INT32]", "ARRAY[UINT32]") or not integers:
         return (f"array type mismatch for {LLAMA_TAP_KEY}: expected an INT32 or UINT32 array, "
