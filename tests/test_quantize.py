@@ -469,3 +469,21 @@ def test_inspect_shows_a_quantized_artifacts_tensors_as_they_should_be(quantized
     data = json.loads(run_cli("inspect", str(art), "--json").stdout)
     assert [r["name"] for r in data["rows"] if r["status"] == "dtype"] == ["blk.0.attn_norm.weight"]
     assert data["problem"]["tensor"] == "blk.0.attn_norm.weight"
+
+
+def test_inspect_words_a_type_the_key_does_not_name_as_validate_does(quantized, tmp_path):
+    """The key says Q4_0 while the matrices are Q8_0: inspect's problem is validate's
+    (the quantized type rule, 48, naming the type the key asks for), not a BF16 type error."""
+    art = tmp_path / "key"
+    shutil.copytree(quantized["Q8_0"].output, art)
+    data = (art / "drafter.gguf").read_bytes()
+    assert data.count(b"Q8_0") == 1                         # the key's value, nothing else
+    (art / "drafter.gguf").write_bytes(data.replace(b"Q8_0", b"Q4_0"))
+    inspected = json.loads(run_cli("inspect", str(art), "--json").stdout)
+    validated = json.loads(run_cli("validate", str(art), "--json").stdout)
+    failed = next(c for c in validated["checks"] if c["status"] == "failed")
+    assert failed["name"] == "gguf.quantization" and failed["error"] == "QuantizedTensorError"
+    problem = inspected["problem"]
+    assert problem["error"] == "QuantizedTensorError" and problem["exit_code"] == 48
+    assert problem["message"] == failed["detail"]
+    assert "is Q8_0; expected Q4_0" in problem["message"]

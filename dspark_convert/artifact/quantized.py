@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dspark_convert.contract.tensor_table import TENSOR_RULES, expand_rule
+from dspark_convert.errors import QuantizedTensorError
 from dspark_convert.formats.quants import QUANT_TYPES
 
 # The tensor table's conditions whose matrices are the DSpark heads (quantized only with
@@ -68,3 +69,54 @@ def type_ok(contract, qtype: str | None) -> Callable[[str, str], bool]:
             return dtype == "BF16"
         return dtype in allowed_types(spec.kind, whens[name], len(spec.gguf_shape), qtype)
     return ok
+
+
+def any_quantized_type(qtype: str | None) -> Callable[[str, str], bool] | None:
+    """The inventory's type check for an artifact of ``qtype``: None (BF16 only) for a BF16
+    artifact; for a quantized one any of the four types, which one each tensor must hold
+    being ``check_quantized_types``' rule (its own error, 48)."""
+    if qtype is None:
+        return None
+    return lambda _name, dtype: dtype in ("BF16", *QUANT_TYPES)
+
+
+def check_quantized_types(tensors, contract, qtype: str, label: str) -> str:
+    """Each tensor of a quantized artifact against the one type rule
+    (artifact/quantized.py, which ``dspark quantize`` writes by): backbone matrices in the
+    type ``strata.dflash.quantization`` names, norms and biases BF16, the head matrices BF16
+    or all in one type (``--heads``). Block and byte sizes are the reader's
+    (gguf.structure: a row width that is not a multiple of the type's block is refused
+    there, and each tensor spans exactly its blocks). ``tensors``: the GGUF's tensor infos, whose
+    names the inventory check has matched to the contract. Returns the check's detail."""
+    specs = {s.gguf_name: s for s in contract.written_tensors}
+    whens = rule_whens(contract)
+    counts: dict[str, int] = {}
+    heads: dict[str, str] = {}          # head matrix -> its type
+    for info in tensors:
+        spec, found = specs[info.name], info.ggml_type.name   # the inventory matched them
+        when = whens[info.name]
+        allowed = allowed_types(spec.kind, when, len(info.shape), qtype)
+        if found not in allowed:
+            if spec.kind != "matrix":
+                why = f"a {spec.kind} stays BF16 in a quantized artifact"
+            elif is_head(when):
+                why = "a head matrix is BF16, or of the type --heads gave"
+            else:
+                why = f"the backbone matrices have the type {QUANTIZATION_KEY} names, {qtype}"
+            raise QuantizedTensorError(
+                f"{label}: tensor '{info.name}' is {found}; expected {' or '.join(allowed)} "
+                f"({why})", path=label, tensor=info.name, expected="|".join(allowed),
+                found=found)
+        if is_head(when) and len(allowed) > 1:
+            heads[info.name] = found
+        counts[found] = counts.get(found, 0) + 1
+    if len(set(heads.values())) > 1:
+        first = next(iter(heads))
+        other = next(n for n, t in heads.items() if t != heads[first])
+        raise QuantizedTensorError(
+            f"{label}: the head matrices have two types: '{first}' is {heads[first]}, "
+            f"'{other}' is {heads[other]}; expected one type for all of them (--heads)",
+            path=label, tensor=other, expected=heads[first], found=heads[other])
+    kinds = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+    return (f"{qtype} artifact: {kinds}; backbone matrices {qtype}, norms and biases BF16, "
+            f"head matrices {next(iter(set(heads.values())), 'none')}")

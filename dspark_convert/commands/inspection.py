@@ -13,10 +13,20 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
-from dspark_convert.artifact.quantized import QUANTIZATION_KEY, type_ok
+from dspark_convert.artifact.quantized import (
+    QUANTIZATION_KEY,
+    any_quantized_type,
+    check_quantized_types,
+    type_ok,
+)
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.contract.inventory import TensorRow, check_gguf_inventory, gguf_found, inventory_rows
-from dspark_convert.errors import HeadConfigMismatchError, InventoryError, SourceNotFoundError
+from dspark_convert.errors import (
+    HeadConfigMismatchError,
+    InventoryError,
+    QuantizedTensorError,
+    SourceNotFoundError,
+)
 from dspark_convert.util.paths import check_path
 from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.formats.safetensors import read_checkpoint
@@ -43,7 +53,7 @@ def _result(kind, path: Path, contract: FeatureContract, rows, left_out: int,
     problem = None
     try:
         check()
-    except (InventoryError, HeadConfigMismatchError) as exc:
+    except (InventoryError, HeadConfigMismatchError, QuantizedTensorError) as exc:
         problem = exc
     return InspectResult(kind=kind, path=str(path), contract=contract, rows=rows,
                          problem=problem.to_dict() if problem else None,
@@ -65,12 +75,19 @@ def _inspect_artifact(gguf_path: Path) -> InspectResult:
     gguf = read_gguf(gguf_path)
     kv = read_metadata(gguf, path=gguf_path.name)
     contract = contract_from_metadata(kv, path=gguf_path.name)
-    # BF16, or in a quantized artifact the types artifact/quantized.py's rule allows
-    allowed = type_ok(contract, kv.get(QUANTIZATION_KEY))
-    rows, left_out = inventory_rows(contract, gguf_found(gguf), "gguf", type_ok=allowed,
+    # The table: BF16, or in a quantized artifact the type artifact/quantized.py's rule
+    # allows each tensor. The problem: validate's two checks, in its order (the inventory,
+    # then the quantized type rule with its own error, 48).
+    qtype = kv.get(QUANTIZATION_KEY)
+    rows, left_out = inventory_rows(contract, gguf_found(gguf), "gguf",
+                                    type_ok=type_ok(contract, qtype),
                                     unexpected_limit=MAX_UNEXPECTED_ROWS)
-    return _result("artifact", gguf_path.parent, contract, rows, left_out,
-                   lambda: check_gguf_inventory(gguf, contract, gguf_path.name, type_ok=allowed))
+
+    def check() -> None:
+        check_gguf_inventory(gguf, contract, gguf_path.name, type_ok=any_quantized_type(qtype))
+        if qtype is not None:
+            check_quantized_types(gguf.tensors, contract, qtype, gguf_path.name)
+    return _result("artifact", gguf_path.parent, contract, rows, left_out, check)
 
 
 def inspect_path(path: str | os.PathLike) -> InspectResult:

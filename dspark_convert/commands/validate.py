@@ -69,11 +69,13 @@ from dspark_convert.artifact.engines import (
 from dspark_convert.artifact.quantized import (
     PARENT_KEY,
     QUANTIZATION_KEY,
-    allowed_types,
+    any_quantized_type,
+    check_quantized_types,
     is_head,
     rule_whens,
 )
 from dspark_convert.formats import quants
+
 
 class ValidationReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -235,48 +237,6 @@ def _check_layout(gguf: GGUFFile, label: str) -> None:
                                   f"expected {offset} (tensors packed in order, {ALIGNMENT}-aligned)",
                                   path=label, tensor=info.name, expected=offset, found=info.offset)
         offset += -(-info.nbytes // ALIGNMENT) * ALIGNMENT
-
-
-def _check_quantized_types(gguf: GGUFFile, contract: FeatureContract, qtype: str,
-                           label: str) -> str:
-    """Each tensor of a quantized artifact against the one type rule
-    (artifact/quantized.py, which ``dspark quantize`` writes by): backbone matrices in the
-    type ``strata.dflash.quantization`` names, norms and biases BF16, the head matrices BF16
-    or all in one type (``--heads``). Block and byte sizes are the reader's
-    (gguf.structure: a row width that is not a multiple of the type's block is refused
-    there, and each tensor spans exactly its blocks). Returns the check's detail."""
-    specs = {s.gguf_name: s for s in contract.written_tensors}
-    whens = rule_whens(contract)
-    counts: dict[str, int] = {}
-    heads: dict[str, str] = {}          # head matrix -> its type
-    for info in gguf.tensors:
-        spec, found = specs[info.name], info.ggml_type.name   # the inventory matched them
-        when = whens[info.name]
-        allowed = allowed_types(spec.kind, when, len(info.shape), qtype)
-        if found not in allowed:
-            if spec.kind != "matrix":
-                why = f"a {spec.kind} stays BF16 in a quantized artifact"
-            elif is_head(when):
-                why = "a head matrix is BF16, or of the type --heads gave"
-            else:
-                why = f"the backbone matrices have the type {QUANTIZATION_KEY} names, {qtype}"
-            raise QuantizedTensorError(
-                f"{label}: tensor '{info.name}' is {found}; expected {' or '.join(allowed)} "
-                f"({why})", path=label, tensor=info.name, expected="|".join(allowed),
-                found=found)
-        if is_head(when) and len(allowed) > 1:
-            heads[info.name] = found
-        counts[found] = counts.get(found, 0) + 1
-    if len(set(heads.values())) > 1:
-        first = next(iter(heads))
-        other = next(n for n, t in heads.items() if t != heads[first])
-        raise QuantizedTensorError(
-            f"{label}: the head matrices have two types: '{first}' is {heads[first]}, "
-            f"'{other}' is {heads[other]}; expected one type for all of them (--heads)",
-            path=label, tensor=other, expected=heads[first], found=heads[other])
-    kinds = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
-    return (f"{qtype} artifact: {kinds}; backbone matrices {qtype}, norms and biases BF16, "
-            f"head matrices {next(iter(set(heads.values())), 'none')}")
 
 
 @dataclass(frozen=True)
@@ -675,8 +635,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
         try:
             # A quantized artifact's tensors may hold any of the four types here; which one
             # each must hold is gguf.quantization's rule (its own error class, 48).
-            type_ok = None if qtype is None else (lambda _n, t: t in ("BF16", *quants.QUANT_TYPES))
-            check_gguf_inventory(gguf, contract, label, type_ok=type_ok)
+            check_gguf_inventory(gguf, contract, label, type_ok=any_quantized_type(qtype))
             checks.passed("gguf.inventory", f"{len(gguf.tensors)} tensors match the contract: "
                           "names, order, " + ("BF16, " if qtype is None else "") + "shapes")
         except DSparkError as exc:
@@ -689,8 +648,8 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
             checks.skipped("gguf.quantization", "needs the tensors to match the contract")
         else:
             try:
-                checks.passed("gguf.quantization", _check_quantized_types(gguf, contract, qtype,
-                                                                          label))
+                checks.passed("gguf.quantization", check_quantized_types(gguf.tensors, contract, qtype,
+                                                                         label))
             except DSparkError as exc:
                 checks.failed("gguf.quantization", exc)
                 structural = False
