@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import math
 
@@ -155,6 +157,8 @@ def test_round_trip_and_the_right_artifact_is_accepted(tmp_path):
     got = load_calibration(path, drafter_gguf_sha256=SHA_A, block_size=4,
                            target=_identity(path="/elsewhere/same-files"))
     assert got.temperatures == cal.temperatures and len(got.temperatures) == 4
+    # As applied: the hash of the bytes that were parsed.
+    assert got.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("kwargs, words", [

@@ -59,7 +59,7 @@ from dspark_convert.evaluation.calibration import (
     applied,
     calibrate as fit_calibration,
     check_calibration,
-    read_calibration,
+    read_calibration_file,
     split_prompts,
 )
 from dspark_convert.evaluation.environment import TargetIdentity, describe_environment, target_identity
@@ -618,7 +618,7 @@ def _match_calibrations(paths: Sequence[str | os.PathLike], arts: list[_Artifact
     names (with one artifact, that one: the refusal then names both hashes), checked
     against the artifact's block size and the target's identity (calibration.py)."""
     for path in paths:
-        cal = read_calibration(path)
+        cal, sha256 = read_calibration_file(path)
         art = next((a for a in arts if a.sha256 == cal.drafter_gguf_sha256), None)
         if art is None and len(arts) == 1:
             art = arts[0]
@@ -641,7 +641,7 @@ def _match_calibrations(paths: Sequence[str | os.PathLike], arts: list[_Artifact
                                  f"{art.path}; expected one calibration per artifact",
                                  path=str(path), field="calibration",
                                  expected="one per artifact", found=2)
-        art.calibration, art.applied = cal, applied(cal, path)
+        art.calibration, art.applied = cal, applied(cal, path, sha256)
 
 
 def _no_device_report(reason: str, arts: list[_Artifact], plan, settings: EvalSettings,

@@ -438,14 +438,13 @@ def _calibration(path, binding, progress) -> AppliedCalibration:
     """--calibration FILE: made for this artifact (drafter.gguf SHA-256, block size) and
     this target (its identity: config, weights, tokenizer, embedding and head hashes), or
     refused (93); its temperatures then scale the confidence logits before the threshold."""
-    from dspark_convert.evaluation.calibration import applied, load_calibration
+    from dspark_convert.evaluation.calibration import load_calibration
     from dspark_convert.evaluation.environment import target_identity
 
     check_path(path, what="--calibration", error=CalibrationFileError)
-    cal = load_calibration(path, drafter_gguf_sha256=binding.report.gguf_sha256,
-                           block_size=binding.drafter_plan.contract.block.block_size,
-                           target=target_identity(binding.target, progress))
-    return applied(cal, path)
+    return load_calibration(path, drafter_gguf_sha256=binding.report.gguf_sha256,
+                            block_size=binding.drafter_plan.contract.block.block_size,
+                            target=target_identity(binding.target, progress))
 
 
 # --- smoke --compare: the same run of a second artifact (a quantized one against its parent) ---

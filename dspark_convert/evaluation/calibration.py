@@ -22,6 +22,7 @@ others fit the temperatures.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -32,10 +33,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError, InternalError
-from dspark_convert.util.hashing import sha256_file
 from dspark_convert.util.patterns import is_sha256
 from dspark_convert.util.models import validated
-from dspark_convert.util.strict_json import read_json_strict
+from dspark_convert.util.strict_json import parse_json_strict, read_capped
 from dspark_convert.util.text import shown
 from dspark_convert.evaluation.environment import TargetIdentity
 from dspark_convert.evaluation.metrics import (
@@ -235,12 +235,19 @@ def calibrate(data_fit: ConfidenceData, data_held: ConfidenceData, *, artifact: 
 
 def read_calibration(path: str | os.PathLike) -> CalibrationFile:
     """Read and check a calibration.json (schema only; see ``load_calibration``)."""
+    return read_calibration_file(path)[0]
+
+
+def read_calibration_file(path: str | os.PathLike) -> tuple[CalibrationFile, str]:
+    """``read_calibration`` and the SHA-256 of the bytes it parsed (read once: the applied
+    calibration records that hash)."""
     path = Path(path)
     label = f"calibration {path}"
     if not path.is_file():
         raise CalibrationFileError(f"{label}: not found", path=str(path),
                                    expected="a calibration.json", found="nothing")
-    raw = read_json_strict(path, error=CalibrationFileError, label=label)
+    data = read_capped(path, error=CalibrationFileError, label=label)
+    raw = parse_json_strict(data, error=CalibrationFileError, label=label, path=str(path))
     cal = validated(CalibrationFile, raw, error=CalibrationFileError, label=label, path=str(path))
     if not is_sha256(cal.drafter_gguf_sha256):
         raise CalibrationFileError(f"{label}: drafter_gguf_sha256: expected 64 lowercase hex digits",
@@ -255,7 +262,7 @@ def read_calibration(path: str | os.PathLike) -> CalibrationFile:
         raise CalibrationFileError(f"{label}: temperatures: expected positive finite numbers, "
                                    f"found {bad}", path=str(path), field="temperatures",
                                    expected="> 0", found=bad)
-    return cal
+    return cal, hashlib.sha256(data).hexdigest()
 
 
 def _short(text: object) -> str:
@@ -264,10 +271,13 @@ def _short(text: object) -> str:
 
 
 def load_calibration(path: str | os.PathLike, *, drafter_gguf_sha256: str, block_size: int,
-                     target: TargetIdentity) -> CalibrationFile:
-    """A calibration for exactly this artifact and target, or one refusal line."""
-    return check_calibration(read_calibration(path), path, drafter_gguf_sha256=drafter_gguf_sha256,
-                             block_size=block_size, target=target)
+                     target: TargetIdentity) -> AppliedCalibration:
+    """A calibration for exactly this artifact and target, as applied (smoke
+    --calibration), or one refusal line."""
+    cal, sha256 = read_calibration_file(path)
+    check_calibration(cal, path, drafter_gguf_sha256=drafter_gguf_sha256,
+                      block_size=block_size, target=target)
+    return applied(cal, path, sha256)
 
 
 def check_calibration(cal: CalibrationFile, path: str | os.PathLike, *, drafter_gguf_sha256: str,
@@ -313,8 +323,9 @@ APPLIED_NOTE = ("the temperatures scale the confidence logits before the thresho
                 "and reports stay the raw head's")
 
 
-def applied(cal: CalibrationFile, path: str | os.PathLike) -> AppliedCalibration:
-    return AppliedCalibration(path=shown(path), sha256=sha256_file(path), method=cal.method,
+def applied(cal: CalibrationFile, path: str | os.PathLike, sha256: str) -> AppliedCalibration:
+    """What a report records of a calibration it applies: ``sha256`` of the bytes read."""
+    return AppliedCalibration(path=shown(path), sha256=sha256, method=cal.method,
                               temperatures=list(cal.temperatures),
                               prompt_set_sha256=cal.prompt_set_sha256, note=APPLIED_NOTE)
 

@@ -48,7 +48,7 @@ from dspark_convert.formats.safetensors import (
     _check_openable,
     read_checkpoint,
 )
-from dspark_convert.util.strict_json import MAX_CONFIG_BYTES, read_json_strict
+from dspark_convert.util.strict_json import parse_json_strict, read_capped
 from dspark_convert.target.tokenizer import (
     TOKENIZER_FILE,
     TokenizerFingerprint,
@@ -155,7 +155,10 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
                   expected=exc.expected, found=exc.found) from None
 
     config_path = checkpoint.files.config
-    raw = read_json_strict(config_path, error=TargetFormatError, label=f"target {config_path}")
+    # Read once: parsed here and hashed into the target record below.
+    config_bytes = read_capped(config_path, error=TargetFormatError, label=f"target {config_path}")
+    raw = parse_json_strict(config_bytes, error=TargetFormatError, label=f"target {config_path}",
+                            path=str(config_path))
     qwen3, config = _parse_config(raw, f"target {config_path}")
 
     tokenizer_path = directory / TOKENIZER_FILE
@@ -176,7 +179,6 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     embed = _tensor(checkpoint, EMBED_NAME, config, weights_label)
     head = embed if config.tie_word_embeddings else _tensor(checkpoint, HEAD_NAME, config,
                                                             weights_label, tied_hint=True)
-    config_bytes = _read(config_path, MAX_CONFIG_BYTES)
     # tokenizer.json as fingerprinted: the same bytes, not a second (unbounded) read.
     files = (FileRecord(path=config_path.name, size=len(config_bytes),
                         sha256=hashlib.sha256(config_bytes).hexdigest()),
@@ -185,22 +187,6 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     return Target(spec=text, directory=directory, repo=repo, revision=revision, raw_config=raw,
                   qwen3=qwen3, config=config, checkpoint=checkpoint, embed=embed, head=head,
                   tokenizer=tokenizer, files=files)
-
-
-def _read(path: Path, limit: int) -> bytes:
-    """The file's bytes, refusing more than ``limit`` (it grew since it was parsed)."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise TargetNotFoundError(f"target {path}: cannot read: {reason}", path=str(path),
-                                  expected="a readable file", found=reason) from None
-    if len(data) > limit:
-        raise TargetFormatError(f"target {path}: file is more than {limit} bytes; expected at "
-                                f"most {limit}", path=str(path), expected=limit,
-                                found=f"> {limit}")
-    return data
 
 
 def _parse_config(raw: object, label: str) -> tuple[Qwen3Config, TargetConfigRecord]:

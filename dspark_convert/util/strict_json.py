@@ -109,13 +109,19 @@ def read_json_strict(path: Path, *, error, label: str | None = None) -> object:
     NaN refused and at most MAX_CONFIG_BYTES read: ``error`` (a DSparkError class) names
     the file (``label``, else its name) in every refusal."""
     label = label or path.name
+    return parse_json_strict(read_capped(path, error=error, label=label), error=error,
+                             label=label, path=str(path))
+
+
+def read_capped(path: Path, *, error, label: str) -> bytes:
+    """At most MAX_CONFIG_BYTES + 1 bytes of ``path`` (``parse_json_strict`` refuses the
+    one more): for a small file that is parsed and also hashed, read once."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
+            return fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
                     path=str(path)) from None
-    return parse_json_strict(data, error=error, label=label, path=str(path))
 
 
 def parse_json_strict(data: bytes, *, error, label: str, path: str) -> object:

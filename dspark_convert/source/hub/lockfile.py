@@ -8,6 +8,7 @@ generated from ``LockFile``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,7 @@ from dspark_convert.errors import HubSpecError
 from dspark_convert.util.models import validated
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
+from dspark_convert.util.strict_json import parse_json_strict, read_capped
 
 LOCK_FORMAT = "dspark-lock"
 
@@ -57,15 +59,20 @@ def lock_json(lock: LockFile) -> str:
 
 def read_lock(path: str | os.PathLike) -> LockFile:
     """Parse a lock file; anything malformed raises HubSpecError naming the file and field."""
-    from dspark_convert.util.strict_json import read_json_strict
+    return read_lock_file(path)[0]
 
+
+def read_lock_file(path: str | os.PathLike) -> tuple[LockFile, str]:
+    """``read_lock`` and the SHA-256 of the bytes it parsed (the file is read once)."""
     path = check_path(path, what="the lock file", error=HubSpecError)
     if not path.is_file():
         raise HubSpecError(f"{path}: lock file not found", path=str(path),
                            expected="a lock file written by `dspark lock`", found="missing")
-    raw = read_json_strict(path, error=HubSpecError, label=f"{path}")
-    return validated(LockFile, raw, error=HubSpecError, label=f"{path}", path=str(path),
+    data = read_capped(path, error=HubSpecError, label=f"{path}")
+    raw = parse_json_strict(data, error=HubSpecError, label=f"{path}", path=str(path))
+    lock = validated(LockFile, raw, error=HubSpecError, label=f"{path}", path=str(path),
                      hint=" (a dspark-lock v1 file)")
+    return lock, hashlib.sha256(data).hexdigest()
 
 
 def write_lock(lock: LockFile, path: str | os.PathLike, *, force: bool = False) -> Path:

@@ -58,7 +58,7 @@ from dspark_convert.source.hub.lockfile import (
     LockedFile,
     LockFile,
     lock_json,
-    read_lock,
+    read_lock_file,
 )
 from dspark_convert.source.hub.spec import (
     CHECKPOINT_PATTERNS,
@@ -77,7 +77,6 @@ from dspark_convert.source.hub.verify import (
     hub_file,
     verify,
 )
-from dspark_convert.util.hashing import sha256_file
 from dspark_convert.util.patterns import is_commit
 from dspark_convert.util.progress import NoProgress, Progress
 
@@ -192,12 +191,7 @@ def _load_lock(lock) -> tuple[LockFile | None, str, str | None]:
     if isinstance(lock, LockFile):
         return lock, "the lock file", hashlib.sha256(lock_json(lock).encode()).hexdigest()
     path = Path(lock)
-    parsed = read_lock(path)  # refuses a missing, unreadable or malformed lock file first
-    try:
-        digest = sha256_file(path)
-    except OSError as exc:
-        raise HubSpecError(f"{path}: cannot read the lock file: {exc.strerror or exc}",
-                           path=str(path)) from None
+    parsed, digest = read_lock_file(path)  # refuses a missing, unreadable or malformed file
     return parsed, path.name, digest
 
 
