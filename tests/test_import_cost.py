@@ -150,6 +150,16 @@ def test_a_users_thread_setting_is_left_alone(tmp_path, converted):
     assert record["openblas"] is None
 
 
+@pytest.mark.slow   # one child
+def test_eval_refuses_a_bad_option_before_importing_torch(tmp_path):
+    """eval checks its options first (exit 91): a typo costs no torch start-up."""
+    proc, top_level = imported_after(tmp_path, ["eval", str(tmp_path / "a"), "--target",
+                                                str(TARGET), "-o", str(tmp_path / "r"),
+                                                "--dtype", "float16"])
+    assert proc.returncode == 91 and "--dtype: expected one of" in proc.stderr, proc.stderr
+    assert "torch" not in top_level
+
+
 @pytest.mark.slow   # smoke imports torch before it looks at its artifact (~2 s)
 def test_commands_that_run_torch_keep_the_defaults(tmp_path):
     """smoke (and eval) run torch: the CLI sets no thread count for them."""

@@ -439,6 +439,12 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     Raises a DSparkError for a bad input (before any run), EvalInterrupted on Ctrl-C once
     the runs have begun (a Ctrl-C while the inputs are checked and the models loaded is a
     plain KeyboardInterrupt: nothing to report)."""
+    progress = progress or NoProgress()
+    run_progress = run_progress or progress
+    # The options first: a bad one is refused before torch is imported.
+    check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
+                  max_new_tokens=max_new_tokens, seed=seed, held_out=held_out, dtype=dtype,
+                  device=device, max_memory=max_memory)
     from dspark_convert.commands.binding import bind, open_run_target
     from dspark_convert.commands.smoke import resolve_device, verify_mode
     from dspark_convert.runtime.drafter import DSparkDrafter
@@ -447,11 +453,6 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.weights import load_drafter_weights
 
-    progress = progress or NoProgress()
-    run_progress = run_progress or progress
-    check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
-                  max_new_tokens=max_new_tokens, seed=seed, held_out=held_out, dtype=dtype,
-                  device=device, max_memory=max_memory)
     torch_dtype, verify = compute_dtype(dtype), verify_mode("auto", dtype)
     temps = _unique(temperatures)
     cuts = [c for c in _unique(thresholds) if c > 0.0]
