@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from dspark_convert.errors import DSparkError, SmokeInputError
+from dspark_convert.util.hashing import read_full
 from dspark_convert.util.progress import NoProgress, Progress
 
 # Compute dtypes of the runtime (`--dtype`). float32 is the reference for parity with
@@ -114,7 +115,8 @@ class TensorLoader:
         self._files.clear()
         self._staging = self._device_staging = None
 
-    def _file(self, path: Path):
+    def file(self, path: Path):
+        """``path`` opened unbuffered, once: kept open until the loader exits."""
         fh = self._files.get(path)
         if fh is None:
             fh = self._files[path] = open(path, "rb", buffering=0)
@@ -136,12 +138,8 @@ class TensorLoader:
     def _read_into(self, spec: StoredTensor, fh, buffer: memoryview) -> None:
         """Fill ``buffer`` from the file's current position; a short read is a file that
         shrank after its header was checked."""
-        done = 0
-        while done < len(buffer):
-            n = fh.readinto(buffer[done:])
-            if not n:
-                raise self.truncated(spec)
-            done += n
+        if read_full(fh, buffer) != len(buffer):
+            raise self.truncated(spec)
         self.progress.advance(len(buffer))
 
     def load(self, spec: StoredTensor) -> torch.Tensor:
@@ -151,7 +149,7 @@ class TensorLoader:
         if spec.nbytes != spec.numel * itemsize:
             raise self.truncated(spec)
         dest = torch.empty(spec.shape, dtype=self.dtype, device=self.device)
-        fh = self._file(spec.file)
+        fh = self.file(spec.file)
         fh.seek(spec.offset)
         rows = spec.shape[0] if len(spec.shape) > 1 else 1
         row_bytes = spec.nbytes // rows if rows else 0

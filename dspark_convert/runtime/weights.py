@@ -32,6 +32,7 @@ from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import GGUFFormatError, TensorDtypeError, TensorShapeError
 from dspark_convert.formats import quants
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
+from dspark_convert.util.hashing import read_full
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.runtime.loading import StoredModel, StoredTensor, TensorLoader
 
@@ -124,10 +125,11 @@ def load_drafter_weights(artifact: str | os.PathLike, *, device: str | torch.dev
     progress.start("loading drafter", plan.stored_bytes)
     try:
         with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
-                          progress=progress) as loader, open(plan.path, "rb", buffering=0) as fh:
+                          progress=progress) as loader:
             for name, spec in plan.tensors.items():
                 if isinstance(spec, QuantizedTensor):
-                    tensors[name] = _dequantized(spec, fh, device, dtype, progress)
+                    tensors[name] = _dequantized(spec, loader.file(plan.path), device, dtype,
+                                                 progress)
                 else:
                     tensors[name] = loader.load(spec)
     finally:
@@ -151,12 +153,8 @@ def _dequantized(spec: QuantizedTensor, fh, device: torch.device, dtype: torch.d
     for first in range(0, rows, per_chunk):
         count = min(per_chunk, rows - first)
         view = memoryview(buffer)[:count * row_bytes]
-        done = 0
-        while done < len(view):
-            n = fh.readinto(view[done:])
-            if not n:
-                raise _truncated(spec)
-            done += n
+        if read_full(fh, view) != len(view):
+            raise _truncated(spec)
         values = quants.dequantize(view, spec.quant, ne0)          # float32 [count, ne0]
         dest[first:first + count].copy_(torch.from_numpy(values))
         progress.advance(len(view))
