@@ -26,6 +26,12 @@ GGUF_FILE = "drafter.gguf"
 MANIFEST_FILE = "manifest.json"
 LOCAL_REVISION = "local"
 
+
+def padded(n: int) -> int:
+    """``n`` bytes rounded up to the data alignment (where the next tensor may begin)."""
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
 When = Literal["always", "hub", "markov", "confidence", "embed", "lm_head", "quantized"]
 
 T = GGUFValueType

@@ -17,17 +17,12 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from dspark_convert.artifact.format import ALIGNMENT, ARCHITECTURE_NAME, KEYS_BY_NAME
+from dspark_convert.artifact.format import ARCHITECTURE_NAME, KEYS_BY_NAME, padded
 from dspark_convert.artifact.manifest import Manifest
 from dspark_convert.errors import InternalError
 from dspark_convert.util.atomic import write_error
 from dspark_convert.util.hashing import BLOCK, hash_file_and_spans
 from dspark_convert.util.progress import Progress
-
-
-def padded(n: int) -> int:
-    """``n`` bytes rounded up to the data alignment (where the next tensor may begin)."""
-    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
 def _add_metadata(writer: GGUFWriter, values: dict[str, object]) -> None:

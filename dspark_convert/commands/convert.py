@@ -39,8 +39,9 @@ from dspark_convert.artifact.format import (
     MANIFEST_FILE,
     Provenance,
     expected_metadata,
+    padded,
 )
-from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, padded, pwrite_all
+from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, pwrite_all
 from dspark_convert.util.atomic import atomic_directory, check_output, fsync_path, refuse_overlap, write_error
 from dspark_convert.contract.dspark import FeatureContract, TensorSpec
 from dspark_convert.errors import (InternalError, NonFiniteTensorError, OutputWriteError,
@@ -287,13 +288,13 @@ def write_gguf(source: Source, prov: Provenance, path: Path, progress: Progress,
 
 
 def hash_output(path: Path, slots: dict[str, _Slot], progress: Progress,
-                label: Path) -> tuple[str, list[TensorRecord]]:
+                label: Path) -> tuple[str, list[TensorRecord], int]:
     """Read drafter.gguf back once, from the page cache (artifact/writer.hash_written),
     while a worker flushes the file to disk (atomic_directory's own fsync then finds little
     left to write)."""
     with open(path, "rb") as fh, ThreadPoolExecutor(1, "fsync") as flusher:
         flushed = flusher.submit(fsync_path, path)
-        gguf_sha, digests, _ = hash_written(
+        gguf_sha, digests, size = hash_written(
             fh, [(name, s.offset, s.nbytes) for name, s in slots.items()], progress, label)
         try:
             flushed.result()
@@ -301,7 +302,7 @@ def hash_output(path: Path, slots: dict[str, _Slot], progress: Progress,
             raise write_error(exc, label) from None
     records = [TensorRecord(name=s.spec.gguf_name, type="BF16", shape=s.spec.gguf_shape,
                             sha256=digests[name], source=name) for name, s in slots.items()]
-    return gguf_sha, records
+    return gguf_sha, records, size
 
 
 def _summary(source: Source) -> str:
@@ -390,8 +391,8 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
                                    sha256=passed.tensor_sha256[n])
                     for n, e in tensors.items()
                     if source.contract.tensor(n) and source.contract.tensor(n).gguf_name is None]
-        size = gguf_path.stat().st_size
-        gguf_sha, records = hash_output(gguf_path, slots, progress, Path(output) / GGUF_FILE)
+        gguf_sha, records, size = hash_output(gguf_path, slots, progress,
+                                              Path(output) / GGUF_FILE)
         manifest = _manifest(source, identity, passed, prov, stripped, records, size, gguf_sha,
                              target_rec, hub_source.record(progress) if hub_source else None)
         try:
@@ -404,23 +405,19 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
 def _checks(source: Source, records: list[TensorRecord], stripped: list[StrippedTensor],
             engines: dict) -> list[Check]:
     files, tensors = source.checkpoint.files, source.checkpoint.tensors
+    ignored = (f", {len(files.ignored)} file(s) not opened: "
+               f"{', '.join(shown(n) for n in files.ignored)}" if files.ignored else "")
     checks = [
-        Check(name="source.layout", status="passed",
-                    detail=f"config.json + {len(files.weights)} safetensors file(s)"
-                           + (f", {len(files.ignored)} file(s) not opened: "
-                              f"{', '.join(shown(n) for n in files.ignored)}"
-                              if files.ignored else "")),
-        Check(name="source.headers", status="passed",
-                    detail=f"{len(tensors)} tensors; strict header checks passed"),
-        Check(name="contract.config", status="passed", detail=_summary(source)),
-        Check(name="contract.inventory", status="passed",
-                    detail=f"{len(tensors)} tensors match the contract "
-                           f"({len(records)} written, {len(stripped)} hashed and stripped)"),
-        Check(name="values.finite", status="passed",
-                    detail=f"every value of {len(tensors)} tensors is finite"),
-        Check(name="dtype", status="passed",
-                    detail="BF16 bytes copied unchanged" if source.dtype == "BF16"
-                    else f"{source.dtype} source rounded to BF16 (nearest-even)"),
+        Check.passed("source.layout",
+                     f"config.json + {len(files.weights)} safetensors file(s){ignored}"),
+        Check.passed("source.headers", f"{len(tensors)} tensors; strict header checks passed"),
+        Check.passed("contract.config", _summary(source)),
+        Check.passed("contract.inventory",
+                     f"{len(tensors)} tensors match the contract ({len(records)} written, "
+                     f"{len(stripped)} hashed and stripped)"),
+        Check.passed("values.finite", f"every value of {len(tensors)} tensors is finite"),
+        Check.passed("dtype", "BF16 bytes copied unchanged" if source.dtype == "BF16"
+                     else f"{source.dtype} source rounded to BF16 (nearest-even)"),
     ]
     return checks + engine_checks(engines)
 

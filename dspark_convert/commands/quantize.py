@@ -36,9 +36,9 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from dspark_convert import CONVERTER_NAME, __version__
-from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE
+from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE, padded
 from dspark_convert.util.atomic import atomic_directory, check_output, refuse_overlap, write_error
-from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, padded, pwrite_all
+from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, pwrite_all
 from dspark_convert.errors import (
     GGUFFormatError,
     IntegrityError,
@@ -263,19 +263,18 @@ def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
     kept = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     worst = max(errors.items(), key=lambda kv: kv[1].rel_rms, default=None)
     engines = written_reports(kv, records)
+    heads_kept = "" if heads else "; Markov/confidence matrices kept BF16"
+    largest = (f"; largest relative RMS error {_rounded(worst[1].rel_rms)} ({worst[0]})"
+               if worst else "")
     checks = [
-        Check(name="parent.validate", status="passed",
-                    detail=f"the BF16 parent passes dspark validate ({checks_passed} checks, "
-                           "none failed)"),
-        Check(name="quantize.tensors", status="passed",
-                    detail=f"{len(plan)} tensors: {kept}; 1-D tensors kept BF16"
-                           + ("" if heads else "; Markov/confidence matrices kept BF16")),
-        Check(name="quantize.values", status="passed",
-                    detail="every BF16 value finite; every block scale finite in F16"
-                           + (f"; largest relative RMS error {_rounded(worst[1].rel_rms)} "
-                              f"({worst[0]})" if worst else "")),
-        Check(name="quantize.readback", status="passed",
-                    detail=f"{GGUF_FILE} re-read: names, types, shapes and offsets as planned"),
+        Check.passed("parent.validate", f"the BF16 parent passes dspark validate "
+                     f"({checks_passed} checks, none failed)"),
+        Check.passed("quantize.tensors",
+                     f"{len(plan)} tensors: {kept}; 1-D tensors kept BF16{heads_kept}"),
+        Check.passed("quantize.values",
+                     f"every BF16 value finite; every block scale finite in F16{largest}"),
+        Check.passed("quantize.readback",
+                     f"{GGUF_FILE} re-read: names, types, shapes and offsets as planned"),
         # The engines on the quantized file, recorded as convert records them (and as
         # validate re-derives them).
         *engine_checks(engines),

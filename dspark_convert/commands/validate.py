@@ -32,6 +32,7 @@ from dspark_convert.artifact.format import (
     as_float32,
     contract_from_metadata,
     expected_metadata,
+    padded,
     provenance_from_metadata,
     read_metadata,
 )
@@ -62,9 +63,8 @@ from dspark_convert.artifact.engines import (
     EngineReport,
     engine_checks,
     engine_records,
-    engine_reports,
     engine_verdicts,
-    gguf_inputs,
+    reports_for_gguf,
 )
 from dspark_convert.artifact.quantized import (
     PARENT_KEY,
@@ -236,7 +236,7 @@ def _check_layout(gguf: GGUFFile, label: str) -> None:
             raise GGUFFormatError(f"{label}: tensor '{info.name}' is at data offset {info.offset}; "
                                   f"expected {offset} (tensors packed in order, {ALIGNMENT}-aligned)",
                                   path=label, tensor=info.name, expected=offset, found=info.offset)
-        offset += -(-info.nbytes // ALIGNMENT) * ALIGNMENT
+        offset += padded(info.nbytes)
 
 
 @dataclass(frozen=True)
@@ -611,7 +611,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     # (Strata takes any integer type for a count), so their rules read the raw values and
     # types, even when the metadata check below fails: they must then take any value of any
     # type without raising (tests/test_engines.py).
-    checks.engines = engine_reports(*gguf_inputs(gguf), path=label)
+    checks.engines = reports_for_gguf(gguf, path=label)
 
     # 4. metadata: types, the rebuilt contract, the contract rules, values
     kv: dict | None = None
