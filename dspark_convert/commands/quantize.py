@@ -36,7 +36,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from dspark_convert import CONVERTER_NAME, __version__
-from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE, padded
+from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE, padded, read_metadata
 from dspark_convert.util.atomic import atomic_directory, check_output, refuse_overlap, write_error
 from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, pwrite_all
 from dspark_convert.errors import (
@@ -146,8 +146,7 @@ def _layout(plan: list[_Planned], data_start: int) -> tuple[list[_Planned], int]
     return out, offset
 
 
-def _header(kv: dict, plan: list[_Planned], qtype: str, parent_sha: str, scratch: Path) -> bytes:
-    values = {**kv, QUANTIZATION_KEY: qtype, PARENT_KEY: parent_sha}
+def _header(values: dict, plan: list[_Planned], scratch: Path) -> bytes:
     tensors = [(t.name, t.torch_shape, t.nbytes, GGMLQuantizationType[t.type]) for t in plan]
     return gguf_header(values, tensors, scratch)
 
@@ -311,7 +310,7 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
 
     label = str(parent / GGUF_FILE)
     gguf = report.gguf        # validate's parse, handed on: drafter.gguf is parsed once
-    kv = {k: v.value for k, v in gguf.kv.items()}
+    kv = read_metadata(gguf, path=label)      # the parent validated: its keys and types hold
     already = kv.get(QUANTIZATION_KEY)
     if already is not None:
         raise QuantizedParentError(
@@ -325,12 +324,15 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
                                   path=str(parent / MANIFEST_FILE)) from None
     parent_manifest = parse_manifest(manifest_bytes, parent / MANIFEST_FILE)
     parent_sha = parent_manifest.artifact.sha256     # validated against the file just now
+    # Every key of the parent, in order, then the two Strata appends (the header and the
+    # manifest's record of the keys).
+    out_kv = {**kv, QUANTIZATION_KEY: qtype, PARENT_KEY: parent_sha}
     plan = _plan(gguf, parent_manifest, qtype, heads, label)
 
     with atomic_directory(out, force=force) as tmp:
         path, shown = tmp / GGUF_FILE, out / GGUF_FILE
         try:
-            header = _header(kv, plan, qtype, parent_sha, tmp / f"{GGUF_FILE}.header")
+            header = _header(out_kv, plan, tmp / f"{GGUF_FILE}.header")
         except OSError as exc:
             raise write_error(exc, shown) from None
         plan, total = _layout(plan, len(header))
@@ -352,7 +354,6 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
         parent_files = [FileRecord(path=GGUF_FILE, size=gguf.file_size, sha256=parent_sha),
                         FileRecord(path=MANIFEST_FILE, size=len(manifest_bytes),
                                    sha256=hashlib.sha256(manifest_bytes).hexdigest())]
-        out_kv = {**kv, QUANTIZATION_KEY: qtype, PARENT_KEY: parent_sha}
         manifest = _manifest(parent_manifest, out_kv, plan, passed.errors, size, sha, digests,
                              parent_files, qtype, heads, len(report.checks))
         try:
