@@ -120,8 +120,8 @@ def smoke(
                                                     f", confidence logits within {conf:.2g}"))
             out.print(escape(f"  prompt {i}: {one.new_tokens} new tokens in {one.verify_steps} "
                              f"verify steps, tau {one.tau:.2f}; " + ", ".join(checks)))
-        rates = " ".join("-" if r is None else f"{r:.2f}" for r in result.acceptance_by_position)
-        out.print(f"  tau {result.tau:.3f}; acceptance by position: {rates}")
+        out.print(f"  tau {result.tau:.3f}; acceptance by position: "
+                  f"{_rates(result.acceptance_by_position)}")
         speed = (f"  drafted {result.drafted_tokens_per_second:,.0f} tok/s, committed "
                  f"{result.committed_tokens_per_second:,.0f} tok/s")
         if result.target_only_tokens_per_second:

@@ -8,7 +8,6 @@ own error class with ``problem.message`` (``validated`` does both for a whole do
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -21,7 +20,7 @@ _EXPECTED_BY_TYPE = {
     "int_type": "an integer", "int_parsing": "an integer", "float_type": "a number",
     "bool_type": "true or false", "string_type": "a string", "list_type": "a list",
     "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
-    "missing": "a value", "extra_forbidden": "no such field",
+    "extra_forbidden": "no such field",   # ("missing" is worded by FieldProblem itself)
 }
 _MAX_QUOTE = 60
 
@@ -49,17 +48,15 @@ class FieldProblem:
         return f"field '{self.field}': expected {self.expected}, found {self.found}"
 
 
-def first_problem(exc: ValidationError, *,
-                  expected_by_field: Mapping[str, str] | None = None) -> FieldProblem:
-    """The first problem of a ValidationError. ``expected_by_field`` words the expectation
-    of fields whose pydantic message would not say it well (a union, a constrained list)."""
+def first_problem(exc: ValidationError) -> FieldProblem:
+    """The first problem of a ValidationError."""
     err = exc.errors()[0]
     loc = tuple(str(p) for p in err.get("loc", ()))
     field = ".".join(loc) or "<root>"
     kind = err.get("type", "")
     if kind == "missing":
         return FieldProblem(field, "a value", "nothing", True)
-    expected = (expected_by_field or {}).get(loc[0] if loc else "") or _EXPECTED_BY_TYPE.get(kind)
+    expected = _EXPECTED_BY_TYPE.get(kind)
     if expected is None:
         expected = str(err.get("msg", "a valid value")).removeprefix("Input should be ") \
             .removeprefix("Value error, ")

@@ -55,6 +55,7 @@ from dspark_convert.source.hub.client import (
 )
 from dspark_convert.source.hub.download import download, progress_bar_class
 from dspark_convert.source.hub.lockfile import (
+    LOCK_FORMAT,
     LockedFile,
     LockFile,
     lock_json,
@@ -104,10 +105,6 @@ class Snapshot:
         """How messages name one of its files."""
         return f"{self.repo}@{self.commit[:12]}: {path}"
 
-    @property
-    def pending(self) -> list[SnapshotFile]:
-        return [f for f in self.files if f.path not in self.verified]
-
     def check(self, path: str, size: int, sha256: str) -> VerifiedFile:
         """Verify one file from a hash computed elsewhere (the converter's pass). Raises
         the mismatch's error; a file whose bytes are not its cache address is evicted."""
@@ -156,7 +153,7 @@ class Snapshot:
 
 def lock_from_snapshot(snap: Snapshot) -> LockFile:
     """The lock file of a fully verified snapshot."""
-    return LockFile(format="dspark-lock", format_version=1, repo=snap.repo,
+    return LockFile(format=LOCK_FORMAT, format_version=1, repo=snap.repo,
                     revision=snap.revision, commit=snap.commit,
                     files=[LockedFile(path=v.path, size=v.size, sha256=v.sha256)
                            for v in snap.verified_files()])
