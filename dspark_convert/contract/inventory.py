@@ -72,8 +72,8 @@ def inventory_rows(contract: FeatureContract, found: Mapping[str, tuple[str, Seq
     ``unexpected_limit`` of those; returns the rows and how many unexpected ones were left
     out. ``found``: {name: (dtype, shape)} as stored; ``type_ok(name, dtype)`` says whether
     a stored type is allowed (artifacts only)."""
-    rows = []
-    for want in _expected(contract, side):
+    rows, wants = [], _expected(contract, side)
+    for want in wants:
         got = found.get(want.name)
         if got is None:
             status = "missing" if want.required else "absent"
@@ -87,7 +87,7 @@ def inventory_rows(contract: FeatureContract, found: Mapping[str, tuple[str, Seq
                               dtype=got[0] if got else None,
                               shape=list(got[1]) if got else None,
                               expected_shape=want.shape, status=status))
-    known = {w.name for w in _expected(contract, side)}
+    known = {w.name for w in wants}
     unexpected = [name for name in found if name not in known]
     listed = unexpected if unexpected_limit is None else unexpected[:unexpected_limit]
     rows += [TensorRow(name=name, maps_to=None, dtype=found[name][0], shape=list(found[name][1]),
@@ -119,7 +119,7 @@ def _first_problem(contract: FeatureContract, rows: list[TensorRow], side: Side,
                                      path=path, tensor=unexpected[0], expected="absent",
                                      found="present")
     if order is not None:
-        names = [w.name for w in _expected(contract, side)]
+        names = list(expected)             # the contract's order (a dict keeps it)
         if list(order) != names:
             first = next(i for i, (a, b) in enumerate(zip(order, names)) if a != b)
             return UnexpectedTensorError(f"{path}: tensor {first} is '{order[first]}'; expected "

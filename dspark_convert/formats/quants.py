@@ -125,11 +125,11 @@ class ScaleScanner:
         data = self.carry + bytes(data) if self.carry else memoryview(data).cast("B")
         whole = len(data) - len(data) % self.size
         if whole:
-            scales = block_scales(data[:whole], self.name)
-            bad = ~np.isfinite(scales)
-            if bad.any():
-                index = int(np.argmax(bad))
-                self.first_bad, self.bad_scale = self.blocks + index, float(scales[index])
+            index = first_bad_scale(data[:whole], self.name)
+            if index is not None:
+                block = data[index * self.size:(index + 1) * self.size]
+                self.first_bad = self.blocks + index
+                self.bad_scale = float(block_scales(block, self.name)[0])
             self.blocks += whole // self.size
         self.carry = bytes(data[whole:])
 
