@@ -418,9 +418,6 @@ class _Parser:
     def u64(self, what, **kw) -> int:
         return _U64.unpack(self._take(8, what, **kw))[0]
 
-    def raw(self, n: int, what, **kw) -> bytes:
-        return self._take(n, what, **kw)
-
     def string(self, what, limit: int, **kw) -> str:
         """A GGUF string: u64 length then UTF-8 bytes. ``limit`` bounds the length before
         anything is read or allocated; the decoded string is charged at its real size
@@ -508,16 +505,11 @@ class _Parser:
             if count > MAX_LIST_LENGTH:
                 self.charge(own + count * _SCALAR_SIZES[sub], what, **kw)
                 return sub, GGUFArray(sub, self._packed(sub, count, what, **kw))
-            # A short one: one bounded read, a list of Python values.
+            # A short one: the same packed read, then a list of Python values.
             self.charge(own + count * (_SLOT_COST + _OBJECT_COST), what, **kw)
-            start = self.pos
-            data = self._take(count * min_size, what, **kw)
+            values = self._packed(sub, count, what, **kw)
             if sub == GGUFValueType.BOOL:
-                self._check_bools(data, start, key)
-                return sub, [b == 1 for b in data]
-            values = array.array(_ARRAY_TYPECODES[sub], data)
-            if sys.byteorder == "big" and values.itemsize > 1:
-                values.byteswap()
+                return sub, [b == 1 for b in values]
             return sub, values.tolist()
         if sub == GGUFValueType.STRING:
             # Each string is charged when decoded; the list's slots now.
@@ -589,7 +581,7 @@ class _Parser:
     # -- the file --
 
     def parse(self) -> GGUFFile:
-        magic = self.raw(4, "the magic")
+        magic = self._take(4, "the magic")
         if magic != struct.pack("<I", GGUF_MAGIC):
             raise self.fail(f"bad magic at byte 0: expected b'GGUF', found {magic!r}",
                             expected="GGUF", found=repr(magic))
