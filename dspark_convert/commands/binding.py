@@ -36,10 +36,12 @@ def open_run_target(spec: str | os.PathLike, progress: Progress | None = None) -
     return open_target(spec, progress=progress or NoProgress())
 
 
-def bind(artifact: str | os.PathLike, target: Target, *,
-         progress: Progress | None = None) -> Binding:
+def bind(artifact: str | os.PathLike, target: Target, *, progress: Progress | None = None,
+         target_plan=None) -> Binding:
     """Validate ``artifact`` against ``target`` and plan both for loading (no weight is
-    read). A failed check is raised as its own refusal, naming the artifact."""
+    read). A failed check is raised as its own refusal, naming the artifact.
+    ``target_plan``: the target's plan from an earlier binding to the same target (eval
+    binds several artifacts to one), instead of planning it again."""
     from dspark_convert.runtime.qwen3 import plan_target
     from dspark_convert.runtime.weights import plan_drafter
 
@@ -53,5 +55,6 @@ def bind(artifact: str | os.PathLike, target: Target, *,
                           path=error.path or str(artifact), field=error.field,
                           tensor=error.tensor, expected=error.expected, found=error.found)
     return Binding(artifact=artifact, target=target, report=report,
-                   target_plan=plan_target(target.directory, config=target.qwen3),
+                   target_plan=target_plan or plan_target(target.directory, config=target.qwen3,
+                                                          checkpoint=target.checkpoint),
                    drafter_plan=plan_drafter(artifact, gguf=report.gguf))

@@ -466,13 +466,13 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     # Every artifact is validated against the target (the one pairing) before anything
     # runs: a broken or foreign one is refused, not skipped.
     opened = open_run_target(target, progress)
-    arts, bindings = [], {}
+    arts, bindings, target_plan = [], {}, None
     for name, path in zip(names, paths):
-        binding = bind(path, opened, progress=progress)
-        bindings[name] = binding
+        binding = bind(path, opened, progress=progress, target_plan=target_plan)
+        bindings[name], target_plan = binding, binding.target_plan   # planned once
         arts.append(_Artifact(name=name, path=path, sha256=binding.report.gguf_sha256,
                               warnings=binding.warnings, contract=binding.drafter_plan.contract))
-    cfg = bindings[names[0]].target_plan.config
+    cfg = target_plan.config
     resolved = resolve_prompts(prompt_set, tokenizer=opened.tokenizer, vocab_size=cfg.vocab_size,
                                context=cfg.max_position_embeddings)
     check_context(resolved, prompt_set, max_new_tokens=max_new_tokens,
@@ -492,7 +492,6 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         return _no_device_report(exc.message, arts, plan, settings, prompt_set, device,
                                  identity, calibrate=calibrate)
 
-    target_plan = bindings[names[0]].target_plan
     memory = checked_estimate(target_plan, [bindings[a.name].drafter_plan for a in arts],
                               dtype=torch_dtype, device=dev,
                               longest_prompt=max(len(p.ids) for p in resolved),

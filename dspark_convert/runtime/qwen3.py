@@ -32,7 +32,7 @@ from dspark_convert.contract.qwen3 import (ConfigErrors, Qwen3Config, check_dens
                                           stop_token_ids)
 from dspark_convert.errors import DSparkError, RuntimeTargetError
 from dspark_convert.util.progress import NoProgress, Progress
-from dspark_convert.formats.safetensors import read_checkpoint
+from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
 from dspark_convert.runtime.loading import STORED_DTYPES, StoredModel, StoredTensor, TensorLoader
@@ -172,17 +172,18 @@ def _check_layer_count(names: Collection[str], cfg: RuntimeConfig, directory: Pa
             expected=len(present), found=n)
 
 
-def plan_target(directory: str | os.PathLike, *, config: Qwen3Config | None = None) -> TargetPlan:
+def plan_target(directory: str | os.PathLike, *, config: Qwen3Config | None = None,
+                checkpoint: Checkpoint | None = None) -> TargetPlan:
     """Read and check config.json and the safetensors headers; no tensor byte is read.
-    ``config``: the target's config as the pairing already parsed it (target/model.py), so
-    that `dspark smoke` reads it once."""
+    ``config`` and ``checkpoint``: the target's config and headers as the pairing already
+    parsed them (target/model.py), so that smoke and eval read them once."""
     directory = Path(directory)
     if not directory.is_dir():
         raise RuntimeTargetError(f"target {directory}: not a directory", path=str(directory),
                                  expected="a Qwen3 HF directory", found="nothing")
     cfg = runtime_config(config, directory) if config is not None else read_target_config(directory)
     try:
-        checkpoint = read_checkpoint(directory)
+        checkpoint = checkpoint if checkpoint is not None else read_checkpoint(directory)
     except RuntimeTargetError:
         raise
     except DSparkError as exc:
