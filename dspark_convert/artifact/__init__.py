@@ -1,5 +1,4 @@
-"""The artifact: format tables, manifest, the engines' rules, quantization.
-
-The flat ``artifact_format`` and ``manifest`` modules move here with issue 12; new
-artifact code is written here from the start (``engines``, ``quantize``).
+"""The artifact: its format tables (``format``), ``manifest.json`` and its reader
+(``manifest``), how both files are written (``writer``), the engines' rules by stage
+(``engines``, ``engine_names``) and the quantized artifact's type rule (``quantized``).
 """

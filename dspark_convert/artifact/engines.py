@@ -38,11 +38,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dspark_convert.artifact.engine_names import ENGINES
 from dspark_convert.checks import Check
 from dspark_convert.contract.tensor_table import TENSOR_RULES, eval_dim, expand_rule
 from dspark_convert.errors import DSparkError, EngineRequirementError, StrataRuleError
 
-ENGINES: tuple[str, ...] = ("strata.open", "strata.run", "llama.cpp")
 Kind = Literal["load_error", "unsupported", "misread"]
 TensorRow = tuple[str, str, Sequence[int]]          # (name, ggml type name, GGUF shape)
 

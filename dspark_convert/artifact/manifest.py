@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from dspark_convert.artifact.engine_names import EngineName
 from dspark_convert.checks import Check
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import ManifestError
@@ -200,7 +201,6 @@ class QuantizationRecord(_Record):
                       "BF16 values widened to float32")
 
 
-EngineName = Literal["strata.open", "strata.run", "llama.cpp"]
 
 
 class EngineRecord(_Record):

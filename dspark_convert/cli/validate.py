@@ -20,17 +20,15 @@ from dspark_convert.cli.app import (
     escape,
 )
 from dspark_convert.cli.errors import run
+from dspark_convert.artifact.engine_names import ENGINES   # no pydantic, no gguf: --help stays light
 from dspark_convert.util.text import shown
-
-# artifact/engines.ENGINES, spelled here so that `dspark --help` imports no library.
-ENGINE_NAMES = ("strata.open", "strata.run", "llama.cpp")
 
 
 def _engines(values: Optional[list[str]]) -> list[str]:
-    """--require ENGINE (repeatable): a name of ENGINE_NAMES; a usage error (exit 2) else."""
+    """--require ENGINE (repeatable): a name of ENGINES; a usage error (exit 2) else."""
     for value in values or []:
-        if value not in ENGINE_NAMES:
-            raise typer.BadParameter(f"expected one of {', '.join(ENGINE_NAMES)}, found {value!r}")
+        if value not in ENGINES:
+            raise typer.BadParameter(f"expected one of {', '.join(ENGINES)}, found {value!r}")
     return list(values or [])
 
 
