@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from dspark_convert.cli.app import (
     STATUS_STYLE,
+    ArtifactOutputOpt,
     DebugOpt,
     JsonOpt,
     LockOpt,
+    QuietOpt,
     ResolveOpt,
     Sha256Opt,
     TargetOpt,
@@ -29,9 +30,9 @@ from dspark_convert.cli.validate import print_engines
 def convert(
     source: Annotated[str, typer.Argument(help="A DSpark checkpoint directory (config.json + "
                                                 "safetensors), or a Hub source org/name@<40-hex commit>.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The artifact directory to create.")],
+    output: ArtifactOutputOpt,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output, atomically.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
     target: TargetOpt = None,
     resolve: ResolveOpt = False,
     sha256: Sha256Opt = None,

@@ -21,7 +21,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_convert.cli.app import DebugOpt, JsonOpt, MaxMemoryOpt, _out, app, escape, print_estimate
+from dspark_convert.cli.app import (
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    MaxMemoryOpt,
+    _out,
+    app,
+    escape,
+    print_estimate,
+)
 from dspark_convert.cli.errors import EXIT_INTERRUPTED, emit_error, run
 from dspark_convert.util.text import shown
 
@@ -49,7 +58,7 @@ def evaluate(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 64,
     seed: Annotated[int, typer.Option("--seed", help="Random seed for temperature > 0 and the "
                                                      "calibration split.")] = 0,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    device: DeviceOpt = "auto",
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Compute dtype of the target and every drafter: float32 (the reference "
         "for DeepSpec's traces) or bfloat16 (as the engines compute; verified token by "

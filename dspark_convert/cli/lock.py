@@ -11,6 +11,7 @@ import typer
 from dspark_convert.cli.app import (
     DebugOpt,
     JsonOpt,
+    QuietOpt,
     ResolveOpt,
     _out,
     app,
@@ -27,7 +28,7 @@ def lock(
     output: Annotated[Path, typer.Option("--output", "-o", help="The lock file to write.")],
     resolve: ResolveOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing lock file, atomically.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:

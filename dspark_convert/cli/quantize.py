@@ -8,7 +8,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_convert.cli.app import STATUS_STYLE, DebugOpt, JsonOpt, _out, app, escape
+from dspark_convert.cli.app import (
+    STATUS_STYLE,
+    ArtifactOutputOpt,
+    DebugOpt,
+    JsonOpt,
+    QuietOpt,
+    _out,
+    app,
+    escape,
+)
 from dspark_convert.cli.errors import run
 from dspark_convert.cli.validate import print_engines
 
@@ -17,7 +26,7 @@ from dspark_convert.cli.validate import print_engines
 def quantize(
     artifact: Annotated[Path, typer.Argument(help="A BF16 artifact directory written by "
                                                   "`dspark convert` (it must pass `dspark validate`).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The artifact directory to create.")],
+    output: ArtifactOutputOpt,
     qtype: Annotated[str, typer.Option(
         "--type", metavar="TYPE", help="q8_0, q5_0 or q4_0: the type of the 2-D backbone "
         "matrices (fc, attention, MLP); norms and biases stay BF16.")],
@@ -25,7 +34,7 @@ def quantize(
         "--heads", metavar="TYPE", help="Quantize the Markov and confidence matrices too, to "
         "this type (default: they stay BF16).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output, atomically.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:

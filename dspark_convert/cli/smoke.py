@@ -8,7 +8,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_convert.cli.app import DebugOpt, JsonOpt, MaxMemoryOpt, _out, app, escape, print_estimate
+from dspark_convert.cli.app import (
+    DebugOpt,
+    DeviceOpt,
+    JsonOpt,
+    MaxMemoryOpt,
+    _out,
+    app,
+    escape,
+    print_estimate,
+)
 from dspark_convert.cli.errors import run
 
 
@@ -38,7 +47,7 @@ def smoke(
         "--confidence-threshold", min=0.0, max=1.0,
         help="Cut the block at the first position whose confidence is below this (0: off).")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Random seed for temperature > 0 (0..2^64-1).")] = 0,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    device: DeviceOpt = "auto",
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Compute dtype: float32 (the reference for DeepSpec's traces) or "
         "bfloat16 (as the engines compute).")] = "float32",
