@@ -125,3 +125,26 @@ def print_estimate(out: Console, m, drafters: str = "drafter") -> None:
                      f"{gb(m.drafter_weights_bytes)} {drafters}, activations "
                      f"{gb(m.activations_bytes)} ({m.context_tokens} positions), runtime "
                      f"{gb(m.runtime_bytes)}; {gb(m.budget_bytes)} available ({m.budget_source})"))
+
+
+def print_check(out: Console, check) -> None:
+    """One check as convert and quantize list their warnings and notes."""
+    out.print(f"  [{STATUS_STYLE[check.status]}]{check.status}[/] {escape(check.name)}: "
+              f"{escape(check.detail)}")
+
+
+def print_engines(out, engines, required=()) -> None:
+    """The engines table: each consumer, whether it accepts the artifact, and its first
+    reason (validate; convert and quantize print the same for their output)."""
+    from rich.table import Table
+
+    table = Table(title="engines", show_lines=False)
+    table.add_column("engine")
+    table.add_column("accepts")
+    table.add_column("first reason", overflow="fold")
+    for name, record in engines.items():
+        verdict = "[green]yes[/]" if record.accepts else \
+            ("[bold red]no[/]" if name in required else "[cyan]no[/]")
+        table.add_row(escape(name + (" (required)" if name in required else "")), verdict,
+                      escape(record.reason or "-"))
+    out.print(table)

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from dspark_convert.cli.app import (
-    STATUS_STYLE,
     ArtifactOutputOpt,
     DebugOpt,
     JsonOpt,
@@ -20,10 +19,11 @@ from dspark_convert.cli.app import (
     _out,
     app,
     escape,
+    print_check,
+    print_engines,
     print_hub,
 )
 from dspark_convert.cli.errors import run
-from dspark_convert.cli.validate import print_engines
 
 
 @app.command()
@@ -85,8 +85,7 @@ def convert(
         for check in warnings + infos:
             if check.name.startswith("engine.") and check.status == "info":
                 continue        # the engines table below says it
-            style = STATUS_STYLE[check.status]
-            out.print(f"  [{style}]{check.status}[/] {escape(check.name)}: {escape(check.detail)}")
+            print_check(out, check)
         print_engines(out, m.engines)
         return 0
 

@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_convert.cli.app import (
-    STATUS_STYLE,
     ArtifactOutputOpt,
     DebugOpt,
     JsonOpt,
@@ -17,9 +16,10 @@ from dspark_convert.cli.app import (
     _out,
     app,
     escape,
+    print_check,
+    print_engines,
 )
 from dspark_convert.cli.errors import run
-from dspark_convert.cli.validate import print_engines
 
 
 @app.command()
@@ -84,8 +84,7 @@ def quantize(
                   f"{sum(c.status == 'warning' for c in m.checks)} warning(s), "
                   f"{sum(c.status == 'info' for c in m.checks)} note(s)")
         for check in notes:
-            style = STATUS_STYLE[check.status]
-            out.print(f"  [{style}]{check.status}[/] {escape(check.name)}: {escape(check.detail)}")
+            print_check(out, check)
         print_engines(out, m.engines)
         return 0
 

@@ -18,6 +18,7 @@ from dspark_convert.cli.app import (
     _out,
     app,
     escape,
+    print_engines,
 )
 from dspark_convert.cli.errors import run
 from dspark_convert.artifact.engine_names import ENGINES   # no pydantic, no gguf: --help stays light
@@ -30,21 +31,6 @@ def _engines(values: Optional[list[str]]) -> list[str]:
         if value not in ENGINES:
             raise typer.BadParameter(f"expected one of {', '.join(ENGINES)}, found {value!r}")
     return list(values or [])
-
-
-def print_engines(out, engines, required=()) -> None:
-    """The engines table: each consumer, whether it accepts the artifact, and its first
-    reason (validate; convert and quantize print the same for their output)."""
-    table = Table(title="engines", show_lines=False)
-    table.add_column("engine")
-    table.add_column("accepts")
-    table.add_column("first reason", overflow="fold")
-    for name, record in engines.items():
-        verdict = "[green]yes[/]" if record.accepts else \
-            ("[bold red]no[/]" if name in required else "[cyan]no[/]")
-        table.add_row(escape(name + (" (required)" if name in required else "")), verdict,
-                      escape(record.reason or "-"))
-    out.print(table)
 
 
 @app.command()
