@@ -441,6 +441,9 @@ def test_safetensors_limits_are_documented_and_consistent():
     # room for a header of MAX_HEADER_TENSORS tensors of 8 dimensions
     assert safetensors_reader.MAX_HEADER_ITEMS >= 16 * safetensors_reader.MAX_HEADER_TENSORS
     assert safetensors_reader.MAX_HEADER_TEXT_BYTES == safetensors_reader.MAX_HEADER_BYTES
+    for name in ("MAX_HEADER_BYTES", "MAX_HEADER_TENSORS", "MAX_HEADER_ITEMS",
+                 "MAX_HEADER_TEXT_BYTES", "MAX_INDEX_ITEMS"):
+        assert name in safetensors_reader.__doc__, name
     text = gguf_reader.__doc__
     for name in ("MAX_TENSORS", "MAX_KV_PAIRS", "MAX_STRING_LENGTH", "MAX_ARRAY_LENGTH",
                  "MAX_ARRAYS", "MAX_LIST_LENGTH", "MAX_DECODED_BYTES"):

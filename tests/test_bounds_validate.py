@@ -15,7 +15,7 @@ import pytest
 from conftest import REFERENCE_DRAFTER
 from hostile import make_corpus  # the corpus' editing tools
 from support.bounded import run_bounded
-from support.cli import run_cli
+from support.cli import assert_one_error_line, run_cli
 
 from dspark_convert.errors import MetadataError, TensorShapeError, UnexpectedTensorError
 
@@ -29,13 +29,6 @@ def artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("good") / "art"
     convert(REFERENCE_DRAFTER, out)
     return out
-
-
-def one_error_line(proc) -> str:
-    lines = proc.stderr.splitlines()
-    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 def test_a_sparse_40_gb_drafter_is_refused_without_reading_it(artifact: Path, tmp_path: Path):
@@ -54,8 +47,7 @@ def test_a_sparse_40_gb_drafter_is_refused_without_reading_it(artifact: Path, tm
     assert path.stat().st_size > 40 * 10**9 and path.stat().st_blocks * 512 < 10**7
 
     proc = run_bounded("validate", str(art), "--json", memory_mb=400, seconds=15)
-    line = one_error_line(proc)
-    assert proc.returncode == TensorShapeError.exit_code, line
+    assert_one_error_line(proc, TensorShapeError.exit_code)
     assert proc.seconds < 10, f"took {proc.seconds:.1f} s"
     report = json.loads(proc.stdout)
     status = {c["name"]: c["status"] for c in report["checks"]}
@@ -82,8 +74,7 @@ def test_inspect_and_validate_refuse_a_key_of_the_wrong_type(artifact: Path, tmp
     make_corpus.rewrite_gguf_key(key, value, GGUFValueType[vtype])(art)
     for command in ("inspect", "validate"):
         proc = run_cli(command, str(art))
-        line = one_error_line(proc)
-        assert proc.returncode == MetadataError.exit_code, line
+        line = assert_one_error_line(proc, MetadataError.exit_code)
         assert f"'{key}'" in line and f"found {vtype}" in line, line
 
 
@@ -98,8 +89,7 @@ def test_inspect_lists_a_bounded_table_for_a_header_of_many_tensors(tmp_path: Pa
         header[f"extra.{i}"] = {"dtype": "BF16", "shape": [0], "data_offsets": [len(data), len(data)]}
     make_corpus.write_safetensors(src / "model.safetensors", header, data)
     proc = run_bounded("inspect", str(src), memory_mb=600, seconds=30)
-    line = one_error_line(proc)
-    assert proc.returncode == UnexpectedTensorError.exit_code, line
+    assert_one_error_line(proc, UnexpectedTensorError.exit_code)
     assert proc.seconds < 15, f"took {proc.seconds:.1f} s"
     assert len(proc.stdout.splitlines()) < 200
     assert "44,9" in proc.stdout and "more unexpected tensors" in proc.stdout

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import GOLDEN, ROOT
+from support.paths import GOLDEN_TARGET as TARGET
 from dspark_convert.errors import (
     CalibrationFileError,
     CalibrationMismatchError,
@@ -33,7 +34,6 @@ from support.cli import assert_refused, child_env, dspark_cmd, run_cli, temp_sib
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-TARGET = GOLDEN / "reference" / "target"
 SOURCES = {"vanilla_conf_markov": GOLDEN / "reference" / "vanilla_conf_markov" / "draft",
            "dflash_shared": GOLDEN / "reference" / "dflash_shared" / "draft"}
 BLOCK = 7

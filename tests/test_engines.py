@@ -528,8 +528,9 @@ def test_require_turns_a_refusal_into_a_failure():
 
 # --- hostile metadata: the rules run on raw values even when our metadata check failed ---------
 
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from support.fuzz import fuzz_settings  # noqa: E402
 
 _VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats()
                        | st.text(max_size=8), lambda inner: st.lists(inner, max_size=4),
@@ -541,7 +542,8 @@ _KEYS = sorted(set(written(synthetic_config())[0]) | {
     "dflash.context_length", "dflash.rope.freq_base", "tokenizer.ggml.tokens"})
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.slow   # 300 examples (~4 s): the slowest case of the fast loop
+@fuzz_settings(300)
 @given(st.dictionaries(st.sampled_from(_KEYS), st.tuples(_VALUES, _TYPES), max_size=14),
        st.lists(st.tuples(st.text(max_size=20),
                           st.sampled_from(["BF16", "F32", "Q8_0", "Q5_0", "Q4_0", "Q4_1"]),

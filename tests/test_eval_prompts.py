@@ -7,14 +7,12 @@ import json
 
 import pytest
 
-from conftest import GOLDEN
-from support.paths import REFERENCE_TRACE as REFERENCE
+from support.paths import GOLDEN_TARGET as TARGET, REFERENCE_TRACE as REFERENCE
 from dspark_convert.errors import PromptSetError
 from dspark_convert.evaluation import prompts as prompt_module
 from dspark_convert.evaluation.prompts import DEFAULT_PROMPTS, load_prompt_set, resolve_prompts
 from dspark_convert.target.tokenizer import fingerprint_tokenizer
 
-TARGET = GOLDEN / "reference" / "target"
 # The target's tokenizer as the opened target carries it (target/tokenizer.py).
 TOKENIZER = fingerprint_tokenizer(TARGET / "tokenizer.json")
 

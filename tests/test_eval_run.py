@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from conftest import GOLDEN
+from support.paths import GOLDEN_TARGET as TARGET
 from dspark_convert.errors import EvalInputError, OutputExistsError
 from dspark_convert.evaluation.calibration import fit_sts
 from dspark_convert.evaluation.metrics import confidence_data
@@ -39,7 +40,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # are slow; the fast loop keeps the refusals and the interrupted run.
 slow = pytest.mark.slow
 
-TARGET = GOLDEN / "reference" / "target"
 SOURCES = {"vanilla_conf_markov": GOLDEN / "reference" / "vanilla_conf_markov" / "draft",
            "dflash_shared": GOLDEN / "reference" / "dflash_shared" / "draft"}
 STOPS = (2,)

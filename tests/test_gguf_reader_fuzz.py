@@ -12,7 +12,6 @@ import os
 import struct
 import tempfile
 import time
-from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from hypothesis import strategies as st
 from dspark_convert.formats import gguf_reader
 from dspark_convert.errors import GGUFFormatError
 from dspark_convert.formats.gguf_reader import GGUFArray, GGUFFile, parse_gguf_bytes
+from support.fuzz import patched_limits
 
 # Property tests: hundreds of generated examples per property, several seconds a module:
 # `make test` (and `make fuzz`, longer) runs them; the fast loop leaves them out.
@@ -178,16 +178,8 @@ TIGHT = {"MAX_ARRAY_LENGTH": 10, "MAX_ARRAYS": 6, "MAX_LIST_LENGTH": 4,
          "MAX_DECODED_BYTES": 1500}
 
 
-@contextmanager
 def tight_limits():
-    saved = {name: getattr(gguf_reader, name) for name in TIGHT}
-    for name, value in TIGHT.items():
-        setattr(gguf_reader, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(gguf_reader, name, value)
+    return patched_limits(gguf_reader, TIGHT)
 
 
 _SCALAR_TYPES = {GGUFValueType.UINT8: ("B", st.integers(0, 255)),

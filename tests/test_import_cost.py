@@ -23,13 +23,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import GOLDEN, REFERENCE_DRAFTER
+from conftest import REFERENCE_DRAFTER
+from support.paths import GOLDEN_TARGET as TARGET
 
 # Libraries that cost 0.1-2 s to import (torch ~1.9 s); none is needed to print help.
 HEAVY = {"torch", "numpy", "gguf", "huggingface_hub", "tokenizers", "matplotlib"}
 # What none of convert (of a directory), validate and inspect needs.
 NOT_FOR_ARTIFACTS = {"torch", "huggingface_hub", "tokenizers", "matplotlib"}
-TARGET = GOLDEN / "reference" / "target"
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 HAS_TASKS = Path("/proc/self/task").is_dir()
 

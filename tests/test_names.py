@@ -12,13 +12,12 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import GOLDEN, REFERENCE_DRAFTER
+from conftest import REFERENCE_DRAFTER
 from support.cli import assert_one_error_line, assert_valid, run_cli, run_process
 
 from dspark_convert import errors
 from dspark_convert.util.text import shown
 
-TARGET = GOLDEN / "reference" / "target"
 LONG = "n" * 256                      # one byte over NAME_MAX
 
 

@@ -19,7 +19,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from support.cli import assert_refused, assert_valid, run_cli, temp_siblings
 
-from conftest import GOLDEN
+from support.paths import GOLDEN_TARGET as TARGET
 
 from dspark_convert.artifact.engines import engine_checks, engine_records, reports_for_gguf
 from dspark_convert.artifact.quantized import rule_whens, tensor_type
@@ -371,7 +371,6 @@ def test_cli_quantize_refusals(converted, quantized, tmp_path):
 
 # --- the runtime: a quantized artifact runs, dequantized on load ---------------------------------
 
-TARGET = GOLDEN / "reference" / "target"
 PROMPTS = ("1,17,33,90,250,7,7,401", "1,40,43,46,49,52,55,58,61")
 
 

@@ -21,8 +21,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import GOLDEN
-from support.paths import REFERENCE_PROMPTS as PROMPTS, REFERENCE_TRACE as REFERENCE
+from support.paths import GOLDEN_TARGET as TARGET, REFERENCE_PROMPTS as PROMPTS, REFERENCE_TRACE as REFERENCE
 from support.sampling import assert_reference_tau_within_our_spread
 from support.tools import load_tool
 from dspark_convert.errors import ReferenceDivergenceError
@@ -38,7 +37,6 @@ from dspark_convert.runtime.trace import load_reference
 from dspark_convert.runtime.weights import load_drafter_weights
 from dspark_convert.commands.smoke import run_smoke
 
-TARGET = GOLDEN / "reference" / "target"
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import GOLDEN
-from support.paths import REFERENCE_TRACE as REFERENCE
+from support.paths import GOLDEN_TARGET as TARGET, REFERENCE_TRACE as REFERENCE
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
 from dspark_convert.runtime.weights import load_drafter_weights
@@ -20,7 +20,6 @@ from dspark_convert.commands.smoke import run_smoke
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device on this machine (CPU-only torch or no GPU)")
 
-TARGET = GOLDEN / "reference" / "target"
 FIRST_BLOCK = GOLDEN / "reference" / "vanilla_conf_markov" / "first_block.safetensors"
 
 

@@ -9,11 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import GOLDEN
+from support.paths import GOLDEN_TARGET as TARGET
 from dspark_convert.errors import RuntimeTargetError
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target, plan_target
 
-TARGET = GOLDEN / "reference" / "target"
 PROMPT = [1, 17, 33, 90, 250, 7, 7, 401]
 CPU = torch.device("cpu")
 # Our float32 forward agrees with a float64 run of the same code to within this, on every

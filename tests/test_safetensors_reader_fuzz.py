@@ -13,14 +13,13 @@ import json
 import struct
 import time
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 from safetensors import safe_open
-from support.fuzz import fuzz_settings
+from support.fuzz import fuzz_settings, patched_limits
 
 from dspark_convert.formats import safetensors as safetensors_reader
 from dspark_convert.errors import SafetensorsFormatError
@@ -267,16 +266,8 @@ def test_in_memory_parser_never_escapes(content, file_size):
 TIGHT = {"MAX_HEADER_TENSORS": 3, "MAX_HEADER_ITEMS": 40, "MAX_HEADER_TEXT_BYTES": 300}
 
 
-@contextmanager
 def tight_limits():
-    saved = {name: getattr(safetensors_reader, name) for name in TIGHT}
-    for name, value in TIGHT.items():
-        setattr(safetensors_reader, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(safetensors_reader, name, value)
+    return patched_limits(safetensors_reader, TIGHT)
 
 
 def _width(text: str) -> int:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import GOLDEN, REFERENCE_DRAFTER
-from support.paths import REFERENCE_PROMPTS as PROMPTS, REFERENCE_TRACE as REFERENCE
+from conftest import REFERENCE_DRAFTER
+from support.paths import GOLDEN_TARGET as TARGET, REFERENCE_PROMPTS as PROMPTS, REFERENCE_TRACE as REFERENCE
 from support.cli import run_cli
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
@@ -32,7 +32,6 @@ from dspark_convert.runtime.trace import load_reference
 from dspark_convert.commands.smoke import run_smoke
 from dspark_convert.commands.validate import validate_artifact
 
-TARGET = GOLDEN / "reference" / "target"
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -23,11 +23,10 @@ import shutil
 
 import pytest
 
-from conftest import GOLDEN
+from support.paths import GOLDEN_TARGET as TARGET
 from support.bounded import run_bounded
-from support.cli import run_cli
+from support.cli import assert_one_error_line, run_cli
 
-TARGET = GOLDEN / "reference" / "target"
 MEMORY_MB = 1500          # torch's ~1 GB of address space, plus the golden models
 SECONDS = 60.0            # import torch, validate, refuse; a regression runs for minutes
 
@@ -39,16 +38,6 @@ def _target_with(tmp_path, **fields):
     cfg.update(fields)
     (out / "config.json").write_text(json.dumps(cfg))
     return out
-
-
-def _refused(proc, code: int, *needles: str) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def _smoke(artifact, target, *args: str):
@@ -66,7 +55,7 @@ def _smoke_in_process(artifact, target, *args: str):
 def test_seed_out_of_range(converted, seed, temperature):
     proc = _smoke_in_process(converted["reference"], TARGET, "--prompt-ids", "1,17,33", "--seed", seed,
                   "--temperature", temperature)
-    _refused(proc, 73, "--seed: expected 0..2^64-1", seed)
+    assert_one_error_line(proc, 73, "--seed: expected 0..2^64-1", seed)
 
 
 def test_largest_seed_runs(converted):
@@ -86,13 +75,13 @@ def test_layer_count_beyond_the_headers(converted, tmp_path, layers):
     else:
         proc = _smoke(converted["reference"], target, "--prompt-ids", "1,17,33")
         assert proc.seconds < 30
-    _refused(proc, 61, "holds layers 0..5 (6)", f"num_hidden_layers = {layers}")
+    assert_one_error_line(proc, 61, "holds layers 0..5 (6)", f"num_hidden_layers = {layers}")
 
 
 def test_layer_count_as_a_float(converted, tmp_path):
     target = _target_with(tmp_path, num_hidden_layers=2e7)
     proc = _smoke_in_process(converted["reference"], target, "--prompt-ids", "1,17,33")
-    _refused(proc, 61, "num_hidden_layers", "expected an integer", "20000000.0 (float)")
+    assert_one_error_line(proc, 61, "num_hidden_layers", "expected an integer", "20000000.0 (float)")
 
 
 @pytest.mark.slow   # a bounded torch child (~3 s); the layer count above is the fast canary
@@ -100,7 +89,7 @@ def test_a_prompt_beyond_the_context(converted):
     """8,000 tokens on the golden target, whose max_position_embeddings is 512."""
     ids = ",".join(str(i % 500 + 1) for i in range(8000))
     proc = _smoke(converted["reference"], TARGET, "--prompt-ids", ids)
-    _refused(proc, 73, "prompt 0", "context of 512 positions", "max_position_embeddings",
+    assert_one_error_line(proc, 73, "prompt 0", "context of 512 positions", "max_position_embeddings",
              "found 8000 + 64")
     assert proc.seconds < 30
 
@@ -109,14 +98,14 @@ def test_a_text_prompt_too_long_for_any_context_is_refused_before_it_is_encoded(
     """The golden tokenizer's longest token is 9 characters: 512 of them hold 4,608. A text
     of 5 MB used to be encoded whole (minutes at 50 MB) before its length was refused."""
     proc = _smoke_in_process(converted["reference"], TARGET, "--prompt", "ab " * 1_700_000)
-    _refused(proc, 73, "--prompt: 5100000 characters of text; expected at most 4608",
+    assert_one_error_line(proc, 73, "--prompt: 5100000 characters of text; expected at most 4608",
              "context of 512 tokens, each at most 9 characters")
 
 
 def test_a_text_prompt_that_can_fit_is_encoded_and_checked_in_tokens(converted):
     """4,000 characters may fit 512 tokens: encoded, then refused by its token count."""
     proc = _smoke_in_process(converted["reference"], TARGET, "--prompt", "ab " * 1333)
-    _refused(proc, 73, "prompt 0: expected prompt + --max-new-tokens within the target's context")
+    assert_one_error_line(proc, 73, "prompt 0: expected prompt + --max-new-tokens within the target's context")
 
 
 @pytest.mark.parametrize("new", [pytest.param(str(10 ** 30), marks=pytest.mark.slow), "506"])
@@ -125,7 +114,7 @@ def test_new_tokens_beyond_the_context(converted, new):
     smoke = _smoke if new == str(10 ** 30) else _smoke_in_process
     proc = smoke(converted["reference"], TARGET, "--prompt-ids", "1,17,33,90,250,7,7",
                  "--max-new-tokens", new)
-    _refused(proc, 73, "context of 512 positions", f"found 7 + {new}")
+    assert_one_error_line(proc, 73, "context of 512 positions", f"found 7 + {new}")
 
 
 def test_exactly_the_context_runs(converted, tmp_path):
@@ -137,18 +126,18 @@ def test_exactly_the_context_runs(converted, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     proc = _smoke_in_process(converted["reference"], target, "--prompt-ids", "1,17,33,90,250,7,7",
                              "--max-new-tokens", "10")
-    _refused(proc, 73, "context of 16 positions")
+    assert_one_error_line(proc, 73, "context of 16 positions")
 
 
 def test_context_from_the_config_is_bounded_too(converted, tmp_path):
     target = _target_with(tmp_path, max_position_embeddings=0)
     proc = _smoke_in_process(converted["reference"], target, "--prompt-ids", "1,17,33")
-    _refused(proc, 70, "max_position_embeddings", "expected a positive integer")
+    assert_one_error_line(proc, 70, "max_position_embeddings", "expected a positive integer")
 
 
 def test_memory_estimate_over_the_budget(converted):
     proc = _smoke_in_process(converted["reference"], TARGET, "--prompt-ids", "1,17,33", "--max-memory", "1MB")
-    line = _refused(proc, 78, "memory: expected at most 1.0 MB (--max-memory on cpu)",
+    line = assert_one_error_line(proc, 78, "memory: expected at most 1.0 MB (--max-memory on cpu)",
                     "found an estimate of", "--max-memory to override")
     assert "weights" in line and "activations" in line and "runtime" in line
 
@@ -170,4 +159,4 @@ def test_memory_refusal_as_json(converted):
 ])
 def test_bad_dtype_and_budget_options(converted, args, code, needle):
     proc = _smoke_in_process(converted["reference"], TARGET, "--prompt-ids", "1,17,33", *args)
-    _refused(proc, code, needle)
+    assert_one_error_line(proc, code, needle)

@@ -15,7 +15,7 @@ from dspark_convert.errors import HubFileNotFoundError, HubSpecError
 from dspark_convert.target.model import open_target
 from dspark_convert.commands.validate import validate_artifact
 from support.hub_server import HubServer
-from support.targets import GOLDEN_TARGET
+from support.paths import GOLDEN_TARGET
 
 REPO = "org/tiny-qwen3"
 
