@@ -51,6 +51,22 @@ def converted(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def paired_artifacts(tmp_path_factory):
+    """name -> artifact of each DeepSpec-trained golden drafter, converted once per session
+    with --target (the pairing recorded): what eval and smoke --calibration run on."""
+    from support.paths import GOLDEN_TARGET, TRAINED_DRAFTERS
+
+    from dspark_convert.commands.convert import convert
+
+    root = tmp_path_factory.mktemp("paired")
+    out = {}
+    for name, src in TRAINED_DRAFTERS.items():
+        out[name] = root / name
+        convert(src, out[name], target=GOLDEN_TARGET)
+    return out
+
+
 # --- the runtime tests (torch is imported inside, so that other tests never pay for it) ---
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import time
 import pytest
 import torch
 
-from conftest import GOLDEN, ROOT
-from support.paths import GOLDEN_TARGET as TARGET
+from conftest import ROOT
+from support.paths import GOLDEN_TARGET as TARGET, TRAINED_DRAFTERS
 from dspark_convert.errors import (
     CalibrationFileError,
     CalibrationMismatchError,
@@ -34,8 +34,6 @@ from support.cli import assert_refused, child_env, dspark_cmd, run_cli, temp_sib
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SOURCES = {"vanilla_conf_markov": GOLDEN / "reference" / "vanilla_conf_markov" / "draft",
-           "dflash_shared": GOLDEN / "reference" / "dflash_shared" / "draft"}
 BLOCK = 7
 STOPS = (2,)
 
@@ -52,13 +50,8 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def artifacts(root):
-    out = {}
-    for name, src in SOURCES.items():
-        out[name] = root / "artifacts" / name
-        proc = run_cli("convert", str(src), "-o", str(out[name]), "--target", str(TARGET))
-        assert proc.returncode == 0, proc.stderr
-    return out
+def artifacts(paired_artifacts):
+    return paired_artifacts
 
 
 @pytest.fixture(scope="module")
@@ -465,7 +458,7 @@ def test_the_readmes_plot_is_what_make_demo_writes(artifacts, tmp_path):
     artifacts (named by their directories, as the demo names them), prompts and settings
     (the plot needs only the cutoff-off runs)."""
     demo = tmp_path / "demo"
-    proc = run_cli("convert", str(SOURCES["vanilla_conf_markov"]), "-o", str(demo / "reference"),
+    proc = run_cli("convert", str(TRAINED_DRAFTERS["vanilla_conf_markov"]), "-o", str(demo / "reference"),
                    "--target", str(TARGET))
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "eval"

@@ -23,7 +23,6 @@ import json
 import pytest
 import torch
 
-from conftest import GOLDEN
 from support.paths import GOLDEN_TARGET as TARGET
 from dspark_convert.errors import EvalInputError, OutputExistsError
 from dspark_convert.evaluation.calibration import fit_sts
@@ -40,22 +39,14 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # are slow; the fast loop keeps the refusals and the interrupted run.
 slow = pytest.mark.slow
 
-SOURCES = {"vanilla_conf_markov": GOLDEN / "reference" / "vanilla_conf_markov" / "draft",
-           "dflash_shared": GOLDEN / "reference" / "dflash_shared" / "draft"}
 STOPS = (2,)
 MAX_NEW = 32
 THRESHOLDS = [0.3, 0.6]
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval-artifacts")
-    out = {}
-    for name, src in SOURCES.items():
-        out[name] = root / name
-        proc = run_cli("convert", str(src), "-o", str(out[name]), "--target", str(TARGET))
-        assert proc.returncode == 0, proc.stderr
-    return out
+def artifacts(paired_artifacts):
+    return paired_artifacts
 
 
 @pytest.fixture(scope="module")
