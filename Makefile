@@ -40,9 +40,17 @@ demo: $(STAMP)
 	    --target golden/reference/target --device cpu --max-new-tokens 32 \
 	    --threshold 0.3 --threshold 0.6 --calibrate -o build/demo/eval
 
-# The whole suite, the slow tests included: what CI runs (.ci/run).
-test: $(STAMP)
+# The whole suite, the slow tests included: what CI runs (.ci/run). It builds llama.cpp first
+# when the cache lacks it: the engine tests run in CI and fail there without it.
+test: $(STAMP) llama-cpp
 	$(BIN)/python -m pytest -q
+
+# llama.cpp 0c1e570 from the pinned llama-cpp-python sdist (SHA-256 checked), built into
+# $DSPARK_ENGINE_CACHE (default ~/.cache/dspark-convert)/llama.cpp-0c1e570/ (tools/llama_cpp.py);
+# a whole build there is reused. From nothing: ~1 min download, ~3-5 min build on 2 cores.
+.PHONY: llama-cpp
+llama-cpp: $(STAMP)
+	$(BIN)/python tools/llama_cpp.py build
 
 # The inner loop (under a minute on 2 cores): the suite without the tests marked slow, on
 # every core (pytest-xdist; a module stays in one worker, so its fixtures are built once),

@@ -450,6 +450,43 @@ class CalibrationMismatchError(EvalRefusal):
     exit_code = 93
 
 
+# --- `dspark export`: an artifact laid out for another engine (exit codes 100-104;
+# dspark_convert/commands/export.py) ---------------------------------------------------------
+
+class ExportRefusal(DSparkError):
+    kind = "export"
+
+
+class ExportArtifactError(ExportRefusal):
+    """The artifact given to `dspark export` does not pass `dspark validate` (its first
+    failed check is named)."""
+    exit_code = 100
+
+
+class EngineMarkovHeadError(ExportRefusal):
+    """The artifact's Markov head is of a type the engine does not implement (llama.cpp
+    0c1e570: only the vanilla head; a gated or rnn head is refused)."""
+    exit_code = 101
+
+
+class EngineConfidenceHeadError(ExportRefusal):
+    """The artifact's confidence head reads no Markov input; the engine implements only the
+    head over [hidden; W1[prev]] (llama.cpp 0c1e570: conf_proj.weight is [H + r, 1])."""
+    exit_code = 102
+
+
+class TargetGGUFError(ExportRefusal):
+    """--target-gguf names no readable GGUF file (missing, a directory, not GGUF, malformed)."""
+    exit_code = 103
+
+
+class TargetGGUFMismatchError(ExportRefusal):
+    """The target GGUF is not the artifact's target: its architecture, hidden size,
+    vocabulary, layer count (against the taps), or the embedding / head hash recorded at
+    convert differ (the key or tensor is named)."""
+    exit_code = 104
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1

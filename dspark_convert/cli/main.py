@@ -5,7 +5,7 @@ registers them on the one typer app (cli/app.py)."""
 from __future__ import annotations
 
 from dspark_convert.cli import (  # noqa: F401 (register)
-    convert, evaluate, inspection, lock, quantize, smoke, validate)
+    convert, evaluate, export, inspection, lock, quantize, smoke, validate)
 from dspark_convert.cli.app import app
 
 __all__ = ["app"]

@@ -1,0 +1,476 @@
+"""`dspark export --engine llama.cpp`: an artifact as the drafter file llama.cpp 0c1e570 loads
+(issue 20; the layout is artifact/llama_cpp.py, the facts docs/REFERENCE.md §6).
+
+- The artifact must pass ``validate_artifact`` (any artifact: DSpark or plain DFlash, BF16
+  or quantized: quantized matrices are copied as they are).
+- Heads llama.cpp does not implement are refused before anything is read: a gated or rnn
+  Markov head (101), a confidence head without Markov input (102).
+- The target GGUF, the one the user runs llama.cpp with, is checked against the artifact:
+  architecture, hidden size, vocabulary (token count and the embedding's shape), layer
+  count against the taps, and the embedding / head SHA-256 recorded at convert when its
+  tensors are BF16 (the recorded hashes are of BF16 bytes; another type cannot be compared,
+  which the result says in one line). Its tokenizer keys are copied into the drafter, so
+  llama.cpp's token-by-token vocabulary check compares a vocabulary with itself.
+- One sequential write through util/atomic.atomic_file: the header (gguf-py), then each
+  tensor streamed in blocks of util/hashing.BLOCK (1-D tensors widened from BF16 to F32 on
+  the way), hashed as written; the embedding's hash is compared once it is copied, and
+  the file's tensor table read back against the plan before the rename. Nothing is
+  written on a refusal; the same inputs give the same bytes (no paths, no timestamps).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+from gguf.constants import GGMLQuantizationType, GGUFValueType
+
+from dspark_convert import CONVERTER_NAME, __version__
+from dspark_convert.artifact import llama_cpp as L
+from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, padded, read_metadata
+from dspark_convert.checks import Check
+from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.errors import (
+    DSparkError,
+    EngineConfidenceHeadError,
+    EngineMarkovHeadError,
+    ExportArtifactError,
+    InternalError,
+    IntegrityError,
+    TargetGGUFError,
+    TargetGGUFMismatchError,
+)
+from dspark_convert.formats.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf
+from dspark_convert.util.atomic import atomic_file, check_output, refuse_overlap, write_error
+from dspark_convert.util.hashing import BLOCK, read_blocks
+from dspark_convert.util.progress import NoProgress, Progress
+
+ENGINES = (L.ENGINE,)                  # the engines `export` lays files out for
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    output: Path
+    engine: str                        # "llama.cpp"
+    drafter: str                       # what llama.cpp will run: "DSpark (...)" / "DFlash"
+    size: int
+    sha256: str                        # of the written file
+    tensors: int
+    artifact_sha256: str               # the artifact's drafter.gguf
+    embedding_kept: bool               # token_embd.weight carried (keep_embedding)
+    checks: tuple[Check, ...]          # the target GGUF against the artifact, in order
+
+
+@dataclass(frozen=True)
+class _Planned:
+    name: str
+    type: str                          # the type written
+    gguf_shape: tuple[int, ...]
+    nbytes: int                        # written
+    source: Path                       # the file it is read from
+    source_offset: int
+    source_nbytes: int
+    widen: bool                        # BF16 -> F32
+
+
+# --- the artifact -----------------------------------------------------------------------------
+
+def _validated(artifact: Path, progress: Progress):
+    from dspark_convert.commands.validate import validate_artifact  # the whole checking stack
+
+    report = validate_artifact(artifact, progress=progress)
+    failure = report.first_failure
+    if failure is not None:
+        raise ExportArtifactError(
+            f"{artifact}: the artifact does not validate: {failure.name}: {failure.detail}; "
+            "expected an artifact that passes `dspark validate`", path=str(artifact),
+            expected="a valid artifact", found=f"{failure.name} failed ({failure.error})")
+    return report
+
+
+def _refuse_heads(contract: FeatureContract, label: str) -> None:
+    """What llama.cpp 0c1e570 does not implement (src/models/dflash.cpp creates markov_w1,
+    markov_w2 and conf_proj [H + r, 1] only)."""
+    head = contract.markov_head
+    if head.rank > 0 and head.type not in L.MARKOV_HEAD_TYPES:
+        raise EngineMarkovHeadError(
+            f"{label}: metadata key 'dflash.markov_head_type' is '{head.type}'; llama.cpp "
+            f"{L.LLAMA_CPP_COMMIT} implements only the vanilla Markov head (its DSpark graph "
+            "has no gate or recurrent state), so it cannot run this drafter",
+            path=label, field="dflash.markov_head_type", expected="vanilla", found=head.type)
+    conf = contract.confidence_head
+    if conf.enabled and not (conf.with_markov and head.rank > 0):
+        raise EngineConfidenceHeadError(
+            f"{label}: the confidence head reads no Markov input "
+            "(dflash.confidence_head_with_markov is false or there is no Markov head); "
+            f"llama.cpp {L.LLAMA_CPP_COMMIT} implements only conf_proj over [hidden; "
+            "W1[prev]] ([H + r, 1]) and would refuse this conf_proj.weight", path=label,
+            field="dflash.confidence_head_with_markov", expected="true", found="false")
+
+
+def describe(contract: FeatureContract) -> str:
+    head, conf = contract.markov_head, contract.confidence_head
+    if head.rank == 0:
+        return "DFlash (no Markov head): --spec-type draft-dflash"
+    extra = ", confidence head" if conf.enabled else ""
+    return f"DSpark (vanilla Markov head, rank {head.rank}{extra}): --spec-type draft-dspark"
+
+
+# --- the target GGUF --------------------------------------------------------------------------
+
+def _read_target(path: Path) -> GGUFFile:
+    if not path.exists():
+        raise TargetGGUFError(f"{path}: no such file; expected the target model's GGUF file "
+                              "(the -m of llama.cpp)", path=str(path), expected="a GGUF file",
+                              found="nothing")
+    if not path.is_file():
+        raise TargetGGUFError(f"{path}: is not a file; expected the target model's GGUF file",
+                              path=str(path), expected="a GGUF file", found="not a file")
+    try:
+        return read_gguf(path)
+    except DSparkError as exc:
+        raise TargetGGUFError(f"{path}: not a readable GGUF file: {exc.message}",
+                              path=str(path), expected="a GGUF file", found=exc.message) from None
+
+
+def _kv(target: GGUFFile, key: str, gtype: GGUFValueType, label: str, why: str):
+    value = target.kv.get(key)
+    if value is None or value.type != gtype:
+        found = "missing" if value is None else value.type.name
+        raise TargetGGUFMismatchError(
+            f"{label}: metadata key '{key}' is {found}; expected {gtype.name} ({why})",
+            path=label, field=key, expected=gtype.name, found=found)
+    return value.value
+
+
+def _mismatch(label: str, what: str, key: str, want: object, got: object) -> TargetGGUFMismatchError:
+    return TargetGGUFMismatchError(
+        f"{label}: {what}: '{key}' is {got}; the artifact expects {want} (is this the "
+        "drafter's target?)", path=label, field=key, expected=str(want), found=str(got))
+
+
+@dataclass(frozen=True)
+class _Target:
+    gguf: GGUFFile
+    arch: str
+    context_length: int
+    embedding: GGUFTensorInfo
+    head: GGUFTensorInfo | None
+    tokenizer: tuple[tuple[str, object, GGUFValueType, GGUFValueType | None], ...]
+
+
+def _check_target(target: GGUFFile, contract: FeatureContract, label: str,
+                  checks: list[Check]) -> _Target:
+    g, taps = contract.geometry, contract.taps
+    want_arch = L.TARGET_ARCHITECTURES[contract.family]
+    arch = _kv(target, "general.architecture", GGUFValueType.STRING, label, "the model's architecture")
+    if arch != want_arch:
+        raise _mismatch(label, "architecture", "general.architecture", f"'{want_arch}'", f"'{arch}'")
+    hidden = _kv(target, f"{arch}.embedding_length", GGUFValueType.UINT32, label, "hidden size")
+    if hidden != g.hidden_size:
+        raise _mismatch(label, "hidden size", f"{arch}.embedding_length", g.hidden_size, hidden)
+    layers = _kv(target, f"{arch}.block_count", GGUFValueType.UINT32, label, "layer count")
+    if layers != taps.num_target_layers:
+        raise _mismatch(label, "layer count", f"{arch}.block_count",
+                        f"{taps.num_target_layers} (dflash.target.num_layers; the taps "
+                        f"{taps.target_layer_ids} are of that model)", layers)
+    context = _kv(target, f"{arch}.context_length", GGUFValueType.UINT32, label, "context length")
+    for key in L.TOKENIZER_REQUIRED:
+        if key not in target.kv:
+            raise TargetGGUFMismatchError(
+                f"{label}: metadata key '{key}' is missing; expected the target's tokenizer "
+                "embedded (llama.cpp loads the drafter's vocabulary from it)", path=label,
+                field=key, expected="present", found="missing")
+    tokens = target.kv["tokenizer.ggml.tokens"].value
+    if len(tokens) != g.vocab_size:
+        raise _mismatch(label, "vocabulary", "tokenizer.ggml.tokens",
+                        f"{g.vocab_size} tokens (dflash.vocab_size)", f"{len(tokens)} tokens")
+    infos = {t.name: t for t in target.tensors}
+    embedding = infos.get(L.TARGET_EMBEDDING)
+    if embedding is None or tuple(embedding.shape) != (g.hidden_size, g.vocab_size):
+        got = "missing" if embedding is None else list(embedding.shape)
+        raise _mismatch(label, "embedding", L.TARGET_EMBEDDING,
+                        f"GGUF shape {[g.hidden_size, g.vocab_size]}", got)
+    head = infos.get(L.TARGET_HEAD)
+    if head is not None and tuple(head.shape) != (g.hidden_size, g.vocab_size):
+        raise _mismatch(label, "head", L.TARGET_HEAD, f"GGUF shape {[g.hidden_size, g.vocab_size]}",
+                        list(head.shape))
+    checks.append(Check.passed("target.geometry", (
+        f"{label}: {arch}, hidden size {hidden}, {len(tokens)} tokens, {layers} layers "
+        f"(taps {taps.target_layer_ids} in range)")))
+    tokenizer = tuple((k, v.value, v.type, v.sub_type) for k, v in target.kv.items()
+                      if k.startswith(L.TOKENIZER_PREFIX) and k != L.MASK_KEY)
+    return _Target(target, arch, context, embedding, head, tokenizer)
+
+
+def _comparable(info: GGUFTensorInfo, recorded: str | None, what: str, label: str,
+                key: str) -> str | None:
+    """None when the tensor's bytes can be compared with the recorded hash, else why not."""
+    if recorded is None:
+        return f"the artifact records no {what} hash ({key}); {label}'s {info.name} not compared"
+    if info.ggml_type.name != "BF16":
+        return (f"{label}'s {info.name} is {info.ggml_type.name}; the {what} hash recorded at "
+                f"convert ({key}) is of BF16 bytes, so it could not be compared")
+    return None
+
+
+def _sha_of_span(path: Path, offset: int, nbytes: int, label: str) -> str:
+    digest = hashlib.sha256()
+    buffer = memoryview(bytearray(min(BLOCK, max(nbytes, 1))))
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        for _ in read_blocks(fh, nbytes, buffer, [digest], lambda n: None,
+                             lambda: _shrank(label)):
+            pass
+    return digest.hexdigest()
+
+
+def _shrank(label: str) -> TargetGGUFError:
+    return TargetGGUFError(f"{label}: the file shrank while it was read; expected it unchanged",
+                           path=label)
+
+
+def _check_hash(target: _Target, info: GGUFTensorInfo, kv: dict, key: str, what: str,
+                name: str, label: str, checks: list[Check]) -> str | None:
+    """``info``'s bytes against the hash the artifact recorded at convert (``key``); returns
+    the digest read, None when the two could not be compared (one info line says why)."""
+    why = _comparable(info, kv.get(key), what, label, key)
+    if why is not None:
+        checks.append(Check.info(name, why))
+        return None
+    got = _sha_of_span(target.gguf.path, info.data_offset, info.nbytes, label)
+    if got != kv[key]:
+        raise TargetGGUFMismatchError(
+            f"{label}: tensor '{info.name}' has SHA-256 {got}; the artifact was converted "
+            f"against a {what} of SHA-256 {kv[key]} ({key}): another target", path=label,
+            tensor=info.name, expected=kv[key], found=got)
+    checks.append(Check.passed(name, f"{label}'s {info.name} is the {what} the artifact was "
+                               f"converted against ({key})"))
+    return got
+
+
+# --- the file ---------------------------------------------------------------------------------
+
+def _file_type(kv: dict) -> int:
+    return L.FILE_TYPES[kv.get("strata.dflash.quantization") or "BF16"]
+
+
+def _value(source: str, kv: dict, contract: FeatureContract, target: _Target,
+           artifact_sha: str) -> object:
+    kind, _, arg = source.partition(":")
+    if kind == "artifact":
+        return kv[arg]
+    if kind == "target":
+        return target.context_length if arg == "context_length" else None
+    if kind == "const":
+        return {"true": True, "false": False}.get(arg, int(arg) if arg.isdigit() else arg)
+    return {
+        "name": lambda: kv["general.name"],
+        "taps": lambda: [t + L.TAP_OFFSET for t in contract.taps.target_layer_ids],
+        "file_type": lambda: _file_type(kv),
+        "confidence": lambda: contract.confidence_head.enabled,
+        "converter": lambda: f"{CONVERTER_NAME} {__version__}",
+        "artifact_sha256": lambda: artifact_sha,
+    }[kind]()
+
+
+def metadata(kv: dict, contract: FeatureContract, target: _Target, artifact_sha: str
+             ) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
+    """(key, value, type, sub_type) of every key, in file order (artifact/llama_cpp.py)."""
+    def row(k: L.LlamaKey):
+        return (k.key, _value(k.source, kv, contract, target, artifact_sha), k.type, k.sub_type)
+
+    return [*(row(k) for k in L.LLAMA_KEYS), *target.tokenizer, row(L.MASK),
+            *(row(k) for k in L.PROVENANCE)]
+
+
+def _plan(artifact_gguf: GGUFFile, contract: FeatureContract, target: _Target, *,
+          keep_embedding: bool) -> list[_Planned]:
+    """With ``keep_embedding`` the target's token_embd first (llama.cpp creates it first),
+    then every tensor of the artifact in its order; 1-D BF16 tensors become F32."""
+    kinds = {t.gguf_name: t.kind for t in contract.written_tensors}
+    plan = []
+    if keep_embedding:
+        emb = target.embedding
+        plan.append(_Planned(emb.name, emb.ggml_type.name, tuple(emb.shape), emb.nbytes,
+                             target.gguf.path, emb.data_offset, emb.nbytes, False))
+    for info in artifact_gguf.tensors:
+        widen = kinds[info.name] in L.F32_KINDS and info.ggml_type.name == "BF16"
+        plan.append(_Planned(info.name, "F32" if widen else info.ggml_type.name,
+                             tuple(info.shape), info.nbytes * 2 if widen else info.nbytes,
+                             artifact_gguf.path, info.data_offset, info.nbytes, widen))
+    return plan
+
+
+def _header(entries, plan: list[_Planned], scratch: Path) -> bytes:
+    """Header, metadata and tensor infos as gguf-py writes them, padded to the alignment
+    (gguf-py writes only to files: ``scratch`` holds them briefly)."""
+    writer = GGUFWriter(scratch, L.ARCH)
+    for key, value, gtype, sub in entries:
+        if key == "general.architecture":
+            continue                       # GGUFWriter writes it first, from its arch
+        # add_key_value, not add_string/add_array: those silently drop empty values.
+        writer.add_key_value(key, value, gtype, sub_type=sub)
+    for t in plan:
+        writer.add_tensor_info(t.name, list(reversed(t.gguf_shape)), np.dtype(np.uint16),
+                               t.nbytes, raw_dtype=GGMLQuantizationType[t.type])
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+    finally:
+        writer.close()
+    data = scratch.read_bytes()
+    scratch.unlink()
+    return data + bytes(padded(len(data)) - len(data))
+
+
+class _Writer:
+    """The one sequential write: header, then each tensor and its padding, hashed."""
+
+    def __init__(self, fh, plan: list[_Planned], progress: Progress, shown: Path) -> None:
+        self.fh, self.plan, self.progress, self.shown = fh, plan, progress, shown
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.tensor_sha: dict[str, str] = {}     # of the bytes read, per source tensor
+
+    def put(self, data) -> None:
+        try:
+            self.fh.write(data)
+        except OSError as exc:
+            raise write_error(exc, self.shown) from None
+        self.digest.update(data)
+        self.size += len(data)
+
+    def run(self, header: bytes) -> None:
+        self.put(header)
+        buffer = memoryview(bytearray(BLOCK))
+        handles: dict[Path, object] = {}
+        try:
+            for t in self.plan:
+                if t.source not in handles:
+                    handles[t.source] = open(t.source, "rb")
+                fh = handles[t.source]
+                fh.seek(t.source_offset)
+                source_hash = hashlib.sha256()
+                for block in read_blocks(fh, t.source_nbytes, buffer, [source_hash],
+                                         self.progress.advance, lambda: _shrank(str(t.source))):
+                    if t.widen:
+                        wide = np.frombuffer(block, dtype="<u2").astype("<u4") << 16
+                        self.put(wide.tobytes())
+                    else:
+                        self.put(block)
+                self.tensor_sha[t.name] = source_hash.hexdigest()
+                self.put(bytes(padded(t.nbytes) - t.nbytes))
+        finally:
+            for handle in handles.values():
+                handle.close()
+
+
+def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike,
+                     output: str | os.PathLike, *, force: bool = False,
+                     keep_embedding: bool = False,
+                     progress: Progress | None = None) -> ExportResult:
+    """Write ``output``, the drafter file llama.cpp 0c1e570 runs beside ``target_gguf``.
+
+    ``keep_embedding``: carry the target's ``token_embd.weight`` as llama.cpp's own converter
+    does (its file for the same checkpoint, tensor for tensor). llama.cpp 0c1e570 then also
+    takes that embedding as the drafter's head (``load_arch_tensors``: no ``output.weight``,
+    so ``output = token_embd``), which is wrong for a target with untied embeddings. Without
+    it (the default) the file carries neither, and llama.cpp binds the target's embedding
+    and head (``ctx_other``), as the DeepSpec drafter binds its frozen copies of both.
+    Raises a DSparkError subclass for every refusal and writes nothing then."""
+    progress = progress or NoProgress()
+    artifact, target_path, out = Path(artifact), Path(target_gguf), Path(output)
+    check_output(out, force=force, directory=False)
+    refuse_overlap(out, [(artifact, "the artifact"), (target_path, "the target GGUF")])
+    label = str(artifact / GGUF_FILE)
+
+    # The heads first, from the header alone: a refusal costs no read of the weights. A
+    # header that does not parse is left to validate, which names what is wrong.
+    try:
+        peek = contract_from_metadata(read_metadata(read_gguf(artifact / GGUF_FILE), path=label),
+                                      path=label)
+    except DSparkError:
+        peek = None
+    if peek is not None:
+        _refuse_heads(peek, label)
+
+    report = _validated(artifact, progress)
+    gguf = report.gguf
+    kv = read_metadata(gguf, path=label)
+    contract = contract_from_metadata(kv, path=label)
+    _refuse_heads(contract, label)
+    artifact_sha = report.gguf_sha256
+
+    target_label = str(target_path)
+    checks: list[Check] = []
+    target = _check_target(_read_target(target_path), contract, target_label, checks)
+    embed_sha = _check_hash(target, target.embedding, kv, "dflash.target.embed_sha256",
+                            "embedding", "target.embedding", target_label, checks)
+    # A tied target has no output.weight: its head is token_embd.
+    _check_hash(target, target.head or target.embedding, kv, "dflash.target.lm_head_sha256",
+                "head", "target.lm_head", target_label, checks)
+
+    plan = _plan(gguf, contract, target, keep_embedding=keep_embedding)
+    entries = metadata(kv, contract, target, artifact_sha)
+    recorded = _recorded_tensor_hashes(artifact)
+    result: dict[str, object] = {}
+
+    def write(fh) -> None:
+        try:
+            header = _header(entries, plan, Path(fh.name).with_name(Path(fh.name).name + ".header"))
+        except OSError as exc:
+            raise write_error(exc, out) from None
+        expected = len(header) + sum(padded(t.nbytes) for t in plan)
+        writer = _Writer(fh, plan, progress, out)
+        progress.start(f"export {out.name} for llama.cpp", sum(t.source_nbytes for t in plan))
+        try:
+            writer.run(header)
+        finally:
+            progress.finish()
+        for t in plan:
+            # What was copied is what was checked: validate's hashes for the artifact's
+            # tensors, the digest above for the target's embedding.
+            want = recorded.get(t.name) if t.source == gguf.path else embed_sha
+            got = writer.tensor_sha[t.name]
+            if want is not None and want != got:
+                shown = label if t.source == gguf.path else target_label
+                raise IntegrityError(
+                    f"{shown}: tensor '{t.name}' changed while it was exported (SHA-256 {got}, "
+                    f"checked as {want}); expected the file unchanged", path=shown,
+                    tensor=t.name, expected=want, found=got)
+        fh.flush()
+        if writer.size != expected:
+            raise InternalError(f"{out}: wrote {writer.size} bytes, planned {expected}")
+        _read_back(Path(fh.name), plan, out)
+        result["sha"], result["size"] = writer.digest.hexdigest(), writer.size
+
+    atomic_file(out, write, force=force)
+    return ExportResult(output=out.absolute(), engine=L.ENGINE, drafter=describe(contract),
+                        size=int(result["size"]), sha256=str(result["sha"]),
+                        tensors=len(plan), artifact_sha256=artifact_sha,
+                        embedding_kept=keep_embedding, checks=tuple(checks))
+
+
+def _recorded_tensor_hashes(artifact: Path) -> dict[str, str]:
+    """Each tensor's SHA-256 as manifest.json records it (validate compared them with the
+    file): the export's copy is compared with them, so a file changed after validate is
+    refused, not exported."""
+    from dspark_convert.artifact.format import MANIFEST_FILE
+    from dspark_convert.artifact.manifest import parse_manifest
+
+    path = artifact / MANIFEST_FILE
+    manifest = parse_manifest(path.read_bytes(), path)
+    return {t.name: t.sha256 for t in manifest.artifact.tensors}
+
+
+def _read_back(path: Path, plan: list[_Planned], shown: Path) -> None:
+    written = read_gguf(path)
+    table = [(t.name, t.ggml_type.name, tuple(t.shape)) for t in written.tensors]
+    if table != [(t.name, t.type, t.gguf_shape) for t in plan]:
+        raise InternalError(f"{shown}: the tensor table read back differs from the plan")
