@@ -1,6 +1,6 @@
 """The package's layout follows the data's path: each layer imports only the layers below
-it (nothing imports upward), modules import no cycle, and README's layout table names
-exactly these layers in this order."""
+it (nothing imports upward), modules import no cycle, and the layout table of
+docs/DEVELOPMENT.md names exactly these layers in this order."""
 
 from __future__ import annotations
 
@@ -87,8 +87,8 @@ def test_no_import_cycles():
     assert cycles == [], cycles[:3]
 
 
-def test_readme_layout_table_names_the_layers_in_order():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Repository layout", 1)[1].split("\n## ", 1)[0]
+def test_layout_table_names_the_layers_in_order():
+    page = (ROOT / "docs" / "DEVELOPMENT.md").read_text()
+    section = page.split("## Repository layout", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `dspark_convert/([a-z_]+)(?:/|\.py)`", section, re.M)
     assert listed == LAYERS, listed

@@ -1,5 +1,8 @@
-"""Generated sections of docs/ARTIFACT_FORMAT.md and README.md, from the same tables the
-writer and the validator use.
+"""Generated sections of the docs, from the code they describe: docs/ARTIFACT_FORMAT.md's
+tables from the same tables the writer and the validator use, docs/EXIT_CODES.md from
+errors.py (and tools/raisers.py's scan of which commands raise each class),
+docs/BAD_INPUTS.md's limits from the constants the readers check, and docs/CLI.md from the
+typer app (tools/cli_docs.py).
 
     python tools/docs.py            # rewrite the generated sections
     python tools/docs.py --check    # exit 1 if a generated section is stale
@@ -13,6 +16,8 @@ from pathlib import Path
 
 from dspark_convert.artifact.format import METADATA_KEYS
 from dspark_convert.errors import concrete_errors
+import cli_docs  # tools/cli_docs.py, beside this script
+import raisers  # tools/raisers.py, beside this script
 from generated import generator_main  # tools/generated.py, beside this script
 from dspark_convert.contract.tensor_table import SYMBOLS, TENSOR_RULES, pretty_dim
 
@@ -47,16 +52,21 @@ def tensor_table() -> str:
 
 
 def exit_code_table() -> str:
-    entries = [(0, "-", "success"), (2, "usage", "bad command-line options (typer/click)")]
-    entries += [(c.exit_code, f"`{c.__name__}`", " ".join((c.__doc__ or "").split()))
-                for c in concrete_errors()]
-    rows = ["| code | error | meaning |", "|---|---|---|"]
-    rows += [f"| {code} | {name} | {doc} |" for code, name, doc in sorted(entries)]
-    rows.append("| 130 / 143 | - | interrupted by SIGINT / SIGTERM; nothing was written |")
+    every = "every command"
+    by = raisers.raised_by()
+    entries = [(0, "-", "success", every), (2, "usage", "bad command-line options (typer/click)", every)]
+    for c in concrete_errors():
+        commands = by[c.__name__]
+        shown = every if c.__name__ == "InternalError" else (
+            ", ".join(f"`{name}`" for name in commands) or "none yet")
+        entries.append((c.exit_code, f"`{c.__name__}`", " ".join((c.__doc__ or "").split()), shown))
+    rows = ["| code | error | meaning | raised by |", "|---|---|---|---|"]
+    rows += [f"| {code} | {name} | {doc} | {shown} |" for code, name, doc, shown in sorted(entries)]
+    rows.append(f"| 130 / 143 | - | interrupted by SIGINT / SIGTERM; nothing was written | {every} |")
     return "\n".join(rows)
 
 
-# The limits that bound what an input may declare (README, "What every bad input gets"):
+# The limits that bound what an input may declare (docs/BAD_INPUTS.md):
 # (module, constant, what it bounds). Read from the code, so the table cannot drift.
 LIMITS = [
     ("dspark_convert.formats.safetensors", "MAX_HEADER_BYTES", "bytes of one safetensors JSON header (the library's own cap)"),
@@ -107,8 +117,17 @@ def limits_table() -> str:
 
 SECTIONS = {
     "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table},
-    "README.md": {"exit-codes": exit_code_table, "limits": limits_table},
+    "docs/EXIT_CODES.md": {"exit-codes": exit_code_table},
+    "docs/BAD_INPUTS.md": {"limits": limits_table},
 }
+# Pages whose generated parts depend on what the page holds (one block per command).
+RENDERERS = {"docs/CLI.md": cli_docs.render}
+
+
+def _page(rel: str, text: str) -> str:
+    if rel in RENDERERS:
+        return RENDERERS[rel](text)
+    return _render(text, SECTIONS[rel])
 
 
 def _render(text: str, sections: dict) -> str:
@@ -124,18 +143,17 @@ def _render(text: str, sections: dict) -> str:
 
 def stale() -> list[str]:
     out = []
-    for rel, sections in SECTIONS.items():
-        path = ROOT / rel
-        text = path.read_text()
-        if _render(text, sections) != text:
+    for rel in [*SECTIONS, *RENDERERS]:
+        text = (ROOT / rel).read_text()
+        if _page(rel, text) != text:
             out.append(rel)
     return out
 
 
 def write() -> None:
-    for rel, sections in SECTIONS.items():
+    for rel in [*SECTIONS, *RENDERERS]:
         path = ROOT / rel
-        path.write_text(_render(path.read_text(), sections))
+        path.write_text(_page(rel, path.read_text()))
 
 
 def main() -> int:

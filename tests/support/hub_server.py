@@ -80,22 +80,25 @@ class HubServer:
         self._threads: list[threading.Thread] = []
 
     # -- content ------------------------------------------------------------------------
-    def add_commit(self, repo: str, files: dict[str, bytes], *, refs=("main",)) -> str:
+    def add_commit(self, repo: str, files: dict[str, bytes], *, refs=("main",),
+                   commit: str | None = None) -> str:
+        """File ``files`` as a commit of ``repo``; its id is derived from them unless given
+        (a document's pinned commit, served as it is written)."""
         state = self.repos.setdefault(repo, Repo())
         listing = "".join(f"{p} {git_blob_sha1(d)}\n" for p, d in sorted(files.items()))
-        commit = hashlib.sha1(f"{repo}\n{len(state.commits)}\n{listing}".encode()).hexdigest()
+        commit = commit or hashlib.sha1(f"{repo}\n{len(state.commits)}\n{listing}".encode()).hexdigest()
         state.commits[commit] = dict(files)
         for ref in refs:
             state.refs[ref] = commit
         return commit
 
     def add_directory(self, repo: str, directory: Path, *, extra: dict[str, bytes] | None = None,
-                      drop: tuple[str, ...] = (), refs=("main",)) -> str:
+                      drop: tuple[str, ...] = (), refs=("main",), commit: str | None = None) -> str:
         files = {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.is_file()}
         files.update(extra or {})
         for name in drop:
             files.pop(name)
-        return self.add_commit(repo, files, refs=refs)
+        return self.add_commit(repo, files, refs=refs, commit=commit)
 
     def set_ref(self, repo: str, ref: str, commit: str) -> None:
         self.repos[repo].refs[ref] = commit
