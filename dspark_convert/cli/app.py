@@ -25,10 +25,23 @@ def escape(text: object) -> str:
     terminal escape sequence reaches the screen), then rich markup escaped."""
     return escape_markup(shown(text))
 
-app = typer.Typer(
+
+# Every command's --help ends with where its exit codes are explained (the page is generated
+# from errors.py by tools/docs.py); set here once, so a new command gets it by registering.
+EXIT_CODES_EPILOG = ("Exit codes: 0 success, 2 usage, one code per kind of refusal; every code, "
+                     "its meaning and the commands that raise it: docs/EXIT_CODES.md.")
+
+
+class _Typer(typer.Typer):
+    def command(self, *args, epilog: Optional[str] = EXIT_CODES_EPILOG, **kwargs):
+        return super().command(*args, epilog=epilog, **kwargs)
+
+
+app = _Typer(
     name="dspark",
     help="Convert DeepSeek DSpark drafters into Strata artifacts (from a directory or the Hub, "
          "pinned), validate, inspect and smoke-test them.",
+    epilog=EXIT_CODES_EPILOG,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -93,7 +106,7 @@ def main(
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = None,
 ) -> None:
-    """Exit codes: 0 success, 2 usage, 10-95 one per kind of refusal (see README)."""
+    """Exit codes: 0 success, 2 usage, one per kind of refusal (docs/EXIT_CODES.md)."""
     if ctx.invoked_subcommand in NO_BLAS_COMMANDS:
         one_blas_thread()
 
