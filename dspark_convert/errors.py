@@ -22,6 +22,15 @@ def _one_line(message: str) -> str:
                    for c in str(message)).strip(" ")
 
 
+def _json_number_or_text(value: object) -> bool:
+    """Whether ``value`` is JSON as it is: text, a finite number, a list of such."""
+    if isinstance(value, float):
+        return value - value == 0.0          # False for NaN and the infinities
+    if isinstance(value, list):
+        return all(_json_number_or_text(v) for v in value)
+    return isinstance(value, (int, str, bool))
+
+
 class DSparkError(Exception):
     """Base of every refusal. ``exit_code`` is stable and documented in the README."""
 
@@ -49,7 +58,9 @@ class DSparkError(Exception):
         for key in ("expected", "found"):
             value = getattr(self, key)
             if value is not None:
-                out[key] = value if isinstance(value, (int, float, str, bool, list)) else str(value)
+                # A NaN or infinity found in an input is named as text ("nan", "inf"): JSON
+                # has no such number (util/json_out.py refuses to write one).
+                out[key] = value if _json_number_or_text(value) else str(value)
         return out
 
 
@@ -391,6 +402,13 @@ class MemoryBudgetError(RuntimeRefusal):
 
 class QuantizeError(DSparkError):
     kind = "quantize"
+
+
+class NumericOverflowError(RuntimeRefusal):
+    """A model's forward pass gave NaN or infinity (its logits or confidence logits): the
+    weights are finite but too large for the compute dtype (runtime/sampling.py). (The
+    runtime's range is full; this code is from the range issue 19 opened.)"""
+    exit_code = 99
 
 
 class ParentArtifactError(QuantizeError):

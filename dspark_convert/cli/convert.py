@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -24,6 +23,7 @@ from dspark_convert.cli.app import (
     print_hub,
 )
 from dspark_convert.cli.errors import run
+from dspark_convert.util.json_out import dumps
 
 
 @app.command()
@@ -58,7 +58,7 @@ def convert(
         target_checks = m.target.checks if m.target else []
         warnings = [c for c in m.checks + target_checks if c.status == "warning"]
         if as_json:
-            print(json.dumps({
+            print(dumps({
                 "ok": True, "output": str(result.output), "drafter_gguf": {
                     "size": result.gguf_size, "sha256": result.gguf_sha256,
                     "tensors": len(m.artifact.tensors)},

@@ -8,7 +8,6 @@ a bug, printed as one line too (``--debug`` shows the traceback); Ctrl-C and SIG
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import traceback
@@ -17,6 +16,7 @@ from collections.abc import Callable
 import typer
 
 from dspark_convert.errors import DSparkError, InternalError
+from dspark_convert.util.json_out import dumps
 from dspark_convert.util.text import shown
 
 EXIT_INTERRUPTED = 130
@@ -33,7 +33,7 @@ def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subpro
 
 def emit_error(error: DSparkError, *, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps({"ok": False, **error.to_dict()}, indent=2) + "\n")
+        sys.stdout.write(dumps({"ok": False, **error.to_dict()}, indent=2) + "\n")
     # Names from inputs are in the message: escaped, so the line cannot rewrite itself.
     sys.stderr.write(f"error: {shown(error.message)}\n")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from dspark_convert.cli.app import STATUS_STYLE, DebugOpt, JsonOpt, _out, app, escape
 from dspark_convert.cli.errors import run
+from dspark_convert.util.json_out import dumps
 from dspark_convert.util.text import shown
 
 
@@ -28,7 +28,7 @@ def inspect(
 
         result = inspect_path(path)
         if as_json:
-            print(json.dumps(result.model_dump(), indent=2))
+            print(dumps(result.model_dump(), indent=2))
         else:
             _print_inspect(result)
         if result.problem is not None:

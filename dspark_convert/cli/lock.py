@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,13 +17,16 @@ from dspark_convert.cli.app import (
     print_hub,
 )
 from dspark_convert.cli.errors import run
+from dspark_convert.util.json_out import dumps
 
 
 @app.command()
 def lock(
     source: Annotated[str, typer.Argument(help="A Hub source: org/name@<40-hex commit> (or a "
                                                  "branch/tag with --resolve).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The lock file to write.")],
+    # Text, not a Path: a Path would turn an empty -o "" into "." (util/atomic.py).
+    output: Annotated[str, typer.Option("--output", "-o", metavar="<path>",
+                                        help="The lock file to write.")],
     resolve: ResolveOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing lock file, atomically.")] = False,
     quiet: QuietOpt = False,
@@ -42,7 +43,7 @@ def lock(
                                progress=RichProgress(enabled=not quiet and not as_json))
         record = result.snapshot.record()
         if as_json:
-            print(json.dumps({"ok": True, "lock": str(result.path), "hub": record.model_dump()},
+            print(dumps({"ok": True, "lock": str(result.path), "hub": record.model_dump()},
                              indent=2))
             return 0
         out = _out()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,6 +19,7 @@ from dspark_convert.cli.app import (
     print_engines,
 )
 from dspark_convert.cli.errors import run
+from dspark_convert.util.json_out import dumps
 
 
 @app.command()
@@ -50,7 +50,7 @@ def quantize(
         m = result.manifest
         errors = {t.name: t.error for t in m.artifact.tensors if t.error is not None}
         if as_json:
-            print(json.dumps({
+            print(dumps({
                 "ok": True, "output": str(result.output), "drafter_gguf": {
                     "size": result.gguf_size, "sha256": result.gguf_sha256,
                     "tensors": len(m.artifact.tensors)},

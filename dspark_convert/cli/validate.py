@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -22,6 +21,7 @@ from dspark_convert.cli.app import (
 )
 from dspark_convert.cli.errors import run
 from dspark_convert.artifact.engine_names import ENGINES   # no pydantic, no gguf: --help stays light
+from dspark_convert.util.json_out import dumps
 from dspark_convert.util.text import shown
 
 
@@ -55,7 +55,7 @@ def validate(
                                    target=target, require=require or [])
         code = report.exit_code(strict=strict)
         if as_json:
-            print(json.dumps({**report.model_dump(), "strict": strict, "exit_code": code}, indent=2))
+            print(dumps({**report.model_dump(), "strict": strict, "exit_code": code}, indent=2))
         else:
             table = Table(title=escape(f"dspark validate {artifact}"), show_lines=False)
             table.add_column("check")

@@ -138,6 +138,8 @@ def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
     if not artifacts:
         raise EvalInputError("no artifact: expected at least one ARTIFACT directory",
                              field="artifacts", expected="at least one", found=0)
+    from dspark_convert.runtime.sampling import check_seed, check_temperature
+
     seen: dict[Path, str] = {}
     for a in artifacts:
         key = Path(a).resolve()
@@ -150,9 +152,7 @@ def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
         raise EvalInputError("--temperature: expected at least one", field="temperature",
                              expected="at least one", found=0)
     for t in temperatures:
-        if not (isinstance(t, (int, float)) and math.isfinite(t) and 0.0 <= t <= 100.0):
-            raise EvalInputError(f"--temperature: expected 0..100, found {t}", field="temperature",
-                                 expected="0..100", found=t)
+        check_temperature(t, error=EvalInputError)
     for c in thresholds:
         if not (isinstance(c, (int, float)) and math.isfinite(c) and 0.0 <= c <= 1.0):
             raise EvalInputError(f"--threshold: expected 0..1, found {c}", field="threshold",
@@ -161,9 +161,7 @@ def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
         raise EvalInputError(f"--max-new-tokens: expected 1..{MAX_NEW_TOKENS_LIMIT}, found "
                              f"{max_new_tokens}", field="max_new_tokens",
                              expected=f"1..{MAX_NEW_TOKENS_LIMIT}", found=max_new_tokens)
-    if not (isinstance(seed, int) and 0 <= seed < 2 ** 63):
-        raise EvalInputError(f"--seed: expected a non-negative integer, found {seed}",
-                             field="seed", expected=">= 0", found=seed)
+    check_seed(seed, error=EvalInputError)
     if not (isinstance(held_out, (int, float)) and 0.0 < held_out < 1.0):
         raise EvalInputError(f"--held-out: expected a fraction strictly between 0 and 1, found "
                              f"{held_out}", field="held_out", expected="(0, 1)", found=held_out)
@@ -236,7 +234,8 @@ def _target_sample(model, prompt: Sequence[int], *, max_new_tokens: int, tempera
     CPU generator seeded like the speculative runs. Returns (output ids, seconds)."""
     import torch
 
-    from dspark_convert.runtime.drafter import pick
+    from dspark_convert.runtime.sampling import pick
+    from dspark_convert.runtime.speculative import TARGET_LOGITS
     from dspark_convert.runtime.qwen3 import KVCache
 
     generator = torch.Generator(device="cpu")
@@ -256,7 +255,7 @@ def _target_sample(model, prompt: Sequence[int], *, max_new_tokens: int, tempera
                             **prefill_kw)
         x = list(prompt)
         for _ in range(max_new_tokens):
-            token = pick(out.logits[-1], temperature, generator)
+            token = pick(out.logits[-1], temperature, generator, what=TARGET_LOGITS)
             x.append(token)
             if token in stop_token_ids or len(x) >= len(prompt) + max_new_tokens:
                 break
@@ -524,11 +523,9 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         for kind, art, t, c in plan:
             if kind == "target":
                 runs.append(runner.target(t))
-            elif c and not art.has_confidence:
+            elif _never_runs(art, c) is not None:
                 not_run.append(NotRun(kind="drafter", artifact=art.name, temperature=t,
-                                      confidence_threshold=c,
-                                      reason="the artifact has no confidence head: a threshold "
-                                             "has nothing to cut on"))
+                                      confidence_threshold=c, reason=_never_runs(art, c)))
             else:
                 report, steps = runner.drafter(art, t, c)
                 runs.append(report)
@@ -548,11 +545,15 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         interrupted = True
         reason = "interrupted (Ctrl-C) before it finished"
         not_run += [NotRun(kind=kind, artifact=art.name if art else None, temperature=t,
-                           confidence_threshold=c, reason=reason) for kind, art, t, c in plan[done:]]
+                           confidence_threshold=c,
+                           reason=(art and _never_runs(art, c)) or reason)
+                    for kind, art, t, c in plan[done:]]
         listed = {n.artifact for n in not_run if n.kind == "calibration"}
         not_run += [NotRun(kind="calibration", artifact=a.name, temperature=temps[0],
-                           confidence_threshold=0.0, reason=reason)
+                           confidence_threshold=0.0,
+                           reason=_never_calibrates(a, len(resolved)) or reason)
                     for a in arts if calibrate and a.name not in fitted
+        # What the interruption stopped; what could never have run keeps its own reason.
                     and a.name not in listed]
 
     artifacts_out = []
@@ -589,13 +590,28 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
 def _calibrate(art: _Artifact, steps: dict[str, list] | None, prompts: list[Prompt], *, stops,
                identity, prompt_set: PromptSet, temperature: float, held_out: float, seed: int):
     """(CalibrationFile, held-out raw, held-out calibrated), or why it could not be made."""
-    if not art.has_confidence:
-        return "the artifact has no confidence head"
+    never = _never_calibrates(art, len(prompts))
+    if never is not None:
+        return never
     if steps is None:
         return "its threshold-0 run did not finish"
+def _never_runs(art: _Artifact, threshold: float) -> str | None:
+    """Why a drafter run of the plan can never run whatever happens (None: it can)."""
+    if threshold and not art.has_confidence:
+        return "the artifact has no confidence head: a threshold has nothing to cut on"
+    return None
+
+
+def _never_calibrates(art: _Artifact, prompts: int) -> str | None:
+    """Why --calibrate can never fit this artifact on this prompt set (None: it can)."""
+    if not art.has_confidence:
+        return "the artifact has no confidence head"
+    if prompts < 2:
+        return f"{prompts} prompt(s): a calibration split and a held-out split need at least 2"
+    return None
+
+
     split = split_prompts([p.key for p in prompts], held_out=held_out, seed=seed)
-    if split is None:
-        return f"{len(prompts)} prompt(s): a calibration split and a held-out split need at least 2"
     fit_keys, held_keys = split
     fit = confidence_data([s for k in fit_keys for s in steps[k]], block_size=art.block_size,
                           stop_token_ids=stops)
@@ -649,10 +665,13 @@ def _no_device_report(reason: str, arts: list[_Artifact], plan, settings: EvalSe
                       calibrate: bool) -> EvalReport:
     """--device cuda without CUDA: nothing runs; every combination says why."""
     not_run = [NotRun(kind=kind, artifact=art.name if art else None, temperature=t,
-                      confidence_threshold=c, reason=reason) for kind, art, t, c in plan]
+                      confidence_threshold=c, reason=(art and _never_runs(art, c)) or reason)
+               for kind, art, t, c in plan]
     if calibrate:
         not_run += [NotRun(kind="calibration", artifact=a.name, temperature=settings.temperatures[0],
-                           confidence_threshold=0.0, reason=reason) for a in arts]
+                           confidence_threshold=0.0,
+                           reason=_never_calibrates(a, len(prompt_set.records)) or reason)
+                    for a in arts]
     out = []
     for a in arts:
         out.append(ArtifactReport(name=a.name, path=shown(a.path), drafter_gguf_sha256=a.sha256,

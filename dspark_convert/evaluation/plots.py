@@ -38,6 +38,16 @@ def _save(fig, path: Path, *, tight: bool = False) -> None:
         plt.close(fig)
 
 
+def _tau_text(tau: float | None) -> str:
+    """tau for a legend: undefined (None) when the run had no verify step, as report.md says."""
+    return "tau undefined: no verify step" if tau is None else f"tau {tau:.2f}"
+
+
+def _y(value: float | None) -> float:
+    """A value to plot: an undefined one (None) is a gap in its line, not a zero."""
+    return float("nan") if value is None else value
+
+
 def acceptance_plot(report, path: Path) -> bool:
     runs = [r for r in report.runs if r.kind == "drafter" and not r.confidence_threshold
             and r.acceptance is not None]
@@ -50,7 +60,7 @@ def acceptance_plot(report, path: Path) -> bool:
         rates = r.acceptance.acceptance_by_position
         xs = [k for k, v in enumerate(rates) if v is not None]
         label = r.artifact + (f" T={r.temperature:g}" if several_t else "")
-        ax.plot(xs, [rates[k] for k in xs], "o-", label=f"{label} (tau {r.acceptance.tau:.2f})")
+        ax.plot(xs, [rates[k] for k in xs], "o-", label=f"{label} ({_tau_text(r.acceptance.tau)})")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("draft position k")
     ax.set_ylabel("P(accepted > k | proposed > k)")
@@ -79,8 +89,8 @@ def cutoff_plot(report, path: Path) -> bool:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.8))
     for (name, t), points in series.items():
         xs = [p[0] for p in points]
-        ax1.plot(xs, [p[1] for p in points], "o-", label=f"{name} T={t:g}")
-        ax2.plot(xs, [p[2] for p in points], "o-", label=f"{name} T={t:g}")
+        ax1.plot(xs, [_y(p[1]) for p in points], "o-", label=f"{name} T={t:g}")
+        ax2.plot(xs, [_y(p[2]) for p in points], "o-", label=f"{name} T={t:g}")
     ax1.set_ylabel("tau (accepted+1 per verify step)")
     ax2.set_ylabel("mean verified length L")
     for ax in (ax1, ax2):
@@ -132,7 +142,10 @@ def reliability_plot(artifact, path: Path, held_out_raw=None, held_out_calibrate
             ax.set_xlabel("predicted", fontsize=8)
         auc = "-" if entry.auc is None else f"{entry.auc:.3f}"
         ax.set_title(f"k={k}  AUROC {auc}", fontsize=8)
-        ax.legend(fontsize=6, loc="upper left")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, loc="upper left")
+        else:       # no draft token reached position k: nothing to calibrate against
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", fontsize=8, color="0.5")
         ax.tick_params(labelsize=7)
     for k in range(B, nrows * ncols):
         axes[k // ncols][k % ncols].axis("off")

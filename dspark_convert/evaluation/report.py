@@ -9,7 +9,6 @@ is written the same way and says so at the top of report.md.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.runtime.budget import MemoryReport
 from dspark_convert.util.atomic import atomic_directory, write_error
+from dspark_convert.util.json_out import dumps, dumps_model
 from dspark_convert.evaluation.calibration import AppliedCalibration, CalibrationFile
 from dspark_convert.evaluation.environment import Environment, TargetIdentity
 from dspark_convert.evaluation.cells import md_cell, mib_cell, ms_cell, run_label
@@ -386,14 +386,13 @@ def write_report(report: EvalReport, out_dir: str | os.PathLike, *, force: bool 
     with atomic_directory(out_dir, force=force) as tmp:
         for art in report.artifacts:
             if art.calibration is not None and art.calibration_file:
-                text = art.calibration.model_dump_json(indent=1) + "\n"
+                text = dumps_model(art.calibration, indent=1) + "\n"
                 _write_bytes(tmp / art.calibration_file, text.encode())
                 names.append(art.calibration_file)
         plot_names = write_plots(report, tmp) if plots else []
         names += plot_names
         # Compact: the cycles of every prompt make an indented file ten times larger.
-        doc = report.model_dump(mode="json")
-        _write_bytes(tmp / "report.json", (json.dumps(doc, separators=(",", ":")) + "\n").encode())
+        _write_bytes(tmp / "report.json", (dumps(report, compact=True) + "\n").encode())
         _write_bytes(tmp / "report.md", render_markdown(report, plots=plot_names).encode())
         names += ["report.json", "report.md"]
     out = Path(out_dir)

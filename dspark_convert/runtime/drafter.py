@@ -19,7 +19,12 @@ from dataclasses import dataclass
 import torch
 
 from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
+from dspark_convert.runtime.sampling import pick, probs_from_logits, require_finite
 from dspark_convert.runtime.weights import DrafterWeights
+
+
+# How a refusal names the drafter's logits (runtime/sampling.py: NumericOverflowError).
+DRAFTER_LOGITS = "the drafter's logits"
 
 
 @dataclass(frozen=True)
@@ -36,27 +41,8 @@ class Proposal:
 
     def draft_probs(self, temperature: float) -> torch.Tensor:
         """q_i over the vocabulary for the L proposed tokens (one-hot at temperature 0)."""
-        return probs_from_logits(self.corrected_logits[: self.length], temperature)
-
-
-def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(z / T) in float32 (bfloat16 logits are widened first, as the engines sample);
-    at temperature 0 a one-hot at the argmax (DeepSpec's convention)."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if temperature <= 0.0:
-        out = torch.zeros_like(logits)
-        out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-        return out
-    return torch.softmax(logits / temperature, dim=-1)
-
-
-def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    """argmax at temperature 0, else one draw from softmax(z/T) (on the generator's device)."""
-    if temperature <= 0.0:
-        return int(logits.argmax())
-    probs = probs_from_logits(logits, temperature)
-    device = generator.device if generator is not None else probs.device
-    return int(torch.multinomial(probs.to(device), 1, generator=generator))
+        return probs_from_logits(self.corrected_logits[: self.length], temperature,
+                                 what=DRAFTER_LOGITS)
 
 
 class DSparkDrafter:
@@ -176,7 +162,8 @@ class DSparkDrafter:
         tokens: list[int] = []
         if self.markov == "none":
             corrected = base
-            tokens = [pick(base[k], temperature, generator) for k in range(B)]
+            tokens = [pick(base[k], temperature, generator, what=DRAFTER_LOGITS)
+                      for k in range(B)]
         else:
             rows = []
             prev = anchor
@@ -186,7 +173,7 @@ class DSparkDrafter:
                 bias, state = self._markov_bias(prev, hb[k], state)
                 z = base[k] + bias
                 rows.append(z)
-                prev = pick(z, temperature, generator)
+                prev = pick(z, temperature, generator, what=DRAFTER_LOGITS)
                 tokens.append(prev)
             corrected = torch.stack(rows)
         token_tensor = torch.tensor(tokens, dtype=torch.long, device=self.device)
@@ -200,6 +187,7 @@ class DSparkDrafter:
                 features = torch.cat([hb, self.w["markov_head.markov_w1.weight"][prev_ids]], dim=-1)
             conf = linear(features, self.w["confidence_head.proj.weight"],
                           self.w["confidence_head.proj.bias"])[:, 0]
+            require_finite(conf, "the drafter's confidence logits")
             if confidence_threshold > 0.0:
                 length = self.confidence_cut(conf, confidence_threshold)
         # The raw confidence logits (uncalibrated) are what the proposal and a trace keep.

@@ -22,8 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark_convert.runtime.drafter import DSparkDrafter, pick, probs_from_logits
+from dspark_convert.runtime.drafter import DSparkDrafter
+from dspark_convert.runtime.sampling import pick, probs_from_logits
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target, TargetOutput
+
+
+# How a refusal names the target's logits (runtime/sampling.py: NumericOverflowError).
+TARGET_LOGITS = "the target's logits"
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,7 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
     max_length = P + max_new_tokens
     out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache, keep=taps,
                          last_logits_only=True)
-    x = list(prompt) + [pick(out.logits[-1], temperature, generator)]
+    x = list(prompt) + [pick(out.logits[-1], temperature, generator, what=TARGET_LOGITS)]
 
     cycles: list[Cycle] = []
     acceptance: list[int] = []
@@ -188,7 +193,7 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
             out = verify_forward(target, verify_ids, cache, keep=taps, stepwise=stepwise_verify)
             _sync(device)
             cycle_verify = time.perf_counter() - t1
-            p = probs_from_logits(out.logits, temperature)
+            p = probs_from_logits(out.logits, temperature, what=TARGET_LOGITS)
             q = proposal.draft_probs(temperature) if L else None
             accepted, next_token, stopped = verify(p, q, draft, stop_token_ids=stop_token_ids,
                                                    generator=generator)
@@ -243,7 +248,7 @@ def target_greedy(target: Qwen3Target, prompt: list[int], *, max_new_tokens: int
                          last_logits_only=True)
     x = list(prompt)
     for _ in range(max_new_tokens):
-        token = int(out.logits[-1].argmax())
+        token = pick(out.logits[-1], 0.0, None, what=TARGET_LOGITS)
         x.append(token)
         if token in stop_token_ids or len(x) >= len(prompt) + max_new_tokens:
             break
