@@ -5,8 +5,10 @@ under the README's names: the DeepSpec reference drafter as the README's drafter
 README's commit, the golden target as its target.
 
 The one edit to the text: the placeholder `COMMIT` (the target's commit, which a user fills
-in) becomes the loopback target's commit. Each block must leave what the next reads (the
-lock, the artifact, the report); the test checks the files a user is told to look at.
+in) becomes the loopback target's commit. What a user is told to have is made first: the
+target GGUF llama.cpp runs, by llama.cpp's own converter on the golden target. Each block
+must leave what the next reads (the lock, the artifact, the report); the test checks the
+files a user is told to look at.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from support.paths import GOLDEN_TARGET
 pytestmark = pytest.mark.slow
 
 PLACEHOLDER = re.compile(r"\bCOMMIT\b")
+# What of the checkout the quick start reads: the example policy and the fixtures it names,
+# and tools/llama_cpp.py, which finds the llama.cpp build.
+CHECKOUT = ("release", "golden", "tools")
 
 
 def quick_start() -> list[str]:
@@ -52,22 +57,33 @@ def test_the_quick_start_covers_the_common_path():
 def test_the_quick_start_runs(tmp_path):
     blocks = quick_start()
     drafter_repo, drafter_commit, target_repo = pins(blocks)
+    # "In the checkout": what the snippets read of it, linked; what they write lands here.
     work = tmp_path / "work"
     work.mkdir()
-    # The gate's example policy names the golden fixtures relative to itself.
-    for name in ("release", "golden"):
+    for name in CHECKOUT:
         (work / name).symlink_to(ROOT / name)
+    script = "\n".join(blocks)
+    target_gguf = re.search(r"--target-gguf (\S+)", script)
+    if target_gguf:
+        # The target GGUF the user runs llama.cpp with: llama.cpp's own converter on the
+        # golden target (support/llama_cpp.py; it skips, or fails under CI, when llama.cpp
+        # is not built: `make test` builds it first).
+        from support.llama_cpp import engine
+
+        engine().convert(GOLDEN_TARGET, work / target_gguf.group(1))
     with HubServer() as hub:
         hub.add_directory(drafter_repo, REFERENCE_DRAFTER, commit=drafter_commit)
         target_commit = hub.add_directory(target_repo, GOLDEN_TARGET)
-        script = "set -euo pipefail\n" + PLACEHOLDER.sub(target_commit, "\n".join(blocks))
+        script = "set -euo pipefail\n" + PLACEHOLDER.sub(target_commit, script)
         env = {k: v for k, v in os.environ.items()
                if k not in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN")}
         env.update(HF_HOME=str(tmp_path / "hf_home"), HF_ENDPOINT=hub.url, COLUMNS="200",
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
                    OMP_NUM_THREADS="1")
+        # errors="replace": llama.cpp prints the tokens it decodes, a byte-level BPE
+        # fragment of a tiny tokenizer included
         run = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True,
-                             text=True, timeout=900)
+                             text=True, errors="replace", timeout=900)
         assert run.returncode == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
         # Every file came from the loopback Hub: the drafter at the README's commit.
         assert any(f"/{drafter_repo}/resolve/{drafter_commit}/" in path
@@ -77,3 +93,9 @@ def test_the_quick_start_runs(tmp_path):
     assert (work / "build" / "drafter" / "drafter.gguf").is_file()
     assert (work / "build" / "eval" / "report.md").is_file()
     assert (work / "build" / "eval" / "report.json").is_file()
+    assert {p.name for p in (work / "build" / "gate").iterdir()} >= {"gate.json", "gate.md", "junit.xml"}
+    if target_gguf:
+        assert (work / "build" / "drafter-llama.gguf").is_file()
+        # llama-speculative-simple decoded with the drafter and reported what it accepted
+        assert re.search(r"n_drafted\s*=\s*[1-9]", run.stderr), run.stderr[-2000:]
+        assert re.search(r"n_accept\s*=\s*\d+", run.stderr), run.stderr[-2000:]
