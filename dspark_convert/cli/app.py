@@ -40,7 +40,8 @@ class _Typer(typer.Typer):
 app = _Typer(
     name="dspark",
     help="Convert DeepSeek DSpark drafters into Strata artifacts (from a directory or the Hub, "
-         "pinned), validate, inspect and smoke-test them.",
+         "pinned), validate, inspect, quantize, run, evaluate and export them, and gate "
+         "releases.",
     epilog=EXIT_CODES_EPILOG,
     no_args_is_help=True,
     add_completion=False,
