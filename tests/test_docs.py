@@ -189,18 +189,22 @@ def test_the_reference_lists_every_option_of_every_command():
             assert f"`{option}`" in section, (name, option)
 
 
-def test_the_exit_code_scan_covers_what_the_hostile_corpus_is_refused_with():
+@pytest.fixture(scope="module")
+def raised() -> dict[str, list[str]]:
+    """The scan (a few seconds: every module of the package parsed), once."""
+    return raisers.raised_by()
+
+
+def test_the_exit_code_scan_covers_what_the_hostile_corpus_is_refused_with(raised):
     make_corpus = load_tool("tests/hostile/make_corpus.py")
-    raised = raisers.raised_by()
     missing = [(case.name, case.command, case.error.__name__) for case in make_corpus.CASES
                if case.command not in raised[case.error.__name__]]
     assert not missing, missing
 
 
-def test_the_exit_code_scan_tells_commands_apart():
+def test_the_exit_code_scan_tells_commands_apart(raised):
     # An upper bound, but not everything everywhere: the quantizer's refusals are not
     # convert's or validate's, the prompt set's not quantize's, and inspect writes nothing.
-    raised = raisers.raised_by()
     assert "quantize" in raised["QuantizedParentError"]
     assert not {"convert", "validate", "inspect"} & set(raised["QuantizedParentError"])
     assert "eval" in raised["PromptSetError"]
