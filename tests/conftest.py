@@ -95,3 +95,15 @@ def golden_models(converted):
     drafter = DSparkDrafter(load_drafter_weights(converted["reference"]), embed=target.embed,
                             lm_head=target.lm_head, device=cpu)
     return target, drafter
+
+
+# --- llama.cpp (issue 20): the engine, its converter's files and our exports, built once ---
+
+@pytest.fixture(scope="session")
+def llama_golden(tmp_path_factory, paired_artifacts):
+    """support/llama_cpp.Golden: the golden target converted by llama.cpp's own converter,
+    both trained drafters converted by it and exported by us. Skips where llama.cpp is not
+    built, fails under CI=true (support/llama_cpp.engine)."""
+    from support.llama_cpp import make_golden
+
+    return make_golden(tmp_path_factory.mktemp("llama_cpp"), paired_artifacts)

@@ -165,6 +165,7 @@ def build(*, jobs: int | None = None) -> Path:
         for name in BINARIES:
             shutil.copy2(tree / "bin" / name, work / "bin" / name)
         shutil.rmtree(tree)             # ~100 MB of objects nobody reads again
+        shutil.rmtree(work / "download", ignore_errors=True)   # the 76 MB sdist, unpacked
         info = {"package": PACKAGE, "version": VERSION, "sdist_sha256": SDIST_SHA256,
                 "commit": COMMIT, "cmake_options": list(CMAKE_OPTIONS),
                 "binaries": list(BINARIES)}
