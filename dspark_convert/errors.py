@@ -505,6 +505,50 @@ class TargetGGUFMismatchError(ExportRefusal):
     exit_code = 104
 
 
+# --- `dspark gate`: the release policy and its verdict (exit codes 120-129) -----------------
+
+class GateError(DSparkError):
+    kind = "gate"
+
+
+class GatePolicyError(GateError):
+    """The gate's policy file is unusable: not TOML, an unknown or mistyped key, a missing
+    one, a duplicate drafter name, a source or target that is not pinned (named by its
+    drafter and key)."""
+    exit_code = 120
+
+
+class GateFailedError(GateError):
+    """The gate ran and at least one drafter failed a stage (gate.json, gate.md and
+    junit.xml in the output directory name each failed stage)."""
+    exit_code = 121
+
+
+class GateBaselineError(GateError):
+    """--baseline: the directory, its gate.json, or the report in it is missing, malformed
+    or incomplete."""
+    exit_code = 122
+
+
+class GateSelectionError(GateError):
+    """--only NAME names no drafter of the policy."""
+    exit_code = 123
+
+
+class ReproducibilityError(GateError):
+    """The gate's reproducibility stage: drafter.gguf rebuilt from the pinned source has
+    another SHA-256 than the one the policy records, and the policy states no reason
+    (``changed_because``)."""
+    exit_code = 124
+
+
+class AcceptanceRegressionError(GateError):
+    """The gate's regression stage: tau below the policy's min_tau, or tau or the acceptance
+    at a draft position dropped more than allowed against --baseline (or the baseline was
+    measured with other settings)."""
+    exit_code = 125
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1

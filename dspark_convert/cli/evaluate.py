@@ -73,6 +73,14 @@ def evaluate(
         "confidence logits before the threshold, for the artifact it was made for; "
         "repeatable.")] = None,
     max_memory: MaxMemoryOpt = None,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", metavar="llama.cpp=BIN_DIR", help="Also run another engine's own binaries "
+        "on the same prompts (temperature 0): the target alone and each artifact it can run, "
+        "exported on the fly; with the proposal check of every draft against ours "
+        "(docs/ENGINES.md).")] = None,
+    target_gguf: Annotated[Optional[Path], typer.Option(
+        "--target-gguf", metavar="FILE", help="The target as the engine runs it (with "
+        "--engine llama.cpp: its converter's GGUF of --target).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing report directory, "
                                                         "atomically.")] = False,
     as_json: JsonOpt = False,
@@ -119,7 +127,8 @@ def evaluate(
                 calibrate=calibrate, held_out=held_out, calibrations=calibrations,
                 max_memory=budget, on_estimate=show_estimate,
                 progress=RichProgress(enabled=not as_json),
-                run_progress=RichProgress(enabled=not as_json, counted=True))
+                run_progress=RichProgress(enabled=not as_json, counted=True),
+                engine=engine, target_gguf=target_gguf)
         except EvalInterrupted as stop:
             report, interrupted = stop.report, True
         written = write_report(report, output, force=force)
@@ -167,6 +176,23 @@ def _print_summary(report, output: Path, written: list[Path]) -> None:
         if r.lossless is not None:
             parts.append("= target greedy" if r.lossless else "DIFFERS from target greedy")
         out.print(escape(f"  {run_label(r)}, T={r.temperature:g}: " + ", ".join(parts)))
+    for r in report.engine_runs:
+        parts = [f"{r.new_tokens} new tokens"]
+        if r.tau is not None:
+            parts.append(f"tau {r.tau:.2f}")
+        if r.tokens_per_second:
+            parts.append(f"{r.tokens_per_second:,.0f} tok/s")
+        if r.lossless is not None:
+            parts.append("= its target alone" if r.lossless else "DIFFERS from its target alone")
+        if r.proposals is not None:
+            parts.append(f"proposals {r.proposals.equal}/{r.proposals.compared} equal to ours")
+        what = "target alone" if r.kind == "target" else f"{r.artifact} ({r.spec_type})"
+        out.print(escape(f"  {r.engine} {what}: " + ", ".join(parts)))
+        d = r.proposals.first_difference if r.proposals else None
+        if d is not None:
+            out.print(escape(f"    first difference: prompt {d.prompt}, draft {d.draft_call}, "
+                             f"position {d.position}: {r.engine} {d.engine_token}, ours "
+                             f"{d.reference_token}"))
     for art in report.artifacts:
         if art.calibration is not None:
             out.print(escape(f"  calibration {art.name}: {art.calibration.note}"))
@@ -177,6 +203,7 @@ def _print_summary(report, output: Path, written: list[Path]) -> None:
         where = [f"T={n.temperature:g}"] if n.temperature is not None else []
         where += [f"threshold {n.confidence_threshold:g}"] if n.confidence_threshold else []
         what += f" ({', '.join(where)})" if where else ""
+        what = f"{n.engine} {what}" if n.engine else what
         out.print(escape(f"  not run: {what}: {n.reason}"))
     names = ", ".join(p.name for p in written)
     out.print(escape(f"wrote {output}: {names}"))

@@ -415,7 +415,9 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
              max_memory: int | None = None,
              on_estimate: Callable[[MemoryReport], None] | None = None,
              progress: Progress | None = None,
-             run_progress: Progress | None = None) -> EvalReport:
+             run_progress: Progress | None = None,
+             engine: str | None = None,
+             target_gguf: str | os.PathLike | None = None) -> EvalReport:
     """Run the eval and return its report (see the module docstring). ``prompts``: a JSONL
     path, a loaded ``PromptSet`` or None (the package's golden prompt set). A threshold of
     0 is the cutoff-off run, always made. The per-artifact confidence metrics and
@@ -437,13 +439,20 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
 
     Raises a DSparkError for a bad input (before any run), EvalInterrupted on Ctrl-C once
     the runs have begun (a Ctrl-C while the inputs are checked and the models loaded is a
-    plain KeyboardInterrupt: nothing to report)."""
+    plain KeyboardInterrupt: nothing to report).
+
+    ``engine`` ("llama.cpp=BIN_DIR") with ``target_gguf``: that engine's own runs beside
+    ours on the same prompts (commands/evaluate_engine.py), checked before anything runs."""
     progress = progress or NoProgress()
     run_progress = run_progress or progress
     # The options first: a bad one is refused before torch is imported.
     check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
                   max_new_tokens=max_new_tokens, seed=seed, held_out=held_out, dtype=dtype,
                   device=device, max_memory=max_memory)
+    from dspark_convert.commands.evaluate_engine import parse_engine, run_engine
+
+    engine_spec = parse_engine(engine, target_gguf)
+    engine_info, engine_runs = None, []
     from dspark_convert.commands.binding import bind, open_run_target
     from dspark_convert.commands.smoke import resolve_device, verify_mode
     from dspark_convert.runtime.drafter import DSparkDrafter
@@ -541,6 +550,13 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                                       confidence_threshold=0.0, reason=result))
             else:
                 fitted[art.name] = result
+        if engine_spec is not None:
+            engine_info, engine_runs, engine_not_run = run_engine(
+                engine_spec, arts=arts, prompts=resolved,
+                texts={r.key: r.prompt for r in prompt_set.records}, model=model,
+                max_new_tokens=max_new_tokens, temperatures=temps, thresholds=cuts,
+                stops=runner.stops, progress=run_progress)
+            not_run += engine_not_run
     except KeyboardInterrupt:
         interrupted = True
         reason = "interrupted (Ctrl-C) before it finished"
@@ -555,6 +571,10 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                     for a in arts if calibrate and a.name not in fitted
         # What the interruption stopped; what could never have run keeps its own reason.
                     and a.name not in listed]
+        if engine_spec is not None and not engine_runs:
+            not_run.append(NotRun(kind="target", artifact=None, temperature=0.0,
+                                  confidence_threshold=None, engine=engine_spec.name,
+                                  reason=reason))
 
     artifacts_out = []
     for art in arts:
@@ -581,7 +601,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         incomplete_reason="interrupted (Ctrl-C)" if interrupted else None,
         settings=settings, environment=environment, target=identity,
         prompt_set=prompt_set.info(), artifacts=artifacts_out, runs=runs, not_run=not_run,
-        lossless=all(checks) if checks else None, memory_estimate=memory)
+        lossless=all(checks) if checks else None, memory_estimate=memory,
+        engine=engine_info, engine_runs=engine_runs)
     if interrupted:
         raise EvalInterrupted(report) from None
     return report

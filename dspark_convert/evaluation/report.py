@@ -23,6 +23,7 @@ from dspark_convert.evaluation.environment import Environment, TargetIdentity
 from dspark_convert.evaluation.cells import md_cell, mib_cell, ms_cell, run_label
 from dspark_convert.evaluation.metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
 from dspark_convert.evaluation.prompts import PromptSetInfo
+from dspark_convert.evaluation.proposals import ProposalCheck
 
 REPORT_FORMAT = "dspark-eval-report"
 REPORT_VERSION = 1
@@ -91,6 +92,67 @@ class NotRun(BaseModel):
     temperature: float | None
     confidence_threshold: float | None
     reason: str
+    engine: str | None = None          # another engine's run ("llama.cpp"); None: ours
+
+
+# --- another engine's runs beside ours (`--engine llama.cpp=BIN_DIR`, issue 20) -------------
+
+class SkippedPrompt(BaseModel):
+    """A prompt the engine did not run, and why (its text does not give back its ids)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    reason: str
+
+
+class EnginePromptRun(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    prompt_tokens: int
+    new_tokens: int
+    completion_ids: list[int] | None   # the new tokens; None for the target alone (llama.cpp
+                                       # prints its text only: ``text_sha256`` names it)
+    text_sha256: str                   # of the generated text's first max_new_tokens tokens
+    seconds: float                     # the whole llama.cpp process
+    acceptance_lengths: list[int] | None
+    lossless: bool | None              # the text equals llama.cpp's target alone
+    proposals: ProposalCheck | None
+    statistics: str | None             # llama.cpp's own statistics line, timings left out
+
+
+class EngineRun(BaseModel):
+    """One engine run over the prompts it could take: the target alone, or an artifact
+    exported for it (``dspark export``). ``tau``: mean accepted+1 per draft llama.cpp made
+    (its first draft is made from the prompt's last token: docs/ENGINES.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: Literal["llama.cpp"]
+    kind: Literal["target", "drafter"]
+    artifact: str | None
+    spec_type: str | None              # --spec-type (draft-dspark, draft-dflash)
+    drafter_file_sha256: str | None    # the exported file llama.cpp ran
+    temperature: float
+    prompts: list[EnginePromptRun]
+    prompts_skipped: list[SkippedPrompt]
+    new_tokens: int
+    seconds: float
+    tokens_per_second: float | None    # llama.cpp's own decode speed, over all prompts
+    tau: float | None
+    acceptance_by_position: list[float] | None   # P(accepted > k | proposed > k)
+    lossless: bool | None
+    proposals: ProposalCheck | None
+
+
+class EngineInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: Literal["llama.cpp"]
+    binaries: str
+    target_gguf: str
+    target_gguf_sha256: str
 
 
 class ArtifactReport(BaseModel):
@@ -145,6 +207,9 @@ class EvalReport(BaseModel):
     # The estimate checked before loading (the target and every artifact at once), what the
     # device had; None when nothing was loaded (no device).
     memory_estimate: MemoryReport | None = None
+    # --engine: the other engine's own runs beside ours, on the prompts it could take.
+    engine: EngineInfo | None = None
+    engine_runs: list[EngineRun] = []
 
     def run(self, kind: str, artifact: str | None, temperature: float,
             threshold: float | None) -> RunReport | None:
@@ -159,7 +224,7 @@ class EvalReport(BaseModel):
 MEASURED_FIELDS = frozenset({
     "seconds", "committed_tokens_per_second", "speedup", "draft_seconds",
     "draft_seconds_per_step", "verify_seconds_per_step", "verify_seconds", "peak_memory",
-    "timing_note", "environment", "memory_estimate"})
+    "timing_note", "environment", "memory_estimate", "tokens_per_second"})
 
 
 def comparable(report: EvalReport) -> dict:
@@ -330,6 +395,8 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
                        "multiplies positions scaled by different temperatures.")
             out.append("")
 
+    out += _engine_section(report)
+
     if report.not_run:
         out.append("## Not run")
         out.append("")
@@ -341,6 +408,7 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
             if n.confidence_threshold is not None:
                 where.append(f"threshold {n.confidence_threshold:g}")
             suffix = f" ({', '.join(where)})" if where else ""
+            what = f"{n.engine} {what}" if n.engine else what
             out.append(f"- {md_cell(what)}{suffix}: {md_cell(n.reason)}")
         out.append("")
 
@@ -365,6 +433,59 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
             out.append(f"![{name}]({name})")
     out.append("")
     return "\n".join(out)
+
+
+def _engine_section(report: EvalReport) -> list[str]:
+    """--engine: the other engine's runs beside ours, and the proposal check."""
+    if report.engine is None:
+        return []
+    e = report.engine
+    out = [f"## {md_cell(e.engine)} beside the reference", "",
+           f"Binaries `{md_cell(e.binaries)}`, target `{md_cell(e.target_gguf)}` (SHA-256 "
+           f"`{e.target_gguf_sha256[:16]}…`); temperature 0, the cutoff off; each artifact "
+           "exported by `dspark export`. tau: mean accepted+1 per draft llama.cpp made (its "
+           "first draft is made from the prompt's last token). Proposals: drafts equal, token "
+           "for token, to the reference runtime's proposal from the same committed tokens and "
+           "anchor.", "",
+           "| run | spec type | prompts | tau | llama.cpp's statistics | tok/s | lossless | "
+           "proposals equal | first difference |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in report.engine_runs:
+        lossless = "-" if r.lossless is None else ("yes" if r.lossless else "**NO**")
+        p = r.proposals
+        first = "-"
+        if p is not None and p.first_difference is not None:
+            d = p.first_difference
+            first = (f"prompt {md_cell(d.prompt or '-')}, draft {d.draft_call}, position "
+                     f"{d.position}: {d.engine_token} vs ours {d.reference_token}"
+                     + (f" (its draft is ours read {d.row_offset} row(s) late)"
+                        if d.row_offset else ""))
+        stats = next((x.statistics for x in r.prompts if x.statistics), None)
+        mean = "-"
+        if stats:
+            import re
+            m = re.search(r"#mean acc len = ([0-9.]+)", stats)
+            mean = f"mean acc len {m.group(1)} (first prompt)" if m else "-"
+        out.append(f"| {'target alone' if r.kind == 'target' else md_cell(r.artifact)} | "
+                   f"{r.spec_type or '-'} | {len(r.prompts)} | {_f(r.tau)} | {mean} | "
+                   f"{_f(r.tokens_per_second, 0)} | {lossless} | "
+                   f"{'-' if p is None else f'{p.equal} / {p.compared}'} | {first} |")
+    out.append("")
+    runs = [r for r in report.engine_runs if r.acceptance_by_position]
+    if runs:
+        B = max(len(r.acceptance_by_position) for r in runs)
+        out.append("| llama.cpp acceptance by position | " + " | ".join(f"k={k}" for k in range(B)) + " |")
+        out.append("|---|" + "---|" * B)
+        for r in runs:
+            out.append(f"| {md_cell(r.artifact)} | " + " | ".join(_f(x) for x in r.acceptance_by_position) + " |")
+        out.append("")
+    skipped = report.engine_runs[0].prompts_skipped if report.engine_runs else []
+    if skipped:
+        out.append(f"Prompts {md_cell(e.engine)} did not run ({len(skipped)}):")
+        out.append("")
+        out += [f"- {md_cell(s.id)}: {md_cell(s.reason)}" for s in skipped]
+        out.append("")
+    return out
 
 
 # --- writing the directory ----------------------------------------------------------------

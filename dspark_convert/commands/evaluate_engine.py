@@ -1,0 +1,265 @@
+"""`dspark eval --engine llama.cpp=BIN_DIR --target-gguf TARGET.gguf`: llama.cpp's own runs
+beside the reference runtime's (issue 20; docs/ENGINES.md "llama.cpp's runs beside ours").
+
+On the eval's prompts and settings, at temperature 0 with the confidence cut off:
+
+1. the target alone (``llama-completion`` on TARGET.gguf), which also says how llama.cpp
+   tokenizes each prompt: llama.cpp takes text only, so a prompt of ids is passed as the
+   text its ids spell in the target GGUF's vocabulary, and a prompt whose llama.cpp
+   tokens are not exactly its ids is not run by llama.cpp (``prompts_skipped``, with both
+   lists): no re-tokenization drift is compared;
+2. each artifact llama.cpp can run, exported for it on the fly (``dspark export``, the
+   default layout) into a temporary directory, with the --spec-type llama.cpp itself picks
+   for the file (draft-dspark with a Markov head, else draft-dflash:
+   common_speculative_types_from_gguf): tau, acceptance by position, llama.cpp's decode
+   speed, lossless (its text equal to llama.cpp's target alone) and the proposal check
+   (evaluation/proposals.py) of every draft against the reference runtime's drafter, the
+   one this eval loaded.
+
+What llama.cpp cannot run is listed in ``not_run`` with ``engine: "llama.cpp"`` and the
+reason: another temperature or a confidence threshold (the check is greedy, the cutoff
+off), an artifact ``dspark export`` refuses (its message).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark_convert.errors import EngineOptionError, ExportRefusal, TargetGGUFError
+from dspark_convert.evaluation import engine_llama_cpp as L
+from dspark_convert.evaluation.proposals import (
+    EngineDraft,
+    FirstDifference,
+    ProposalCheck,
+    ReferenceProposer,
+    check_proposals,
+)
+from dspark_convert.evaluation.report import (
+    EngineInfo,
+    EnginePromptRun,
+    EngineRun,
+    NotRun,
+    SkippedPrompt,
+)
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.util.text import shown
+
+ENGINES = (L.ENGINE,)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    binaries: L.Binaries
+    target_gguf: Path
+    vocabulary: L.Vocabulary
+    target_sha256: str
+
+
+def parse_engine(spec: str | None, target_gguf: str | os.PathLike | None) -> EngineSpec | None:
+    """``--engine NAME=BIN_DIR`` with ``--target-gguf``: checked before anything runs."""
+    if spec is None:
+        if target_gguf is not None:
+            raise EngineOptionError("--target-gguf: given without --engine; expected both or "
+                                    "neither", field="target_gguf", expected="--engine llama.cpp=DIR",
+                                    found=str(target_gguf))
+        return None
+    name, sep, directory = spec.partition("=")
+    if not sep or name not in ENGINES or not directory:
+        raise EngineOptionError(f"--engine {shown(spec)!r}: expected NAME=BIN_DIR with NAME one of "
+                                f"{', '.join(ENGINES)}", field="engine",
+                                expected="llama.cpp=BIN_DIR", found=shown(spec))
+    if target_gguf is None:
+        raise EngineOptionError(f"--engine {name}: needs --target-gguf TARGET.gguf, the target as "
+                                "llama.cpp runs it (its converter's file)", field="target_gguf",
+                                expected="a GGUF file", found=None)
+    bins = L.find_binaries(directory)
+    path = Path(target_gguf)
+    vocab = L.read_vocabulary(path)
+    try:
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise TargetGGUFError(f"{shown(path)}: cannot read: {os.strerror(exc.errno or 0)}",
+                              path=str(path)) from None
+    return EngineSpec(name=name, binaries=bins, target_gguf=path.absolute(), vocabulary=vocab,
+                      target_sha256=sha)
+
+
+def _kind(art) -> str:
+    return "dflash" if art.markov == "none" else "dspark"
+
+
+def _tau(lengths: list[int]) -> float | None:
+    return sum(lengths) / len(lengths) if lengths else None
+
+
+def _by_position(drafts) -> list[float] | None:
+    """P(accepted > k | proposed > k) over the drafts (DeepSpec's conditional rate)."""
+    longest = max((len(d.tokens) for d in drafts), default=0)
+    if not longest:
+        return None
+    out = []
+    for k in range(longest):
+        proposed = [d for d in drafts if len(d.tokens) > k]
+        out.append(sum(d.accepted > k for d in proposed) / len(proposed))
+    return out
+
+
+def _merge(checks: list[tuple[str, ProposalCheck]]) -> ProposalCheck | None:
+    if not checks:
+        return None
+    width = max(len(c.positions_compared) for _, c in checks)
+    pc, pe = [0] * width, [0] * width
+    first: FirstDifference | None = None
+    for key, c in checks:
+        for k, (a, b) in enumerate(zip(c.positions_compared, c.positions_equal)):
+            pc[k] += a
+            pe[k] += b
+        if first is None and c.first_difference is not None:
+            first = c.first_difference.model_copy(update={"prompt": key})
+    return ProposalCheck(compared=sum(c.compared for _, c in checks),
+                         equal=sum(c.equal for _, c in checks), positions_compared=pc,
+                         positions_equal=pe, first_difference=first)
+
+
+def _cut(ids, n: int, stops) -> list[int]:
+    out = list(ids)[:n]
+    hit = next((i for i, t in enumerate(out) if t in stops), None)
+    return out if hit is None else out[: hit + 1]
+
+
+def run_engine(spec: EngineSpec, *, arts, prompts, texts: dict[str, str | None], model,
+               max_new_tokens: int, temperatures, thresholds, stops: tuple[int, ...],
+               progress: Progress | None = None) -> tuple[EngineInfo, list[EngineRun], list[NotRun]]:
+    """llama.cpp's runs: the target alone, then each artifact; see the module docstring.
+    ``texts``: each prompt's text (None for a prompt given as ids: spelled from the ids)."""
+    from dspark_convert.commands.export import export_llama_cpp
+
+    progress = progress or NoProgress()
+    info = EngineInfo(engine=spec.name, binaries=shown(spec.binaries.directory),
+                      target_gguf=shown(spec.target_gguf), target_gguf_sha256=spec.target_sha256)
+    not_run: list[NotRun] = []
+    for t in temperatures:
+        if t != 0.0:
+            not_run.append(NotRun(kind="target", artifact=None, temperature=t,
+                                  confidence_threshold=None, engine=spec.name,
+                                  reason="llama.cpp is run at temperature 0 only: the proposal "
+                                         "check and losslessness are greedy"))
+    for art in arts:
+        for c in thresholds:
+            if c > 0.0 and art.has_confidence:
+                not_run.append(NotRun(kind="drafter", artifact=art.name, temperature=0.0,
+                                      confidence_threshold=c, engine=spec.name,
+                                      reason="llama.cpp is run with the cutoff off (p-min 0): its "
+                                             "--spec-draft-p-min cuts on sigmoid(cl_k), not "
+                                             "DeepSpec's threshold rule, so the runs would not "
+                                             "compare"))
+    vocab = spec.vocabulary
+
+    # 1. The target alone, which also tokenizes every prompt as llama.cpp does.
+    kept, skipped, target_runs, target_out = [], [], [], {}
+    progress.start("llama.cpp: target alone", len(prompts))
+    try:
+        for p in prompts:
+            text = texts.get(p.key)
+            if text is None:
+                text = L.text_of_prompt_ids(vocab, p.ids)
+            if text is None or not text:
+                skipped.append(SkippedPrompt(id=p.key, reason="its token ids spell bytes that are "
+                                             "not UTF-8 text, and llama.cpp takes a prompt as text"))
+                progress.advance(1)
+                continue
+            run = L.run_target(spec.binaries, spec.target_gguf, text,
+                               max_new_tokens=max_new_tokens)
+            if list(run.prompt_ids) != list(p.ids):
+                skipped.append(SkippedPrompt(id=p.key, reason=f"llama.cpp tokenizes its text to "
+                                             f"{list(run.prompt_ids)[:24]}, not its ids "
+                                             f"{list(p.ids)[:24]}"))
+            elif len(p.ids) < 2:
+                skipped.append(SkippedPrompt(id=p.key, reason="one token: llama.cpp's speculative "
+                                             "loop drafts from the prompt's last token after the "
+                                             "others"))
+            else:
+                kept.append((p, text))
+                target_out[p.key] = run
+                target_runs.append(EnginePromptRun(
+                    # llama.cpp's eval runs after the prompt's own pass, which gives the first
+                    id=p.key, prompt_tokens=len(p.ids), new_tokens=run.decode_tokens + 1,
+                    completion_ids=None, text_sha256=hashlib.sha256(run.text).hexdigest(),
+                    seconds=run.seconds, acceptance_lengths=None, lossless=None, proposals=None,
+                    statistics=None))
+            progress.advance(1)
+    finally:
+        progress.finish()
+    dec_tokens = sum(target_out[k].decode_tokens for k in target_out)
+    dec_seconds = sum(target_out[k].decode_seconds for k in target_out)
+    runs = [EngineRun(engine=spec.name, kind="target", artifact=None, spec_type=None,
+                      drafter_file_sha256=None, temperature=0.0, prompts=target_runs,
+                      prompts_skipped=skipped, new_tokens=sum(r.new_tokens for r in target_runs),
+                      seconds=sum(r.seconds for r in target_runs),
+                      tokens_per_second=dec_tokens / dec_seconds if dec_seconds > 0 else None,
+                      tau=None, acceptance_by_position=None, lossless=None, proposals=None)]
+
+    # 2. Each artifact, exported for llama.cpp.
+    with tempfile.TemporaryDirectory(prefix="dspark-eval-engine-") as tmp:
+        for art in arts:
+            out = Path(tmp) / f"{art.name}.gguf"
+            try:
+                exported = export_llama_cpp(art.path, spec.target_gguf, out)
+            except ExportRefusal as exc:
+                not_run.append(NotRun(kind="drafter", artifact=art.name, temperature=0.0,
+                                      confidence_threshold=0.0, engine=spec.name,
+                                      reason=f"dspark export refuses it: {exc.message}"))
+                continue
+            runs.append(_drafter_run(spec, art, exported, out, kept, skipped, target_out, model,
+                                     max_new_tokens=max_new_tokens, stops=stops, progress=progress))
+    return info, runs, not_run
+
+
+def _drafter_run(spec: EngineSpec, art, exported, draft: Path, kept, skipped, target_out, model,
+                 *, max_new_tokens: int, stops, progress: Progress) -> EngineRun:
+    kind = _kind(art)
+    proposer = ReferenceProposer(model, art.drafter)
+    vocab = spec.vocabulary
+    prompt_runs, checks, all_drafts, lengths = [], [], [], []
+    dec_tokens = dec_seconds = 0.0
+    progress.start(f"llama.cpp: {art.name} ({L.SPEC_TYPES[kind]})", len(kept))
+    try:
+        for p, text in kept:
+            run = L.run_speculative(spec.binaries, spec.target_gguf, draft, kind=kind,
+                                    prompt_text=text, prompt_ids=tuple(p.ids),
+                                    max_new_tokens=max_new_tokens, n_max=art.block_size)
+            drafted = [d for d in run.drafts if d.tokens]
+            check = check_proposals([EngineDraft(d.call, d.context, d.anchor, d.tokens)
+                                     for d in drafted], proposer)
+            checks.append((p.key, check))
+            new = _cut(run.output_ids, max_new_tokens, stops)
+            target = target_out[p.key]
+            mine = vocab.text(new)
+            lossless = mine.startswith(target.text) if target.ended else mine == target.text
+            acc = [d.accepted + 1 for d in drafted]
+            lengths += acc
+            all_drafts += drafted
+            dec_tokens += run.decode_tokens
+            dec_seconds += run.decode_seconds
+            prompt_runs.append(EnginePromptRun(
+                id=p.key, prompt_tokens=len(p.ids), new_tokens=len(new), completion_ids=new,
+                text_sha256=hashlib.sha256(mine).hexdigest(), seconds=run.seconds,
+                acceptance_lengths=acc, lossless=lossless, proposals=check,
+                statistics=run.stats.line))
+            progress.advance(1)
+    finally:
+        progress.finish()
+    losses = [r.lossless for r in prompt_runs if r.lossless is not None]
+    return EngineRun(engine=spec.name, kind="drafter", artifact=art.name,
+                     spec_type=L.SPEC_TYPES[kind], drafter_file_sha256=exported.sha256,
+                     temperature=0.0, prompts=prompt_runs, prompts_skipped=list(skipped),
+                     new_tokens=sum(r.new_tokens for r in prompt_runs),
+                     seconds=sum(r.seconds for r in prompt_runs),
+                     tokens_per_second=dec_tokens / dec_seconds if dec_seconds > 0 else None,
+                     tau=_tau(lengths), acceptance_by_position=_by_position(all_drafts),
+                     lossless=all(losses) if losses else None, proposals=_merge(checks))
