@@ -505,6 +505,38 @@ class TargetGGUFMismatchError(ExportRefusal):
     exit_code = 104
 
 
+# --- another engine's own runs beside ours: `dspark eval --engine` (exit codes 110-119;
+# dspark_convert/evaluation/engine_llama_cpp.py) ---------------------------------------------
+
+class EngineError(DSparkError):
+    kind = "engine"
+
+
+class EngineOptionError(EngineError):
+    """--engine is not NAME=BIN_DIR with a known engine (llama.cpp), is given twice, or
+    comes without the --target-gguf the engine's runs need (or the reverse)."""
+    exit_code = 110
+
+
+class EngineBinaryError(EngineError):
+    """The engine's directory lacks a binary the eval runs (llama-speculative-simple,
+    llama-completion), or one is not an executable file."""
+    exit_code = 111
+
+
+class EngineRunError(EngineError):
+    """An engine binary failed: a non-zero exit, a signal or a timeout (its last error
+    line is named)."""
+    exit_code = 112
+
+
+class EngineOutputError(EngineError):
+    """The engine's output cannot be read as expected: a line the parser needs is missing,
+    or what it printed contradicts itself (a draft's context length, the prompt's token
+    count); the eval refuses rather than guess."""
+    exit_code = 113
+
+
 # --- `dspark gate`: the release policy and its verdict (exit codes 120-129) -----------------
 
 class GateError(DSparkError):
