@@ -88,10 +88,11 @@ bench-runtime: $(STAMP)
 	$(BIN)/python bench/runtime.py build --workdir $(BENCH_RUNTIME_DIR)
 	flock $(BIGMEM_LOCK) $(BIN)/python bench/runtime.py run --workdir $(BENCH_RUNTIME_DIR)
 
-# The pre-release gate, exactly as .github/workflows/gate.yml runs it: build the artifacts
-# release/artifacts.txt names, `dspark validate --strict --json` each; reports in build/gate/.
+# The pre-release gate, exactly as .github/workflows/gate.yml runs it (docs/GATE.md): every
+# drafter of release/golden.toml pinned, converted, checked, quantized, run and evaluated;
+# gate.json, gate.md, junit.xml and every artifact in build/gate/.
 gate: $(STAMP)
-	scripts/gate.sh
+	$(BIN)/dspark gate release/golden.toml -o build/gate --force
 
 # The long fuzz run (docs/FUZZING.md): DSPARK_FUZZ_EXAMPLES examples per property
 # (default 5000); log in build/fuzz/last-run.log.

@@ -23,6 +23,8 @@ def _models() -> dict:
     from dspark_convert.commands.validate import ValidationReport
     from dspark_convert.evaluation.calibration import CalibrationFile
     from dspark_convert.evaluation.report import EvalReport
+    from dspark_convert.commands.gate_policy import Policy
+    from dspark_convert.commands.gate_report import GateReport
 
     return {
         "dspark-config.schema.json": DSparkConfig,
@@ -33,6 +35,8 @@ def _models() -> dict:
         "lockfile.schema.json": LockFile,
         "eval-report.schema.json": EvalReport,
         "calibration.schema.json": CalibrationFile,
+        "gate-policy.schema.json": Policy,
+        "gate-report.schema.json": GateReport,
     }
 
 

@@ -1,0 +1,544 @@
+"""`dspark gate POLICY -o OUT_DIR`: the pre-release gate (docs/GATE.md).
+
+For each drafter of the policy (commands/gate_policy.py), in order, these stages, each one
+the library function its command runs (nothing re-implemented, nothing in a subprocess):
+
+1. ``pin``: the source still at its pinned commit with the bytes the lock records
+   (source/hub: the listing against the lock before any download, every small file
+   hashed; the weights are hashed by convert's own pass, which the lock also binds), and
+   the target opened (a Hub target fetched and verified at its commit);
+2. ``convert`` with the target (the pairing recorded);
+3. ``reproducibility``: drafter.gguf's SHA-256 against the policy's ``sha256`` (none yet:
+   recorded; different with ``changed_because``: passed, saying why);
+4. ``validate`` with the target and ``require`` (``strict``: warnings fail);
+5. ``quantize.TYPE`` for each variant: quantize, then validate the variant as in 4;
+6. ``smoke`` at temperature 0 on the prompts: lossless, else it fails;
+7. ``eval`` on the prompts (the target alone, the artifact and each variant built): the
+   acceptance measured, losslessness checked again;
+8. ``llama.cpp``: llama.cpp's own run beside the reference runtime, for a drafter that
+   requires llama.cpp when ``[defaults] llama_cpp`` names a build;
+9. ``regression``: ``min_tau``, and against ``--baseline`` (a previous gate's gate.json)
+   ``max_tau_drop`` and ``max_acceptance_drop`` at any draft position.
+
+A failed stage fails its drafter and skips the stages that need it; the other drafters go
+on. Everything is written into OUT_DIR atomically (util/atomic.py): the artifacts, every
+stage's report, gate.json, gate.md and junit.xml (commands/gate_report.py). Ctrl-C stops
+the run, writes what finished with gate.json ``complete: false`` (the rest ``not_run``),
+and raises ``GateInterrupted`` carrying the result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dspark_convert import CONVERTER_NAME, __version__
+from dspark_convert.commands.gate_policy import Entry, LoadedPolicy, load_policy, updated_path, with_hashes
+from dspark_convert.commands.gate_report import (
+    ArtifactSummary,
+    EntryReport,
+    GateReport,
+    Measured,
+    Measurement,
+    StageReport,
+    read_gate_report,
+    write_reports,
+)
+from dspark_convert.errors import (
+    AcceptanceRegressionError,
+    DSparkError,
+    GateSelectionError,
+    OutputWriteError,
+    ReproducibilityError,
+    SourceNotFoundError,
+    StrataRuleError,
+)
+from dspark_convert.util.atomic import atomic_directory, atomic_file, check_output, refuse_overlap
+from dspark_convert.util.paths import check_path
+from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.util.text import shown
+
+BF16 = "bf16"                           # the converted artifact's directory and eval name
+# A stage and the stages it needs (each must have passed or recorded).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "pin": (), "convert": ("pin",), "reproducibility": ("convert",), "validate": ("convert",),
+    "quantize": ("validate",), "smoke": ("validate",), "eval": ("validate",),
+    "llama.cpp": ("eval",), "regression": ("eval",),
+}
+# Float comparisons of measured rates: a drop exactly at the limit passes.
+_EPS = 1e-9
+
+StageCallback = Callable[[Entry, StageReport], None]
+
+
+class GateInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the gate; ``result`` holds what was written (gate.json incomplete)."""
+
+    def __init__(self, result: "GateResult") -> None:
+        super().__init__("interrupted")
+        self.result = result
+
+
+@dataclass(frozen=True)
+class GateResult:
+    report: GateReport
+    output: Path
+    files: tuple[str, ...]             # gate.json, gate.md, junit.xml
+    updated_policy: Path | None        # --update's copy
+
+
+class _Stop(Exception):
+    """A stage's own verdict other than passed: (status, detail)."""
+
+    def __init__(self, status: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def _relocated(text: str, tmp: Path, out: Path) -> str:
+    """A report's text with the temporary output directory's path replaced by the final
+    one (the run works in the hidden sibling util/atomic renames into place)."""
+    for a, b in ((str(tmp), str(out)), (json.dumps(str(tmp))[1:-1], json.dumps(str(out))[1:-1])):
+        text = text.replace(a, b)
+    return text
+
+
+class _EntryRun:
+    """One drafter's stages, into ``tmp / name``."""
+
+    def __init__(self, gate: "_Gate", entry: Entry) -> None:
+        self.gate, self.entry = gate, entry
+        self.dir = gate.tmp / entry.name
+        self.stages: list[StageReport] = []
+        self.artifacts: dict[str, ArtifactSummary] = {}
+        self.measurement: Measurement | None = None
+        self.target = None
+        self.variants: list[str] = []          # variant names that validated
+        self.prompt_set = None
+
+    # -- the bookkeeping ------------------------------------------------------------------
+
+    def _status(self, name: str) -> str | None:
+        found = [s.status for s in self.stages if s.name == name or s.name.startswith(name + ".")]
+        if not found:
+            return None
+        return "failed" if "failed" in found else found[0]
+
+    def run(self, name: str, body: Callable[[], tuple[str, list[str]]], *, needs: str | None = None) -> None:
+        """Run one stage: ``body`` returns (detail, files) for passed, raises _Stop for
+        another verdict, or a DSparkError for a failure."""
+        for need in NEEDS[needs or name]:
+            status = self._status(need)
+            if status not in ("passed", "recorded"):
+                why = "did not run" if status in (None, "not_run") else status
+                self._add(StageReport(name=name, status="skipped",
+                                      detail=f"needs {need}, which {why}"))
+                return
+        start = time.perf_counter()
+        try:
+            detail, files = body()
+            report = StageReport(name=name, status="passed", detail=detail, files=files)
+        except _Stop as stop:
+            report = StageReport(name=name, status=stop.status, detail=stop.detail)
+        except DSparkError as exc:
+            report = StageReport(name=name, status="failed", detail=shown(exc.message),
+                                 error=type(exc).__name__, exit_code=exc.exit_code)
+        self._add(report.model_copy(update={"seconds": round(time.perf_counter() - start, 3)}))
+
+    def _add(self, report: StageReport) -> None:
+        report = report.model_copy(update={"detail": _relocated(report.detail, self.gate.tmp,
+                                                                self.gate.out)})
+        self.stages.append(report)
+        self.gate.on_stage(self.entry, report)
+
+    def rel(self, path: Path) -> str:
+        return path.relative_to(self.gate.tmp).as_posix()
+
+    def write_json(self, name: str, doc: dict) -> str:
+        path = self.dir / name
+        text = _relocated(json.dumps(doc, indent=1), self.gate.tmp, self.gate.out) + "\n"
+        _write(path, text.encode())
+        return self.rel(path)
+
+    # -- the stages ---------------------------------------------------------------------
+
+    def stages_all(self) -> None:
+        e = self.entry
+        self.dir.mkdir()
+        self.run("pin", self.pin)
+        self.run("convert", self.convert)
+        self.run("reproducibility", self.reproducibility)
+        self.run("validate", self.validate)
+        if not e.quantize:
+            self.run("quantize", self.nothing("no variants: the policy's quantize is empty"))
+        for qtype in e.quantize:
+            self.run(f"quantize.{qtype}", lambda q=qtype: self.quantize(q), needs="quantize")
+        self.run("smoke", self.smoke)
+        self.run("eval", self.evaluate)
+        self.run("llama.cpp", self.llama_cpp)
+        self.run("regression", self.regression)
+
+    @staticmethod
+    def nothing(why: str):
+        def body():
+            raise _Stop("not_run", why)
+        return body
+
+    def pin(self):
+        from dspark_convert.source.hub.source import HubOptions, open_hub_source
+
+        e, parts = self.entry, []
+        if e.source.hub is not None:
+            hub = open_hub_source(e.source.hub, HubOptions(lock=e.lock), self.gate.progress)
+            snap = hub.snapshot
+            where = "the local cache (offline)" if snap.offline else snap.endpoint
+            parts.append(f"source {snap.repo}@{snap.commit} from {where}: {len(snap.files)} "
+                         "file(s)" + (f", as the lock {e.lock.name} records" if e.lock else
+                                      " (no lock)"))
+        else:
+            path = e.source.path
+            if not path.is_dir():
+                raise SourceNotFoundError(f"source {path}: no such directory; expected a "
+                                          "checkpoint directory or org/name@<40-hex commit>",
+                                          path=str(path), expected="a directory", found="nothing")
+            parts.append(f"source {path}: a local directory (nothing to pin: convert records "
+                         "each file's SHA-256)")
+        self.target = self.gate.open_target(e.target.spec)
+        t = self.target
+        parts.append(f"target {t.repo}@{t.revision}" if t.repo else f"target {t.directory}")
+        return "; ".join(parts), []
+
+    def convert(self):
+        from dspark_convert.commands.convert import convert
+        from dspark_convert.source.hub.source import HubOptions
+
+        e = self.entry
+        hub = HubOptions(lock=e.lock) if e.source.hub is not None else None
+        out = self.dir / BF16
+        result = convert(e.source.spec, out, target=self.target, hub=hub,
+                         progress=self.gate.progress)
+        self.artifacts[BF16] = ArtifactSummary(path=self.rel(out), size=result.gguf_size,
+                                               sha256=result.gguf_sha256)
+        return (f"drafter.gguf {result.gguf_size:,} bytes, SHA-256 {result.gguf_sha256}; "
+                f"{len(result.manifest.artifact.tensors)} tensors",
+                [self.rel(out / "drafter.gguf"), self.rel(out / "manifest.json")])
+
+    def reproducibility(self):
+        e, got = self.entry, self.artifacts[BF16].sha256
+        if e.sha256 is None:
+            raise _Stop("recorded", f"drafter.gguf SHA-256 {got}; the policy names none yet "
+                        "(--update writes it)")
+        if got == e.sha256:
+            if e.changed_because:
+                return (f"drafter.gguf SHA-256 {got}, the policy's (changed_because is no "
+                        "longer needed)", [])
+            return f"drafter.gguf SHA-256 {got}, the one the policy records", []
+        if e.changed_because:
+            return (f"drafter.gguf SHA-256 {got}; the policy records {e.sha256}, changed "
+                    f"because: {e.changed_because}", [])
+        raise ReproducibilityError(
+            f"drafter.gguf SHA-256 is {got}; the policy records {e.sha256} (the last "
+            "release's); expected the same bytes, or changed_because saying why not",
+            field="sha256", expected=e.sha256, found=got)
+
+    def _validate(self, artifact: Path, report_name: str) -> tuple[str, str]:
+        from dspark_convert.commands.validate import validate_artifact
+
+        e = self.entry
+        report = validate_artifact(artifact, target=self.target, require=e.require,
+                                   progress=self.gate.progress)
+        code = report.exit_code(strict=e.strict)
+        written = self.write_json(report_name, {**report.model_dump(), "strict": e.strict,
+                                                "exit_code": code})
+        error = report.first_error()
+        if error is not None:
+            raise type(error)(f"{report.first_failure.name}: {error.message}", path=error.path,
+                              field=error.field, tensor=error.tensor, expected=error.expected,
+                              found=error.found)
+        if code:
+            first = next(c for c in report.checks if c.status == "warning")
+            raise StrataRuleError(f"strict: a warning counts as a failure: {first.name}: "
+                                  f"{first.detail}", field=first.name)
+        engines = ", ".join(f"{name} {'yes' if r.accepts else 'no'}"
+                            for name, r in (report.engines or {}).items())
+        required = f"; required: {', '.join(e.require)}" if e.require else ""
+        return (f"{len(report.checks)} checks, {report.warnings} warning(s); engines: "
+                f"{engines}{required}", written)
+
+    def validate(self):
+        detail, written = self._validate(self.dir / BF16, "validate.json")
+        return detail, [written]
+
+    def quantize(self, qtype: str):
+        from dspark_convert.commands.quantize import quantize_artifact
+
+        out = self.dir / qtype
+        result = quantize_artifact(self.dir / BF16, out, qtype, progress=self.gate.progress)
+        self.artifacts[qtype] = ArtifactSummary(path=self.rel(out), size=result.gguf_size,
+                                                sha256=result.gguf_sha256)
+        detail, written = self._validate(out, f"validate-{qtype}.json")
+        self.variants.append(qtype)
+        return (f"drafter.gguf {result.gguf_size:,} bytes, SHA-256 {result.gguf_sha256}; "
+                f"validate: {detail}", [self.rel(out / "drafter.gguf"),
+                                        self.rel(out / "manifest.json"), written])
+
+    def _prompts(self):
+        """The prompt set, loaded once per drafter (PromptSetError for a bad one)."""
+        from dspark_convert.evaluation.prompts import load_prompt_set
+
+        if self.prompt_set is None:
+            self.prompt_set = load_prompt_set(self.entry.prompts)
+        return self.prompt_set
+
+    def smoke(self):
+        from dspark_convert.commands.smoke import run_smoke
+        from dspark_convert.evaluation.prompts import resolve_prompts
+
+        e, t = self.entry, self.target
+        prompts = resolve_prompts(self._prompts(), tokenizer=t.tokenizer,
+                                  vocab_size=t.qwen3.vocab_size, context=t.qwen3.context_length)
+        trace = self.dir / "smoke-trace.json"
+        result = run_smoke(self.dir / BF16, target=t.directory, prompts=[list(p.ids) for p in prompts],
+                           max_new_tokens=e.max_new_tokens, temperature=0.0, device=e.device,
+                           dtype=e.dtype, trace=trace, progress=self.gate.progress)
+        written = self.write_json("smoke.json", result.model_dump(mode="json"))
+        return (f"{len(result.runs)} prompt(s) at temperature 0, every output the target's own "
+                f"greedy output ({result.dtype}, {result.device}); tau {result.tau:.3f}",
+                [written, self.rel(trace)])
+
+    def evaluate(self):
+        from dspark_convert.commands.evaluate import report_failure, run_eval
+        from dspark_convert.evaluation.report import EvalReport, write_report
+
+        e = self.entry
+        names = [BF16, *self.variants]
+        report = run_eval([self.dir / n for n in names], self.target.directory, self._prompts(),
+                          temperatures=(0.0,), thresholds=(), max_new_tokens=e.max_new_tokens,
+                          device=e.device, dtype=e.dtype, progress=self.gate.progress)
+        out = self.dir / "eval"
+        report = EvalReport.model_validate_json(
+            _relocated(report.model_dump_json(), self.gate.tmp, self.gate.out))
+        written = write_report(report, out)
+        failure = report_failure(report, self.gate.out / self.entry.name / "eval")
+        measured = {}
+        for name in names:
+            run = next((r for r in report.runs if r.kind == "drafter" and r.artifact == name
+                        and r.confidence_threshold == 0.0), None)
+            if run is not None and run.acceptance is not None:
+                measured[name] = Measured(tau=run.acceptance.tau,
+                                          acceptance_by_position=run.acceptance.acceptance_by_position,
+                                          lossless=run.lossless)
+        self.measurement = Measurement(
+            prompt_set_sha256=report.prompt_set.sha256, prompts=report.prompt_set.count,
+            max_new_tokens=e.max_new_tokens, dtype=report.settings.dtype,
+            device=report.environment.device, artifacts=measured)
+        if failure is not None:
+            raise failure
+        taus = ", ".join(f"{n} tau {m.tau:.3f}" for n, m in measured.items() if m.tau is not None)
+        return (f"{report.prompt_set.count} prompt(s), {e.max_new_tokens} new tokens, "
+                f"{report.settings.dtype} on {report.environment.device}: {taus}; lossless",
+                [self.rel(p) for p in written])
+
+    def llama_cpp(self):
+        e = self.entry
+        if "llama.cpp" not in e.require:
+            raise _Stop("not_run", "the drafter does not require llama.cpp")
+        if e.llama_cpp is None:
+            raise _Stop("not_run", "not run: no llama.cpp build given ([defaults] llama_cpp)")
+        raise _Stop("not_run", f"not run: this dspark has no llama.cpp engine run "
+                    f"(build {e.llama_cpp} given)")
+
+    def regression(self):
+        return regression(self.entry, self.measurement, self.gate.baseline)
+
+
+def regression(entry: Entry, measurement: Measurement, baseline: GateReport | None):
+    """The regression stage's verdict: (detail, []) when every check holds, _Stop when
+    nothing could be compared, AcceptanceRegressionError for the first problem."""
+    problems, checked = [], []
+    for name, m in measurement.artifacts.items():
+        if entry.min_tau is not None:
+            if m.tau is None or m.tau < entry.min_tau - _EPS:
+                problems.append(f"{name}: tau {_num(m.tau)} is below min_tau {entry.min_tau:g}")
+            else:
+                checked.append(f"{name} tau {m.tau:.3f} >= {entry.min_tau:g}")
+    before = baseline.entry(entry.name) if baseline is not None else None
+    limits = entry.max_tau_drop is not None or entry.max_acceptance_drop is not None
+    note = None
+    if baseline is None:
+        note = "no --baseline" if limits else None
+    elif before is None or before.measurement is None:
+        note = f"the baseline has no measurement of {entry.name}"
+    elif before.measurement.settings() != measurement.settings():
+        problems.append(f"the baseline measured with other settings ({_settings(before.measurement)}; "
+                        f"now {_settings(measurement)}); expected the same prompts and settings")
+    else:
+        for name, m in measurement.artifacts.items():
+            b = before.measurement.artifacts.get(name)
+            if b is None:
+                checked.append(f"{name}: new (not in the baseline)")
+                continue
+            if entry.max_tau_drop is not None and b.tau is not None:
+                drop = b.tau - (m.tau or 0.0)
+                if drop > entry.max_tau_drop + _EPS:
+                    problems.append(f"{name}: tau {_num(m.tau)} dropped {drop:.3f} from the "
+                                    f"baseline's {b.tau:.3f}; max_tau_drop is {entry.max_tau_drop:g}")
+                else:
+                    checked.append(f"{name} tau {_num(m.tau)} (baseline {b.tau:.3f})")
+            if entry.max_acceptance_drop is not None:
+                for k, (rb, rn) in enumerate(zip(b.acceptance_by_position, m.acceptance_by_position)):
+                    if rb is not None and (rb - (rn or 0.0)) > entry.max_acceptance_drop + _EPS:
+                        problems.append(f"{name}: the acceptance at draft position {k} is "
+                                        f"{_num(rn)}, {rb - (rn or 0.0):.3f} below the baseline's "
+                                        f"{rb:.3f}; max_acceptance_drop is "
+                                        f"{entry.max_acceptance_drop:g}")
+                        break
+                else:
+                    checked.append(f"{name} acceptance by position within "
+                                   f"{entry.max_acceptance_drop:g} of the baseline")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise AcceptanceRegressionError(problems[0] + more, field="regression",
+                                        found=len(problems))
+    if not checked:
+        raise _Stop("recorded" if note else "not_run",
+                    (note + "; measured, nothing to compare") if note
+                    else "no min_tau, no --baseline: nothing to check")
+    return "; ".join(checked + ([note] if note else [])), []
+
+
+def _num(x: float | None) -> str:
+    return "none" if x is None or not math.isfinite(x) else f"{x:.3f}"
+
+
+def _settings(m: Measurement) -> str:
+    return ", ".join(f"{k} {v}" for k, v in m.settings().items())
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        from dspark_convert.util.atomic import write_error
+
+        raise write_error(exc, path) from None
+
+
+class _Gate:
+    def __init__(self, policy: LoadedPolicy, out: Path, tmp: Path, baseline: GateReport | None,
+                 progress: Progress, on_stage: StageCallback) -> None:
+        self.policy, self.out, self.tmp, self.baseline = policy, out, tmp, baseline
+        self.progress, self.on_stage = progress, on_stage
+        self._targets: dict[str, object] = {}
+
+    def open_target(self, spec: str):
+        """Each target once per gate (the pairing reuses its headers and hashes)."""
+        from dspark_convert.target.model import open_target
+
+        if spec not in self._targets:
+            self._targets[spec] = open_target(spec, progress=self.progress)
+        return self._targets[spec]
+
+
+def _reads(policy: LoadedPolicy, baseline: str | os.PathLike | None) -> list[tuple[object, str]]:
+    """What the gate reads, which its output must stay out of."""
+    from dspark_convert.source.hub.cache import hub_cache_dir
+
+    reads: list[tuple[object, str]] = [(policy.path, "the policy file")]
+    for e in policy.entries:
+        reads += [(e.source.path, "a drafter's source"), (e.target.path, "a target model"),
+                  (e.lock, "a lock file"), (e.prompts, "a prompt set"),
+                  (e.llama_cpp, "the llama.cpp build")]
+        if e.source.hub or e.target.hub:
+            reads.append((hub_cache_dir(None), "the Hugging Face cache"))
+    if baseline is not None:
+        reads.append((baseline, "the baseline"))
+    return [(p, what) for p, what in reads if p is not None]
+
+
+def run_gate(policy: str | os.PathLike, output: str | os.PathLike, *,
+             baseline: str | os.PathLike | None = None, only: Sequence[str] = (),
+             update: bool = False, force: bool = False, progress: Progress | None = None,
+             on_stage: StageCallback | None = None) -> GateResult:
+    """Run the gate (see the module docstring) and return its result; the verdict is
+    ``result.report.passed``. Raises a DSparkError before anything runs for a bad policy
+    (120), --only naming no drafter (123), a bad --baseline (122), an existing OUT_DIR
+    without ``force`` (30) or one overlapping what the gate reads; GateInterrupted on
+    Ctrl-C once the drafters have begun (OUT_DIR then holds an incomplete gate.json)."""
+    progress = progress or NoProgress()
+    on_stage = on_stage or (lambda entry, stage: None)
+    loaded = load_policy(policy)
+    for name in only:
+        if loaded.entry(name) is None:
+            raise GateSelectionError(f"--only {shown(name)}: no drafter of {shown(loaded.path)} has "
+                                     f"this name; expected one of "
+                                     f"{', '.join(e.name for e in loaded.entries)}",
+                                     field="only", expected=[e.name for e in loaded.entries],
+                                     found=shown(name))
+    entries = [e for e in loaded.entries if not only or e.name in only]
+    before = read_gate_report(baseline) if baseline is not None else None
+    check_path(output, what="the output directory", error=OutputWriteError)
+    out = check_output(output, force=force, directory=True)
+    refuse_overlap(out, _reads(loaded, baseline))
+    updated = None
+    if update:
+        updated = check_output(updated_path(loaded.path), force=force, directory=False)
+        refuse_overlap(updated, [(out, "the output directory")])
+
+    runs: list[_EntryRun] = []
+    interrupted = False
+    with atomic_directory(out, force=force) as tmp:
+        gate = _Gate(loaded, out, tmp, before, progress, on_stage)
+        try:
+            for entry in entries:
+                run = _EntryRun(gate, entry)
+                runs.append(run)
+                run.stages_all()
+        except KeyboardInterrupt:
+            interrupted = True
+        report = _report(loaded, entries, runs, baseline, list(only), interrupted)
+        files = write_reports(report, tmp, _write)
+    if interrupted:
+        raise GateInterrupted(GateResult(report, out, tuple(files), None))
+    if updated is not None:
+        hashes = {r.entry.index: r.artifacts[BF16].sha256 for r in runs if BF16 in r.artifacts}
+        text = with_hashes(loaded.text, hashes, shown(loaded.path)).encode()
+        atomic_file(updated, lambda fh: fh.write(text), force=force)
+    return GateResult(report, out, tuple(files), updated)
+
+
+# The stages a drafter has, in order, for the ones an interrupted run never reached.
+def _planned(entry: Entry) -> list[str]:
+    quantize = [f"quantize.{q}" for q in entry.quantize] or ["quantize"]
+    return ["pin", "convert", "reproducibility", "validate", *quantize, "smoke", "eval",
+            "llama.cpp", "regression"]
+
+
+def _report(policy: LoadedPolicy, entries: list[Entry], runs: list[_EntryRun],
+            baseline, only: list[str], interrupted: bool) -> GateReport:
+    reason = "interrupted (Ctrl-C) before it finished"
+    out = []
+    for i, entry in enumerate(entries):
+        run = runs[i] if i < len(runs) else None
+        stages = list(run.stages) if run else []
+        done = {s.name for s in stages}
+        stages += [StageReport(name=n, status="not_run", detail=reason)
+                   for n in _planned(entry) if n not in done]
+        out.append(EntryReport(
+            name=entry.name, source=entry.source.text, target=entry.target.text,
+            passed=all(s.ok or s.status == "not_run" for s in stages) and not (
+                interrupted and any(s.detail == reason for s in stages)),
+            stages=stages, expected_sha256=entry.sha256,
+            artifacts=dict(run.artifacts) if run else {},
+            measurement=run.measurement if run else None))
+    return GateReport(complete=not interrupted, incomplete_reason=reason if interrupted else None,
+                      converter=f"{CONVERTER_NAME} {__version__}", policy=shown(policy.path),
+                      policy_sha256=policy.sha256,
+                      baseline=None if baseline is None else shown(os.fspath(baseline)),
+                      only=only, passed=not interrupted and all(e.passed for e in out),
+                      entries=out)
