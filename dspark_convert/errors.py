@@ -3,8 +3,8 @@
 Every refusal the tool can make is one class here. Each class carries a stable exit code
 and a one-line message that names the file, field or tensor, what was expected and what
 was found. The CLI maps these to output and exit codes (``cli/errors.py``); library code
-raises them and never prints or exits. The table ``EXIT_CODES`` is the single source for
-the README's exit-code table (a test keeps the two in agreement).
+raises them and never prints or exits. The classes are the single source of
+docs/EXIT_CODES.md (tools/docs.py generates it from them; a test keeps it current).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _json_number_or_text(value: object) -> bool:
 
 
 class DSparkError(Exception):
-    """Base of every refusal. ``exit_code`` is stable and documented in the README."""
+    """Base of every refusal. ``exit_code`` is stable and documented in docs/EXIT_CODES.md."""
 
     exit_code: int = 1
     kind: str = "error"
