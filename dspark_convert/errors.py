@@ -176,6 +176,12 @@ class OutputWriteError(OutputError):
     exit_code = 31
 
 
+class OutputPathError(OutputError):
+    """The output path names no new entry: empty, whitespace only, ending in '.' or '..',
+    '/', the working directory or one of its ancestors (with --force it would be wiped)."""
+    exit_code = 32
+
+
 # --- artifacts (validate / inspect) --------------------------------------------------------
 
 class ArtifactError(DSparkError):

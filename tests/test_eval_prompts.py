@@ -103,7 +103,7 @@ def test_file_level_refusals(tmp_path):
             load_prompt_set(_write(tmp_path, text))
     with pytest.raises(PromptSetError, match="not found"):
         load_prompt_set(tmp_path / "missing.jsonl")
-    with pytest.raises(PromptSetError, match="not a file"):
+    with pytest.raises(PromptSetError, match="is a directory, not a regular file"):
         load_prompt_set(tmp_path)
 
 

@@ -30,8 +30,10 @@ from pathlib import Path
 import pytest
 from conftest import REFERENCE_DRAFTER, dspark_cmd
 from support.cli import assert_one_error_line, assert_valid, run_cli, temp_siblings
+from support.paths import GOLDEN_TARGET
 
 from dspark_convert.errors import OutputExistsError, OutputWriteError, SourceLayoutError
+from dspark_convert.util.atomic import TMP_MARK
 
 PAGE = 4096
 POLL_S = 0.002
@@ -106,19 +108,25 @@ needs_tmpfs = pytest.mark.skipif(not _unshare_tmpfs_works(), reason=(
     "namespaces are disabled on this machine)"))
 
 
-def convert_on_tiny_disk(mountpoint: Path, size: int, *extra: str) -> tuple[int, str, list[str]]:
-    """Convert the reference drafter onto a fresh tmpfs of ``size`` bytes mounted at
-    ``mountpoint`` (seen only by this process tree). Returns the exit code, stderr, and
-    what the tmpfs held afterwards (it vanishes with the namespace)."""
+def on_tiny_disk(mountpoint: Path, size: int, *args: str) -> tuple[int, str, list[str]]:
+    """``dspark ARGS...`` with a fresh tmpfs of ``size`` bytes mounted at ``mountpoint``
+    (seen only by this process tree). Returns the exit code, stderr, and what the tmpfs
+    held afterwards, hidden entries included, on one line (it vanishes with the namespace)."""
     mountpoint.mkdir()
     script = ('mount -t tmpfs -o size="$1" tmpfs "$2" || exit 99; shift 2; '
-              '"$@"; rc=$?; echo "LISTING:$(ls -A "$0")"; exit $rc')
-    cmd = dspark_cmd("convert", str(REFERENCE_DRAFTER), "-o", str(mountpoint / "art"), "-q", *extra)
+              '"$@"; rc=$?; echo "LISTING:$(ls -A "$0" | tr "\\n" " ")"; exit $rc')
     proc = subprocess.run(["unshare", "-rm", "sh", "-c", script, str(mountpoint), str(size),
-                           str(mountpoint), *cmd], capture_output=True, text=True, timeout=120)
+                           str(mountpoint), *dspark_cmd(*args)], capture_output=True, text=True,
+                          timeout=300)
     listing = [line for line in proc.stdout.splitlines() if line.startswith("LISTING:")]
     assert proc.returncode != 99 and len(listing) == 1, proc.stdout + proc.stderr
     return proc.returncode, proc.stderr, listing[0][len("LISTING:"):].split()
+
+
+def convert_on_tiny_disk(mountpoint: Path, size: int, *extra: str) -> tuple[int, str, list[str]]:
+    """Convert the reference drafter onto a tiny tmpfs at ``mountpoint`` (``on_tiny_disk``)."""
+    return on_tiny_disk(mountpoint, size, "convert", str(REFERENCE_DRAFTER), "-o",
+                        str(mountpoint / "art"), "-q", *extra)
 
 
 @needs_tmpfs
@@ -149,6 +157,85 @@ def test_disk_with_room_converts(tmp_path: Path, good_artifact: Path) -> None:
     code, stderr, left = convert_on_tiny_disk(tmp_path / "disk", 1024 * 1024)
     assert code == 0, stderr
     assert left == ["art"]
+
+
+# --- a full disk under smoke's and eval's reports (hostile inputs, round 3) ---------------------
+
+@pytest.fixture(scope="module")
+def paired(paired_artifacts) -> Path:
+    return paired_artifacts["vanilla_conf_markov"]
+
+
+SMOKE = ("--prompt-ids", "1,471", "--max-new-tokens", "2")
+
+
+@needs_tmpfs
+@pytest.mark.parametrize("old_trace", [True, False], ids=["old-trace", "no-trace"])
+def test_disk_full_writing_the_plot_leaves_no_trace(tmp_path: Path, paired: Path,
+                                                    old_trace: bool) -> None:
+    """--trace on a disk with room, --plot on a full one: smoke exits 31 naming the plot,
+    and the trace is not written either (nor an old one replaced): a failed run leaves no
+    output, its reports are published together or not at all."""
+    trace = tmp_path / "trace.json"
+    if old_trace:
+        trace.write_text("the old trace\n")
+    disk = tmp_path / "disk"
+    code, stderr, left = on_tiny_disk(disk, PAGE, "smoke", str(paired), "--target",
+                                      str(GOLDEN_TARGET), *SMOKE, "--trace", str(trace),
+                                      "--plot", str(disk / "plot.png"))
+    line = assert_one_error_line((code, stderr), OutputWriteError.exit_code, str(disk / "plot.png"),
+                                 "No space left on device", "(disk full)")
+    assert TMP_MARK not in line
+    assert left == []
+    assert sorted(os.listdir(tmp_path)) == (["disk", "trace.json"] if old_trace else ["disk"])
+    if old_trace:
+        assert trace.read_text() == "the old trace\n"
+
+
+@needs_tmpfs
+def test_disk_with_room_writes_both_reports(tmp_path: Path, paired: Path) -> None:
+    disk = tmp_path / "disk"
+    code, stderr, left = on_tiny_disk(disk, 256 * 1024, "smoke", str(paired), "--target",
+                                      str(GOLDEN_TARGET), *SMOKE, "--trace", str(disk / "t.json"),
+                                      "--plot", str(disk / "p.png"))
+    assert code == 0, stderr
+    assert sorted(left) == ["p.png", "t.json"]
+
+
+@needs_tmpfs
+def test_disk_full_writing_an_eval_report_names_the_report(tmp_path: Path, paired: Path) -> None:
+    """report.json fits, the PNGs do not: 31 naming the file inside REPORT_DIR (not the hidden
+    temporary it was being built in), and nothing on the disk."""
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text('{"id": "a", "prompt_ids": [1, 471]}\n')
+    disk = tmp_path / "disk"
+    code, stderr, left = on_tiny_disk(disk, 4 * PAGE, "eval", str(paired), "--target",
+                                      str(GOLDEN_TARGET), "--prompts", str(prompts),
+                                      "--max-new-tokens", "2", "--threshold", "0.5",
+                                      "-o", str(disk / "report"))
+    line = assert_one_error_line((code, stderr), OutputWriteError.exit_code,
+                                 str(disk / "report") + "/", "(disk full)")
+    assert TMP_MARK not in line
+    assert left == []
+
+
+def test_write_errors_name_the_output_not_its_temporary(tmp_path: Path) -> None:
+    """Whatever path inside a temporary a writer hands to write_error (eval's report files,
+    its plots), the message names the output the user asked for."""
+    import errno
+
+    from dspark_convert.util.atomic import atomic_directory, write_error
+
+    out = tmp_path / "report"
+    with pytest.raises(OutputWriteError) as caught:
+        with atomic_directory(out) as tmp:
+            raise write_error(OSError(errno.ENOSPC, "No space left on device"), tmp / "a.png")
+    assert caught.value.message == f"{out}/a.png: cannot write the output: No space left on device (disk full)"
+    with pytest.raises(OutputWriteError) as caught:
+        with atomic_directory(out) as tmp:
+            open(tmp / "sub" / "x", "wb")        # a raw OSError from inside the block: 31 too
+    assert str(out) in caught.value.message and TMP_MARK not in caught.value.message
+    assert os.listdir(tmp_path) == []
 
 
 # --- SIGKILL during --force ---------------------------------------------------------------------

@@ -53,8 +53,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable 
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")]
-ArtifactOutputOpt = Annotated[Path, typer.Option("--output", "-o",
-                                                 help="The artifact directory to create.")]
+# Text, not a Path: a Path would turn an empty -o "" into "." (util/atomic.check_outputs).
+ArtifactOutputOpt = Annotated[str, typer.Option("--output", "-o", metavar="<path>",
+                                                help="The artifact directory to create.")]
 TargetOpt = Annotated[Optional[str], typer.Option(
     "--target", help="The target model: a directory (config.json, tokenizer.json, safetensors) "
     "or org/name@<40-hex commit> on the Hub; check geometry, embedding identity and tokenizer "

@@ -42,7 +42,8 @@ def evaluate(
     target: Annotated[str, typer.Option(
         "--target", help="The target model directory (Qwen3, HF safetensors, tokenizer.json), "
         "or org/name@<40-hex commit> on the Hub.")],
-    output: Annotated[Path, typer.Option(
+    # Text, not a Path: a Path would turn an empty -o "" into "." (util/atomic.py).
+    output: Annotated[str, typer.Option(
         "--output", "-o", metavar="REPORT_DIR", help="The report directory to create.")],
     prompts: Annotated[Optional[Path], typer.Option(
         "--prompts", metavar="FILE", help="A JSONL prompt set: {\"id\": ..., \"prompt\": "
@@ -156,7 +157,7 @@ def evaluate(
     run(body, debug=debug, as_json=as_json)
 
 
-def _print_summary(report, output: Path, written: list[Path]) -> None:
+def _print_summary(report, output: str, written: list[Path]) -> None:
     from dspark_convert.evaluation.cells import run_label
 
     out = _out()

@@ -56,8 +56,9 @@ def smoke(
         "token (stepwise: exactly the target's greedy numerics); auto: batched in float32, "
         "stepwise in bfloat16.")] = "auto",
     max_memory: MaxMemoryOpt = None,
-    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the trace (reference.json format).")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of acceptance by draft position.")] = None,
+    # Output paths stay text: a Path would turn an empty --trace "" into "." (util/atomic.py).
+    trace: Annotated[Optional[str], typer.Option("--trace", metavar="<path>", help="Write the trace (reference.json format).")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", metavar="<path>", help="Write a PNG of acceptance by draft position.")] = None,
     reference: Annotated[Optional[Path], typer.Option(
         "--reference", help="A reference.json: fail at the first cycle that differs (in "
         "another dtype: report the agreement).")] = None,
@@ -100,7 +101,8 @@ def smoke(
                            confidence_threshold=confidence_threshold, seed=seed, device=device,
                            dtype=dtype, verify=verify, max_memory=budget, trace=trace, plot=plot,
                            reference=reference, min_tau=min_tau, calibration=calibration,
-                           progress=RichProgress(enabled=not as_json), on_estimate=show_estimate)
+                           progress=RichProgress(enabled=not as_json), on_estimate=show_estimate,
+                           reads=[(compare, "the --compare artifact")] if compare else ())
         comparison = _compared(result, compare, as_json, show_estimate) if compare else None
         if as_json:
             extra = {"compare": comparison.model_dump()} if comparison is not None else {}

@@ -31,6 +31,16 @@ class Binding:
         return [f"{c.name}: {c.detail}" for c in self.report.checks if c.status == "warning"]
 
 
+def target_read(spec: str | os.PathLike) -> tuple[Path, str]:
+    """What a run's target is read from, for the output rule (atomic.check_outputs): the
+    model directory, or for ``org/name@revision`` the Hugging Face cache it lives in."""
+    from dspark_convert.source.hub.cache import hub_cache_dir
+
+    if os.path.exists(os.fspath(spec)):
+        return Path(spec), "the target model"
+    return hub_cache_dir(), "the Hugging Face cache"
+
+
 def open_run_target(spec: str | os.PathLike, progress: Progress | None = None) -> Target:
     """The target of a run, opened once for every artifact bound to it."""
     return open_target(spec, progress=progress or NoProgress())

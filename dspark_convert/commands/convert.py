@@ -42,9 +42,9 @@ from dspark_convert.artifact.format import (
     padded,
 )
 from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, pwrite_all
-from dspark_convert.util.atomic import atomic_directory, check_output, fsync_path, refuse_overlap, write_error
+from dspark_convert.util.atomic import Output, atomic_directory, check_outputs, fsync_path, refuse_overlap, write_error
 from dspark_convert.contract.dspark import FeatureContract, TensorSpec
-from dspark_convert.errors import (InternalError, NonFiniteTensorError, OutputWriteError,
+from dspark_convert.errors import (InternalError, NonFiniteTensorError,
                      SafetensorsFormatError, SourceNotFoundError)
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.hashing import BLOCK, ThreadedFileHash, weights_digest
@@ -321,6 +321,8 @@ def _reads(source: Path, hub: HubOptions | None, target) -> list[tuple[object, s
     reads: list[tuple[object, str]] = [(source, "the source checkpoint")]
     if hub is not None or looks_like_hub_spec(source):
         reads.append((hub_cache_dir(hub.cache_dir if hub else None), "the Hugging Face cache"))
+    if hub is not None and isinstance(hub.lock, (str, os.PathLike)):
+        reads.append((hub.lock, "the --lock file"))
     if target is not None and not hasattr(target, "directory"):
         if os.path.exists(os.fspath(target)):
             reads.append((target, "the target model"))
@@ -348,13 +350,12 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
     written, the embedding and head identity before the output is renamed into place."""
     progress = progress or NoProgress()
     hub_source = None
-    check_path(output, what="the output", error=OutputWriteError)
     if not looks_like_hub_spec(source_path):
         check_path(source_path, what="the source checkpoint", error=SourceNotFoundError)
-    # Refused before a long download or pass: an existing output (without --force), and an
+    # Refused before a long download or pass, by the one output rule: a path naming no new
+    # directory, an existing output (without --force), one that cannot be written, and an
     # output that is, holds or lies inside anything this run reads.
-    check_output(output, force=force)
-    refuse_overlap(output, _reads(Path(source_path), hub, target))
+    check_outputs([Output(output)], _reads(Path(source_path), hub, target), force=force)
     if hub is not None or looks_like_hub_spec(source_path):
         # org/name@<commit>: download (or find in the cache) and verify, then convert the
         # snapshot; the pass's hashes of the weights are checked by hub_source.check.

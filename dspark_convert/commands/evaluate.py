@@ -40,15 +40,17 @@ from collections.abc import Callable
 from typing import Sequence
 
 from dspark_convert.errors import (
+    CalibrationFileError,
     CalibrationMismatchError,
     DeviceUnavailableError,
     DSparkError,
     EvalInputError,
+    InvalidArtifactError,
     LosslessnessError,
-    OutputWriteError,
+    PromptSetError,
 )
 from dspark_convert.runtime.budget import MemoryReport
-from dspark_convert.util.atomic import check_output, refuse_overlap
+from dspark_convert.util.atomic import Output, check_outputs
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
@@ -65,6 +67,7 @@ from dspark_convert.evaluation.calibration import (
 from dspark_convert.evaluation.environment import TargetIdentity, describe_environment, target_identity
 from dspark_convert.evaluation.metrics import MemoryProbe, acceptance, confidence_data, confidence_report, spread
 from dspark_convert.evaluation.prompts import (
+    DEFAULT_PROMPTS,
     Prompt,
     PromptSet,
     check_context,
@@ -180,17 +183,24 @@ def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
 def check_report_dir(out: str | os.PathLike, *, force: bool, artifacts: Sequence,
                      target: str | os.PathLike, prompts: str | os.PathLike | None = None,
                      calibrations: Sequence = ()) -> Path:
-    """``-o REPORT_DIR`` before anything runs: the one "output exists" rule (refused
-    without ``force``, 30), and never the directory of, inside or around anything the
-    eval reads (--force would delete it; a report inside an artifact is a stray file)."""
-    check_path(out, what="the report directory", error=OutputWriteError)
-    path = check_output(out, force=force, directory=True)
-    reads = [(a, "the artifact") for a in artifacts] + [(target, "the target model")]
+    """``-o REPORT_DIR`` before anything runs, by the one output rule (atomic.check_outputs):
+    a path naming a new directory (32), that does not exist without ``force`` (30), can be
+    created (31: a parent that is a file, or unwritable), and is never the directory of,
+    inside or around anything the eval reads, the packaged prompt set included (--force
+    would delete it; a report inside an artifact is a stray file)."""
+    from dspark_convert.commands.binding import target_read
+
+    for a in artifacts:
+        check_path(a, what="the artifact", error=InvalidArtifactError)
     if prompts is not None:
-        reads.append((prompts, "the prompt set"))
+        check_path(prompts, what="--prompts", error=PromptSetError)
+    for c in calibrations:
+        check_path(c, what="--calibration", error=CalibrationFileError)
+    reads = [(a, "the artifact") for a in artifacts] + [target_read(target)]
+    reads.append((prompts if prompts is not None else DEFAULT_PROMPTS, "the prompt set"))
     reads += [(c, "the calibration file") for c in calibrations]
-    refuse_overlap(out, reads)
-    return path
+    return check_outputs([Output(out, "the report directory", directory=True)], reads,
+                         force=force)[0]
 
 
 def report_failure(report: EvalReport, out: str | os.PathLike) -> DSparkError | None:

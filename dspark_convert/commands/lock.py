@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_convert.errors import OutputWriteError
 from dspark_convert.source.hub.cache import hub_cache_dir
 from dspark_convert.source.hub.client import RetryPolicy
 from dspark_convert.source.hub.lockfile import write_lock
@@ -16,8 +15,7 @@ from dspark_convert.source.hub.snapshot import (
     fetch_snapshot,
     lock_from_snapshot,
 )
-from dspark_convert.util.atomic import check_output, refuse_overlap
-from dspark_convert.util.paths import check_path
+from dspark_convert.util.atomic import Output, check_outputs
 from dspark_convert.util.progress import Progress
 
 
@@ -33,11 +31,11 @@ def lock_snapshot(spec: str, output: str | os.PathLike, *, resolve: bool = False
                   policy: RetryPolicy = RetryPolicy(),
                   progress: Progress | None = None) -> LockResult:
     """Fetch and verify ``spec``, then write its lock file atomically to ``output``."""
-    # Before the download: an existing lock (without --force), and a lock file that would
-    # land inside (or replace a file of) the cache the snapshot is read from.
-    check_path(output, what="the lock file", error=OutputWriteError)
-    out = check_output(output, force=force, directory=False)
-    refuse_overlap(out, [(hub_cache_dir(cache_dir), "the Hugging Face cache")])
+    # Before the download, by the one output rule (atomic.check_outputs): a path naming a
+    # new file in an existing, writable directory, absent without --force, and never
+    # inside (or over a file of) the cache the snapshot is read from.
+    out, = check_outputs([Output(output, "the lock file", directory=False)],
+                         [(hub_cache_dir(cache_dir), "the Hugging Face cache")], force=force)
     snap = fetch_snapshot(spec, resolve=resolve, endpoint=endpoint, cache_dir=cache_dir,
                           offline=offline, policy=policy, progress=progress)
     return LockResult(path=write_lock(lock_from_snapshot(snap), out, force=force), snapshot=snap)

@@ -37,7 +37,7 @@ from gguf.constants import GGMLQuantizationType
 
 from dspark_convert import CONVERTER_NAME, __version__
 from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE, padded, read_metadata
-from dspark_convert.util.atomic import atomic_directory, check_output, refuse_overlap, write_error
+from dspark_convert.util.atomic import Output, atomic_directory, check_outputs, write_error
 from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, pwrite_all
 from dspark_convert.errors import (
     GGUFFormatError,
@@ -61,6 +61,7 @@ from dspark_convert.artifact.manifest import (
     TensorRecord,
     parse_manifest,
 )
+from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.artifact.engines import engine_checks, engine_records, written_reports
 from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY, rule_whens, tensor_type
@@ -303,9 +304,11 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
     progress = progress or NoProgress()
     qtype = quants.quant_type(qtype)
     heads = quants.quant_type(heads) if heads is not None else None
+    check_path(parent, what="the parent artifact", error=ParentArtifactError)
+    # The one output rule before any work (atomic.check_outputs): a path naming a new
+    # directory, absent without --force, writable, never the parent or around it.
+    check_outputs([Output(output)], [(parent, "the parent artifact")], force=force)
     parent, out = Path(parent), Path(output)
-    check_output(out, force=force)
-    refuse_overlap(out, [(parent, "the parent artifact")])
     report = _validated_parent(parent, progress)
 
     label = str(parent / GGUF_FILE)

@@ -35,23 +35,22 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from dspark_convert.commands.binding import bind, open_run_target
+from dspark_convert.commands.binding import bind, open_run_target, target_read
 from dspark_convert.errors import (
     AcceptanceFloorError,
     CalibrationFileError,
     DeviceUnavailableError,
     InvalidArtifactError,
     LosslessnessError,
-    OutputWriteError,
     ReferenceTraceError,
     SmokeInputError,
 )
-from dspark_convert.util.atomic import atomic_file, refuse_overlap
+from dspark_convert.util.atomic import Output, atomic_files, check_outputs
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.evaluation.calibration import AppliedCalibration
@@ -183,31 +182,38 @@ def resolve_device(device: str):
                           field="device", expected="auto|cpu|cuda", found=device)
 
 
-def _write_report_file(path: Path, write) -> None:
+def _write_reports(reports) -> None:
     """--trace and --plot are reports of this run: replaced when they exist (like a test
-    runner's report), always in one step through a hidden temporary (util/atomic.py)."""
-    atomic_file(path, write, force=True)
+    runner's report), published together through hidden temporaries (util/atomic.py), so
+    that a failure writing one (a full disk) leaves neither, and any old ones as they were."""
+    atomic_files(reports, force=True)
 
 
-def _plot(path: Path, rates: list[float | None], tau: float, title: str) -> None:
+def _plot(rates: list[float | None], tau: float, title: str):
+    """The PNG of acceptance by draft position, rendered now: ``write(fh)`` saves it."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    positions = list(range(len(rates)))
-    ax.bar(positions, [r if r is not None else 0.0 for r in rates], color="C0")
-    ax.set_xticks(positions)
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate")
-    ax.set_title(f"{title}  (tau = {tau:.2f})", fontsize=9)
-    fig.tight_layout()
     try:
-        _write_report_file(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
+        positions = list(range(len(rates)))
+        ax.bar(positions, [r if r is not None else 0.0 for r in rates], color="C0")
+        ax.set_xticks(positions)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate")
+        ax.set_title(f"{title}  (tau = {tau:.2f})", fontsize=9)
+        fig.tight_layout()
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
     finally:
         plt.close(fig)
+    data = png.getvalue()
+    return lambda fh: fh.write(data)
 
 
 def _peak_rss() -> int:
@@ -224,32 +230,34 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
               reference: str | os.PathLike | None = None, min_tau: float | None = None,
               progress: Progress | None = None,
               calibration: str | os.PathLike | None = None,
-              on_estimate: Callable[[MemoryReport], None] | None = None) -> SmokeResult:
+              on_estimate: Callable[[MemoryReport], None] | None = None,
+              reads: Sequence[tuple[str | os.PathLike, str]] = ()) -> SmokeResult:
     """Run the artifact's drafter on ``target`` for each prompt and check the result.
 
     ``dtype``: the compute dtype, float32 (the reference for DeepSpec's traces) or bfloat16.
     ``verify``: batched, stepwise or auto (``verify_mode``).
     ``max_memory``: bytes to check the memory estimate against instead of what the device
     has available. ``on_estimate``: called with the estimate once it has passed, before
-    the weights are loaded."""
+    the weights are loaded. ``reads``: (path, what) of other inputs of the same command
+    (``smoke --compare``'s parent), which --trace and --plot must stay out of too."""
     progress = progress or NoProgress()
     _check_options(max_new_tokens=max_new_tokens, temperature=temperature,
                    confidence_threshold=confidence_threshold, min_tau=min_tau, seed=seed,
                    max_memory=max_memory)
-    for out, what in ((trace, "--trace"), (plot, "--plot")):
-        if out is None:
-            continue
-        check_path(out, what=what, error=OutputWriteError)
-        if not Path(out).parent.is_dir():
-            raise OutputWriteError(f"{out}: cannot write the output: the directory "
-                                   f"{Path(out).parent} does not exist", path=str(out),
-                                   expected="an existing directory", found="nothing")
-        # A report inside the artifact or the target would change what it reports on (a
-        # stray file in an artifact fails --strict); over one of their files, delete it.
-        refuse_overlap(out, [(artifact, "the artifact"), (target, "the target model")])
+    check_path(artifact, what="the artifact", error=InvalidArtifactError)
     if reference is not None:
         check_path(reference, what="--reference", error=ReferenceTraceError)
-    check_path(artifact, what="the artifact", error=InvalidArtifactError)
+    if calibration is not None:
+        check_path(calibration, what="--calibration", error=CalibrationFileError)
+    # The one output rule (util/atomic.py), before any work: --trace and --plot replace
+    # what was there (they are this run's reports) but never anything the run reads (a
+    # report inside the artifact or the target would change what it reports on; over one
+    # of their files, delete it), nor each other.
+    outputs = [Output(out, what, directory=False)
+               for out, what in ((trace, "--trace"), (plot, "--plot")) if out is not None]
+    check_outputs(outputs, [(artifact, "the artifact"), target_read(target),
+                            (reference, "the --reference trace"),
+                            (calibration, "the --calibration file"), *reads], force=True)
     import torch
 
     from dspark_convert.runtime.drafter import DSparkDrafter
@@ -275,6 +283,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     dev = resolve_device(device)
     # The one pairing (validate with the target), then everything that can be checked
     # without the weights, before loading them.
+    # The reference is read before the pairing: a bad or oversized one is refused at once.
+    ref_runs = load_reference(reference) if reference is not None else None
     binding = bind(artifact, open_run_target(target, progress), progress=progress)
     target_plan, drafter_plan = binding.target_plan, binding.drafter_plan
     target_dir = target_plan.directory
@@ -283,7 +293,6 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     cfg = target_plan.config
     vocab, stops = cfg.vocab_size, cfg.stop_token_ids
 
-    ref_runs = load_reference(reference) if reference is not None else None
     all_prompts = [list(p) for p in prompts or []]
     context, config = cfg.max_position_embeddings, target_plan.directory / "config.json"
     if prompt_text is not None:
@@ -390,11 +399,16 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     cycles = [c for run in results for c in run.cycles]
     rates = [accepted_at[k] / proposed_at[k] if proposed_at[k] else None for k in range(B)]
 
+    reports = []
     if trace is not None:
         doc = trace_to_json(runs_json, case=artifact.name, target=str(target_dir), dtype=dtype)
-        _write_report_file(Path(trace), lambda fh: fh.write((json.dumps(doc, indent=1) + "\n").encode()))
+        text = json.dumps(doc, indent=1) + "\n"
+        reports.append((trace, lambda fh: fh.write(text.encode())))
     if plot is not None:
-        _plot(Path(plot), rates, tau, f"{artifact.name}: acceptance by draft position ({dtype})")
+        reports.append((plot, _plot(rates, tau,
+                                    f"{artifact.name}: acceptance by draft position ({dtype})")))
+    if reports:
+        _write_reports(reports)
 
     if lossless_failure is not None:
         i, got, want = lossless_failure
@@ -441,7 +455,6 @@ def _calibration(path, binding, progress) -> AppliedCalibration:
     from dspark_convert.evaluation.calibration import load_calibration
     from dspark_convert.evaluation.environment import target_identity
 
-    check_path(path, what="--calibration", error=CalibrationFileError)
     return load_calibration(path, drafter_gguf_sha256=binding.report.gguf_sha256,
                             block_size=binding.drafter_plan.contract.block.block_size,
                             target=target_identity(binding.target, progress))

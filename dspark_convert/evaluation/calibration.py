@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError, InternalError
 from dspark_convert.util.patterns import is_sha256
 from dspark_convert.util.models import validated
+from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.strict_json import parse_json_strict, read_capped
 from dspark_convert.util.text import shown
 from dspark_convert.evaluation.environment import TargetIdentity
@@ -241,11 +242,9 @@ def read_calibration(path: str | os.PathLike) -> CalibrationFile:
 def read_calibration_file(path: str | os.PathLike) -> tuple[CalibrationFile, str]:
     """``read_calibration`` and the SHA-256 of the bytes it parsed (read once: the applied
     calibration records that hash)."""
-    path = Path(path)
     label = f"calibration {path}"
-    if not path.is_file():
-        raise CalibrationFileError(f"{label}: not found", path=str(path),
-                                   expected="a calibration.json", found="nothing")
+    path = check_input_file(path, label=label, error=CalibrationFileError,
+                            expected="a calibration.json")
     data = read_capped(path, error=CalibrationFileError, label=label)
     raw = parse_json_strict(data, error=CalibrationFileError, label=label, path=str(path))
     cal = validated(CalibrationFile, raw, error=CalibrationFileError, label=label, path=str(path))

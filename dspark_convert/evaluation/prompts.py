@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from dspark_convert.errors import PromptSetError
 from dspark_convert.target.prompt import check_context as check_prompt_context, check_ids, encode_text
+from dspark_convert.util.paths import check_input_file, open_regular
 from dspark_convert.util.strict_json import json_error_text, loads_strict
 from dspark_convert.util.text import shown
 
@@ -134,15 +135,13 @@ def load_prompt_set(path: str | os.PathLike | None = None) -> PromptSet:
     """Read and check a JSONL prompt set (``None``: the package's golden prompt set)."""
     path = DEFAULT_PROMPTS if path is None else Path(path)
     label = f"prompts {path}"
+    path = check_input_file(path, label=label, error=PromptSetError, expected="a JSONL file")
     try:
         size = path.stat().st_size
-        if not path.is_file():
-            raise PromptSetError(f"{label}: not a file", path=str(path), expected="a JSONL file",
-                                 found="a directory or special file")
         if size > MAX_PROMPT_FILE_BYTES:
             raise PromptSetError(f"{label}: {size} bytes; expected at most {MAX_PROMPT_FILE_BYTES}",
                                  path=str(path), expected=MAX_PROMPT_FILE_BYTES, found=size)
-        with open(path, "rb") as fh:
+        with open_regular(path, label=label, error=PromptSetError) as fh:
             raw = fh.read(MAX_PROMPT_FILE_BYTES + 1)   # a file that grew since stat: still bounded
     except FileNotFoundError:
         raise PromptSetError(f"{label}: not found", path=str(path), expected="a JSONL file",

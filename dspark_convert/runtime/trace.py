@@ -19,12 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_convert.errors import ReferenceDivergenceError, ReferenceTraceError
+from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.loading import COMPUTE_DTYPES
 from dspark_convert.runtime.speculative import RunResult
 
 CONFIDENCE_ATOL = 2e-3
 REFERENCE_DTYPE = "float32"   # DeepSpec's traces carry no dtype: they are float32 runs
+# Runs in one reference.json (`smoke --reference`): DeepSpec's golden traces hold 4 and 6,
+# one per prompt and setting; smoke runs every one of them.
+MAX_REFERENCE_RUNS = 256
 
 
 def run_to_json(run: RunResult, *, max_new_tokens: int, target_greedy: tuple[int, ...] | None) -> dict:
@@ -75,16 +79,20 @@ def _is_number(value: object) -> bool:
 
 def load_reference(path: str | Path) -> list[ReferenceRun]:
     """Read and check a reference.json; every run must have the fields we compare."""
-    path = Path(path)
     label = f"reference {path}"
-    if not path.is_file():
-        raise ReferenceTraceError(f"{label}: not found", path=str(path), expected="a reference.json",
-                                  found="nothing")
+    path = check_input_file(path, label=label, error=ReferenceTraceError,
+                            expected="a reference.json")
     data = read_json_strict(path, error=ReferenceTraceError, label=label)
     runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, list) or not runs:
         raise ReferenceTraceError(f"{label}: expected an object with a non-empty 'runs' list",
                                   path=str(path), field="runs")
+    if len(runs) > MAX_REFERENCE_RUNS:
+        # Each run is a whole speculative run of its prompt (and a search of the list per
+        # prompt): a small file of many tiny runs is minutes of work before any refusal.
+        raise ReferenceTraceError(f"{label}: runs: {len(runs)} runs; expected at most "
+                                  f"{MAX_REFERENCE_RUNS}", path=str(path), field="runs",
+                                  expected=MAX_REFERENCE_RUNS, found=len(runs))
     dtype = data.get("dtype", REFERENCE_DTYPE)
     if not isinstance(dtype, str) or dtype not in COMPUTE_DTYPES:
         shown = dtype if isinstance(dtype, str) and dtype.isprintable() and len(dtype) < 40 \

@@ -15,6 +15,12 @@ Where the kernel or file system lacks renameat2 the same guarantees are kept ano
 included) the temporary sibling is removed. A SIGKILL cannot be caught; the sibling it
 leaves is hidden, never has the output's name, and is removed by the next run that writes
 the same output.
+
+Every output option of every command goes through ``check_outputs`` before any work (the
+one output-path rule: a path that names a new entry, fits a file system, does not exist
+without --force, can be written, and stays clear of everything the run reads and of the
+run's other outputs). The files of one run (``smoke --trace`` and ``--plot``) are published
+together by ``atomic_files``: all of them or none.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ import hashlib
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_convert.errors import OutputExistsError, OutputWriteError
-from dspark_convert.util.paths import NAME_MAX
+from dspark_convert.errors import OutputExistsError, OutputPathError, OutputWriteError
+from dspark_convert.util.paths import NAME_MAX, check_path
+from dspark_convert.util.text import shown
 
 TMP_MARK = ".dspark-tmp-"
 # A temporary's name must fit in NAME_MAX too, so a long output name is shortened in its
@@ -131,9 +139,25 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_error(exc: OSError, path: Path) -> OutputWriteError:
+# Temporaries being written now -> the output each becomes: an error while writing names
+# what the user asked for (``out/report.json``), never the hidden sibling it was built in.
+_LIVE: dict[Path, Path] = {}
+
+
+def _as_output(path: str | os.PathLike) -> Path:
+    """``path`` with a live temporary in it replaced by the output it becomes."""
+    path = Path(path)
+    full = Path(os.path.abspath(path))
+    for tmp, out in list(_LIVE.items()):
+        if full == tmp or full.is_relative_to(tmp):
+            return out / full.relative_to(tmp)
+    return path
+
+
+def write_error(exc: OSError, path: str | os.PathLike) -> OutputWriteError:
+    path = _as_output(path)
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    hint = " (disk full)" if exc.errno == errno.ENOSPC else ""
+    hint = " (disk full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     return OutputWriteError(f"{path}: cannot write the output: {reason}{hint}", path=str(path),
                             expected="a writable location", found=reason)
 
@@ -167,38 +191,185 @@ def check_output(out: str | os.PathLike, *, force: bool, directory: bool = True)
 
 # --- outputs never overlap what the run reads ---------------------------------------------
 
+# This package's own files are read by every command without being named (the packaged
+# prompt set, evaluation/data/golden_prompts.jsonl, is eval's default): an output may not
+# be, hold or lie inside them.
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+PACKAGE_READ = (PACKAGE_DIR, "the dspark_convert package's own files")
+
+
 def _real(path: Path) -> Path:
     """``path`` with every existing level resolved (links followed), the rest appended."""
     path = Path(os.path.abspath(path))
     missing: list[str] = []
     probe = path
-    while not probe.exists() and probe != probe.parent:
+    while not os.path.lexists(probe) and probe != probe.parent:
         missing.append(probe.name)
         probe = probe.parent
     return probe.resolve().joinpath(*reversed(missing))
 
 
-def refuse_overlap(output: str | os.PathLike, reads: Iterable[tuple[str | os.PathLike, str]]) -> None:
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _chain(real: Path) -> list[tuple[int, int]]:
+    """The (device, inode) of ``real`` and of each of its ancestors that exist: what a hard
+    link or a bind mount of the same file or directory has in common with it, whatever the
+    path it is reached by."""
+    ids = []
+    for level in (real, *real.parents):
+        found = _file_id(level)
+        if found is not None:
+            ids.append(found)
+    return ids
+
+
+def _relation(out: Path, read: Path) -> str | None:
+    """How the output ``out`` stands to ``read`` ("is", "holds", "lies inside" or None),
+    by path once links are resolved and by device and inode (hard links, bind mounts)."""
+    out_real, read_real = _real(out), _real(read)
+    out_id, read_id = _file_id(out_real), _file_id(read_real)
+    if out_real == read_real or (out_id is not None and out_id == read_id):
+        return "is"
+    if read_real.is_relative_to(out_real) or (out_id is not None and out_id in _chain(read_real)):
+        return "holds"
+    if out_real.is_relative_to(read_real) or (read_id is not None and read_id in _chain(out_real)):
+        return "lies inside"
+    return None
+
+
+def refuse_overlap(output: str | os.PathLike, reads: Iterable[tuple[str | os.PathLike | None, str]]
+                   ) -> None:
     """Refuse an output that is, holds, or lies inside a directory (or file) the run reads:
     ``reads`` is (path, what it is) pairs, e.g. (the checkpoint, "the source checkpoint"),
     (the HF cache, "the Hugging Face cache"). --force would otherwise replace, and so
-    delete, what is being read; an output inside it would change it."""
-    out = _real(Path(output))
+    delete, what is being read; an output inside it would change it. Links are followed
+    and a hard link or bind mount of a read is that read (the same device and inode)."""
     for path, what in reads:
         if path is None or not os.path.exists(path):
             continue
-        read = _real(Path(path))
-        if out == read:
-            relation = "is"
-        elif read.is_relative_to(out):
-            relation = "holds"
-        elif out.is_relative_to(read):
-            relation = "lies inside"
-        else:
-            continue
-        raise OutputExistsError(f"{output}: {relation} {what} ({read}) that this run reads; "
-                                "expected an output outside it", path=str(output),
-                                expected=f"a path outside {read}", found=str(out))
+        relation = _relation(Path(output), Path(path))
+        if relation is not None:
+            read = _real(Path(path))
+            raise OutputExistsError(f"{shown(os.fspath(output))}: {relation} {what} ({shown(str(read))}) "
+                                    "that this run reads; expected an output outside it",
+                                    path=str(output), expected=f"a path outside {read}",
+                                    found=str(_real(Path(output))))
+
+
+# --- the one output-path rule ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Output:
+    """One output of a run: the path as the user gave it (a str keeps an empty ``-o ""``
+    apart from ``.``), what it is in messages (``--trace``, "the report directory"), and
+    whether it is a directory (an artifact, a report) or a file (a lock, a trace, a plot)."""
+
+    path: str | os.PathLike
+    what: str = "the output"
+    directory: bool = True
+
+
+def _names_no_new_entry(out: Output) -> str | None:
+    """Why ``out.path`` cannot name a new file or directory, or None."""
+    text = os.fspath(out.path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if text == "":
+        return "the path is empty (an unset variable?)"
+    if text.strip() == "":
+        return "the path is only whitespace"
+    last = text.rstrip("/").rsplit("/", 1)[-1]
+    if last == "":
+        return "'/' is the root directory"
+    if last in (".", ".."):
+        return f"it ends in '{last}', which names an existing directory"
+    real = _real(Path(text))
+    cwd = Path.cwd()
+    cwd_real = _real(cwd)
+    out_id = _file_id(real)
+    if real == cwd_real or (out_id is not None and out_id == _file_id(cwd_real)):
+        return "it is the working directory"
+    if cwd_real.is_relative_to(real) or (out_id is not None and out_id in _chain(cwd_real)):
+        return f"it holds the working directory ({shown(str(cwd))})"
+    return None
+
+
+def _check_writable(out: Path, spec: Output) -> None:
+    """The output can be created: a file's directory exists, a directory's nearest existing
+    ancestor is a directory, and this process can make an entry there (probed by making
+    and removing a hidden one: permissions, a read-only mount, /proc all answer for real)."""
+    if not spec.directory:
+        if not out.parent.is_dir():
+            raise OutputWriteError(f"{shown(str(out))}: cannot write the output: the directory "
+                                   f"{shown(str(out.parent))} does not exist", path=str(out),
+                                   expected="an existing directory", found="nothing")
+        base = out.parent
+    else:
+        base = out.parent
+        while not os.path.lexists(base) and base != base.parent:
+            base = base.parent
+        if not base.is_dir():
+            raise OutputWriteError(f"{shown(str(base))}: is not a directory; cannot create the "
+                                   f"output {shown(str(out))} under it", path=str(base),
+                                   expected="a directory", found="a file")
+    probe = base / f".{TMP_MARK}probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.mkdir(probe)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise OutputWriteError(f"{shown(str(out))}: cannot write the output: cannot create "
+                               f"entries in {shown(str(base))}: {reason}", path=str(out),
+                               expected="a writable location", found=reason) from None
+    os.rmdir(probe)
+
+
+def check_outputs(outputs: Sequence[Output], reads: Iterable[tuple[str | os.PathLike | None, str]]
+                  = (), *, force: bool) -> list[Path]:
+    """The one output-path rule, for every output of a command, before any work. Each of
+    ``outputs``, in order:
+
+    1. names a new entry: not empty, not whitespace only, not ending in '.' or '..', not
+       '/', the working directory or one of its ancestors (OutputPathError, 32): with
+       --force it would be wiped, and ``-o "$UNSET"`` is an empty path;
+    2. fits a file system (paths.check_path: a component over 255 bytes, 31);
+    3. is not, does not hold and does not lie inside anything the run reads (``reads``:
+       (path, what it is) pairs, None paths skipped; and this package's own files), nor
+       another output of the same run, through links, hard links and bind mounts (30);
+    4. the "output exists" rule (``check_output``: 30 without --force);
+    5. can be written (``_check_writable``, 31).
+
+    Returns the outputs' absolute paths, in order."""
+    reads = [*reads, PACKAGE_READ]
+    for i, spec in enumerate(outputs):
+        why = _names_no_new_entry(spec)
+        if why is not None:
+            raise OutputPathError(f"{spec.what} {shown(os.fspath(spec.path))!r}: expected a path naming a "
+                                  f"new {'directory' if spec.directory else 'file'}; {why}",
+                                  path=os.fspath(spec.path), field=spec.what,
+                                  expected="a path naming a new entry", found=why)
+        check_path(spec.path, what=spec.what, error=OutputWriteError)
+        refuse_overlap(spec.path, reads)
+        for other in outputs[:i]:
+            relation = _relation(Path(other.path), Path(spec.path))
+            if relation is not None:
+                relation = "is the same path as" if relation == "is" else relation
+                raise OutputExistsError(
+                    f"{other.what} {shown(os.fspath(other.path))}: {relation} {spec.what} "
+                    f"{shown(os.fspath(spec.path))} of the same run; expected separate outputs",
+                    path=str(other.path), field=other.what, expected="separate outputs",
+                    found=f"{relation} {spec.what}")
+    paths: list[Path] = []
+    for spec in outputs:
+        out = check_output(spec.path, force=force, directory=spec.directory)
+        _check_writable(out, spec)
+        paths.append(out)
+    return paths
 
 
 # --- atomic directories ------------------------------------------------------------------------
@@ -281,62 +452,140 @@ def _publish(tmp: Path, out: Path, *, force: bool) -> None:
 
 @contextmanager
 def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory that becomes ``out`` when the block succeeds."""
+    """Yield a temporary directory that becomes ``out`` when the block succeeds. An
+    OSError the block lets through is the output's write error (31), naming the output."""
     out = check_output(out, force=force, directory=True)
     # Missing parents are created, and removed again if the run fails, so that a failed
     # run leaves the file system as it found it.
     created = _make_parents(out.parent)
     _remove_stale_siblings(out)
     tmp = temp_sibling(out)
+    _LIVE[tmp] = out
     try:
-        # Inside the cleanup's reach: a signal right after the mkdir must not leave it.
         try:
-            tmp.mkdir()
+            # Inside the cleanup's reach: a signal right after the mkdir must not leave it.
+            try:
+                tmp.mkdir()
+            except OSError as exc:
+                raise write_error(exc, out.parent) from None
+            yield tmp
         except OSError as exc:
-            raise write_error(exc, out.parent) from None
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _remove_created(created)
-        raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_created(created)
+            raise write_error(exc, exc.filename or out) from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_created(created)
+            raise
+        try:
+            for entry in tmp.iterdir():
+                fsync_path(entry)
+            fsync_path(tmp)
+            _publish(tmp, out, force=force)
+            fsync_path(out.parent)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_created(created)
+            raise write_error(exc, out) from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_created(created)
+            raise
+    finally:
+        _LIVE.pop(tmp, None)
+
+
+# --- atomic files: one, or several published together -----------------------------------------
+
+def _publish_file(tmp: Path, out: Path, *, force: bool) -> Path | None:
+    """Move the finished file ``tmp`` to ``out`` (``_publish``'s rules). Returns where the
+    file it replaced now is (to be removed once every file of the run is in place, or put
+    back if one fails), or None when nothing was replaced."""
+    if force and (out.exists() or out.is_symlink()):
+        if _rename2(tmp, out, _RENAME_EXCHANGE):
+            return tmp                  # tmp now holds the old file
+        old = temp_sibling(out, "old-")
+        try:
+            os.link(out, old)           # keep the old one reachable, then replace in one step
+        except OSError:
+            os.rename(out, old)         # no hard links here: a moment with neither
+        os.replace(tmp, out)
+        return old
+    _publish(tmp, out, force=force)
+    return None
+
+
+def _unpublish(published: list[tuple[Path, Path | None]]) -> None:
+    """Undo ``_publish_file`` for each (output, old file) in reverse: the old file back, or
+    the new one removed."""
+    for out, old in reversed(published):
+        try:
+            if old is not None:
+                os.replace(old, out)
+            else:
+                out.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def atomic_files(files: Sequence[tuple[str | os.PathLike, Callable[[object], None]]], *,
+                 force: bool = False) -> list[Path]:
+    """Write the files of one run, all of them or none: each is written and fsynced in a
+    hidden temporary sibling (``write(fh)`` gets the binary file object); only when every
+    one is written are they renamed into place, and if one of those renames fails the
+    ones already moved are undone (the files they replaced put back). Without ``force``
+    an existing file is refused (also one that appears meanwhile); with it, replaced.
+    Nothing is left behind on failure: a full disk while writing the second file leaves
+    the first output as it was."""
+    paths = [check_output(path, force=force, directory=False) for path, _ in files]
+    for path in paths:
+        if not path.parent.is_dir():
+            raise OutputWriteError(f"{path}: cannot write the output: the directory {path.parent} "
+                                   "does not exist", path=str(path),
+                                   expected="an existing directory", found="nothing")
+    for path in paths:
+        _remove_stale_siblings(path)
+    tmps: list[Path] = []
+    current = paths[0] if paths else None
     try:
-        for entry in tmp.iterdir():
-            fsync_path(entry)
-        fsync_path(tmp)
-        _publish(tmp, out, force=force)
-        fsync_path(out.parent)
+        for path, (_, write) in zip(paths, files):
+            current = path
+            tmp = temp_sibling(path)
+            _LIVE[tmp] = path
+            tmps.append(tmp)
+            with open(tmp, "xb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+        published: list[tuple[Path, Path | None]] = []
+        try:
+            for tmp, path in zip(tmps, paths):
+                current = path
+                published.append((path, _publish_file(tmp, path, force=force)))
+        except BaseException:
+            _unpublish(published)
+            raise
+        for _, old in published:
+            if old is not None:
+                old.unlink(missing_ok=True)
+        for parent in dict.fromkeys(path.parent for path in paths):
+            fsync_path(parent)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _remove_created(created)
-        raise write_error(exc, out) from None
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        raise write_error(exc, current) from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _remove_created(created)
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         raise
+    finally:
+        for tmp in tmps:
+            _LIVE.pop(tmp, None)
+    return paths
 
 
 def atomic_file(path: str | os.PathLike, write: Callable[[object], None], *,
                 force: bool = False) -> Path:
-    """Write one file through a hidden temporary sibling (fsync, rename). Without ``force``
-    an existing file is refused (also one that appears meanwhile); with it, replaced in one
-    step. ``write(fh)`` gets the binary file object. Nothing is left behind on failure."""
-    path = check_output(path, force=force, directory=False)
-    if not path.parent.is_dir():
-        raise OutputWriteError(f"{path}: cannot write the output: the directory {path.parent} "
-                               "does not exist", path=str(path), expected="an existing directory",
-                               found="nothing")
-    _remove_stale_siblings(path)
-    tmp = temp_sibling(path)
-    try:
-        with open(tmp, "xb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _publish(tmp, path, force=force)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise write_error(exc, path) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """Write one file through a hidden temporary sibling (fsync, rename): ``atomic_files``
+    with one file."""
+    return atomic_files([(path, write)], force=force)[0]

@@ -10,6 +10,7 @@ what the path is (a source, an artifact, a target, an output ...).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from dspark_convert.errors import DSparkError
@@ -35,3 +36,56 @@ def check_path(path: str | os.PathLike, *, what: str, error: type[DSparkError]) 
                         path=shown(os.fsdecode(raw)), expected=f"<= {NAME_MAX} bytes",
                         found=len(part))
     return Path(os.fspath(path))
+
+
+# --- input files given by option (--calibration, --reference, --prompts, --lock) ---------------
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
+
+
+def check_input_file(path: str | os.PathLike, *, label: str, error: type[DSparkError],
+                     expected: str = "a regular file") -> Path:
+    """``path``, an input file an option names, as a Path: one line with ``error`` when no
+    file system could hold it (``check_path``), when it does not exist ("not found") and when
+    it is not a regular file (a directory, a FIFO: reading a FIFO would wait for a writer
+    forever). ``label`` starts the message ("calibration x.json")."""
+    path = check_path(path, what=label, error=error)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise error(f"{label}: not found", path=str(path), expected=expected,
+                    found="nothing") from None
+    except OSError as exc:
+        raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
+                    path=str(path)) from None
+    if not stat.S_ISREG(mode):
+        raise error(f"{label}: is {_kind(mode)}, not a regular file; expected {expected}",
+                    path=str(path), expected=expected, found=_kind(mode))
+    return path
+
+
+def open_regular(path: str | os.PathLike, *, label: str, error: type[DSparkError]):
+    """Open ``path`` for reading in binary, refusing what is not a regular file without
+    waiting on it: opened non-blocking (a FIFO without a writer opens at once instead of
+    hanging), checked on the open descriptor (a file swapped for a FIFO after a stat is
+    still caught), then read as usual. OSError from the open propagates."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{label}: is {_kind(mode)}, not a regular file; expected a regular file",
+                        path=str(path), expected="a regular file", found=_kind(mode))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from dspark_convert.util.paths import open_regular
+
 
 class DuplicateKeyError(ValueError):
     def __init__(self, key: str):
@@ -115,9 +117,10 @@ def read_json_strict(path: Path, *, error, label: str | None = None) -> object:
 
 def read_capped(path: Path, *, error, label: str) -> bytes:
     """At most MAX_CONFIG_BYTES + 1 bytes of ``path`` (``parse_json_strict`` refuses the
-    one more): for a small file that is parsed and also hashed, read once."""
+    one more): for a small file that is parsed and also hashed, read once. A FIFO or
+    other special file is refused, not waited on (paths.open_regular)."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path, label=label, error=error) as fh:
             return fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",

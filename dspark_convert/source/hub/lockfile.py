@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from dspark_convert.util.atomic import atomic_file
 from dspark_convert.errors import HubSpecError
 from dspark_convert.util.models import validated
-from dspark_convert.util.paths import check_path
+from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
 from dspark_convert.util.strict_json import parse_json_strict, read_capped
 
@@ -64,10 +64,8 @@ def read_lock(path: str | os.PathLike) -> LockFile:
 
 def read_lock_file(path: str | os.PathLike) -> tuple[LockFile, str]:
     """``read_lock`` and the SHA-256 of the bytes it parsed (the file is read once)."""
-    path = check_path(path, what="the lock file", error=HubSpecError)
-    if not path.is_file():
-        raise HubSpecError(f"{path}: lock file not found", path=str(path),
-                           expected="a lock file written by `dspark lock`", found="missing")
+    path = check_input_file(path, label=f"{path}: lock file", error=HubSpecError,
+                            expected="a lock file written by `dspark lock`")
     data = read_capped(path, error=HubSpecError, label=f"{path}")
     raw = parse_json_strict(data, error=HubSpecError, label=f"{path}", path=str(path))
     lock = validated(LockFile, raw, error=HubSpecError, label=f"{path}", path=str(path),
