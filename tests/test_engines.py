@@ -121,7 +121,8 @@ def test_golden_artifacts_read_back(converted):
     assert plain["strata.run"].reason == ("dflash: embedding_length = 32; the runtime's "
                                           "geometry-specific fast path implements the published "
                                           "Flash-Next drafter (2560) only")
-    assert plain["llama.cpp"].reason == "key not found in model: dflash.context_length"
+    assert plain["llama.cpp"].reason == ("key not found in model: dflash.context_length"
+                                         + engines.LLAMA_EXPORT_HINT)
     ref = reports(*from_artifact(converted["reference"]))
     assert ref["strata.open"].reason.startswith("dflash: this artifact carries DSpark extras")
     assert list(ref) == list(ENGINES)
@@ -383,19 +384,21 @@ def test_llama_cpp_reads_what_its_converter_writes(plain):
     steps.append(now().reason)
     kv["tokenizer.ggml.mask_token_id"], types["tokenizer.ggml.mask_token_id"] = 250, "UINT32"
     assert now().accepts, now().refusals
+    hint = engines.LLAMA_EXPORT_HINT        # the first refusal of a file of our format
     assert steps == [
-        "key not found in model: dflash.context_length",
+        "key not found in model: dflash.context_length" + hint,
         "llama.cpp reads the rope base from dflash.rope.freq_base (f32); it is absent, so "
         "llama.cpp would use its default 10000 instead of the drafter's 1e+06 "
-        "(dflash.rope.frequency_base)",
-        "key dflash.attention.causal has wrong type str but expected type bool",
+        "(dflash.rope.frequency_base)" + hint,
+        "key dflash.attention.causal has wrong type str but expected type bool" + hint,
         "dflash.target_layers holds DeepSpec ids [0, 2, 4] (Strata's convention); llama.cpp "
         "reads id + 1 ([1, 3, 5] for this drafter) and would feed it the outputs of "
-        "[embeddings, layer 1, layer 3] instead of layers [0, 2, 4]",
+        "[embeddings, layer 1, layer 3] instead of layers [0, 2, 4]" + hint,
         "key not found in model: tokenizer.ggml.model (llama.cpp loads the target's tokenizer "
         "from the drafter file; its converter embeds it from --target-model-dir)",
         "llama.cpp takes the DFlash mask token from tokenizer.ggml.mask_token_id, which is "
-        "absent (this file records dflash.mask_token_id = 250): it would not know the mask token",
+        "absent (this file records dflash.mask_token_id = 250): it loads the drafter with mask "
+        "token -1 and aborts at its first draft (get_sub_batch: failed to add embedding)",
     ]
 
 
@@ -602,7 +605,8 @@ def test_released_geometry_and_flash_next_through_the_cli(tmp_path):
         "strata.run": {"accepts": False, "reason": (
             "dflash: attention.head_count = 32; the runtime's geometry-specific fast path "
             "implements the published Flash-Next drafter (24) only")},
-        "llama.cpp": {"accepts": False, "reason": "key not found in model: dflash.context_length"}}
+        "llama.cpp": {"accepts": False, "reason": "key not found in model: dflash.context_length"
+                      + engines.LLAMA_EXPORT_HINT}}
     proc = run_cli("validate", str(released), "--require", "strata.run")
     line = assert_refused(proc, EngineRequirementError, ["engine.strata.run: ",
                                                          "--require strata.run",

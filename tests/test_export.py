@@ -82,6 +82,17 @@ def test_dspark_export_holds_llama_cpp_keys(dspark, target, tmp_path):
     assert [c.status for c in result.checks] == ["passed", "passed", "passed"]
 
 
+def test_every_key_llama_cpp_reads_is_written_with_its_type(dspark, target, tmp_path):
+    from dspark_convert.artifact.engines import gguf_type_name
+
+    gguf = read_gguf(export_llama_cpp(dspark, target, tmp_path / "d.gguf").output)
+    for key, gtype, required in L.LOADER_KEYS:
+        if key in gguf.kv:
+            assert gguf_type_name(gguf.kv[key].type) == gtype, key
+        else:
+            assert not required, key
+
+
 def test_tensors_are_the_artifact_s_with_norms_widened_to_f32(dspark, target, tmp_path):
     out = export_llama_cpp(dspark, target, tmp_path / "d.gguf").output
     ours = {t.name: t for t in read_gguf(out).tensors}

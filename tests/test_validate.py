@@ -27,6 +27,7 @@ from gguf import GGUFReader, GGUFWriter
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 from support.cli import assert_refused, run_cli
 
+from dspark_convert.artifact.engines import LLAMA_EXPORT_HINT
 from dspark_convert.commands.convert import convert
 from dspark_convert.errors import (
     ContractViolation,
@@ -1304,7 +1305,8 @@ def test_cli_json_good_artifact(built):
         "strata.run": {"accepts": False, "reason": "dflash: embedding_length = 32; the runtime's "
                        "geometry-specific fast path implements the published Flash-Next "
                        "drafter (2560) only"},
-        "llama.cpp": {"accepts": False, "reason": "key not found in model: dflash.context_length"}}
+        "llama.cpp": {"accepts": False, "reason": "key not found in model: dflash.context_length"
+                      + LLAMA_EXPORT_HINT}}
     assert data["required"] == []
     assert "error:" not in proc.stderr and "Traceback" not in proc.stderr
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dspark_convert.artifact import llama_cpp as L
 from dspark_convert.artifact.engine_names import ENGINES
 from dspark_convert.checks import Check
 from dspark_convert.contract.tensor_table import TENSOR_RULES, eval_dim, expand_rule
@@ -478,37 +479,26 @@ STRATA_RUN_RULES: tuple[Rule, ...] = (
 
 # --- llama.cpp: llama_model::load_hparams, llama_model_dflash, llama_vocab ------------------------
 
-ARCH = "dflash"
+# The names, key types and conventions are artifact/llama_cpp.py's (the one table `dspark
+# export` writes by); this section is how llama.cpp's loader reads a file.
+ARCH = L.ARCH
 # ggml's names for the GGUF value types (gguf_type_name), as its "wrong type" error prints them.
 GGUF_TYPE_NAMES = {"UINT8": "u8", "INT8": "i8", "UINT16": "u16", "INT16": "i16", "UINT32": "u32",
                    "INT32": "i32", "FLOAT32": "f32", "BOOL": "bool", "STRING": "str",
                    "ARRAY": "arr", "UINT64": "u64", "INT64": "i64", "FLOAT64": "f64"}
-LLAMA_DEFAULT_ROPE_BASE = 10000.0
-
-# (key, GGUF type, required), in the order llama.cpp reads them: the generic hparams of
-# llama_model::load_hparams, then llama_model_dflash::load_arch_hparams. get_key demands the
-# exact type (llama_model_loader GKV::get_kv: "key %s has wrong type %s but expected type %s");
-# feed_forward_length and head_count may also be per-layer arrays (get_key_or_arr).
-LLAMA_KEYS: tuple[tuple[str, str, bool], ...] = (
-    (f"{ARCH}.context_length", "UINT32", True),
-    (f"{ARCH}.embedding_length", "UINT32", True),
-    (f"{ARCH}.block_count", "UINT32", True),
-    (f"{ARCH}.feed_forward_length", "UINT32", True),
-    (f"{ARCH}.attention.head_count", "UINT32", True),
-    (f"{ARCH}.attention.head_count_kv", "UINT32", False),
-    (f"{ARCH}.rope.freq_base", "FLOAT32", False),
-    (f"{ARCH}.attention.key_length", "UINT32", False),
-    (f"{ARCH}.attention.causal", "BOOL", False),
-    (f"{ARCH}.attention.layer_norm_rms_epsilon", "FLOAT32", True),
-    (f"{ARCH}.block_size", "UINT32", False),
-)
-_PER_LAYER_OK = {f"{ARCH}.feed_forward_length", f"{ARCH}.attention.head_count"}
-LLAMA_TAP_KEY = f"{ARCH}.target_layers"
+LLAMA_DEFAULT_ROPE_BASE = L.DEFAULT_ROPE_BASE
+LLAMA_KEYS = L.LOADER_KEYS
+_PER_LAYER_OK = set(L.PER_LAYER_KEYS)
+LLAMA_TAP_KEY = L.TAP_KEY
 # LLAMA_MAX_LAYERS (src/llama-hparams.h): the per-layer arrays' size; get_key_or_arr
 # refuses a layer count above it before it reads a per-layer key.
 LLAMA_MAX_LAYERS = 512
-LLAMA_TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
-LLAMA_MASK_KEY = "tokenizer.ggml.mask_token_id"
+LLAMA_TOKENIZER_KEYS = L.TOKENIZER_REQUIRED
+LLAMA_MASK_KEY = L.MASK_KEY
+# What the first refusal of one of our own artifacts adds: the file llama.cpp does load.
+LLAMA_EXPORT_HINT = ("; this is the Strata-layout artifact: `dspark export ARTIFACT --engine "
+                     "llama.cpp --target-gguf TARGET.gguf -o DRAFTER.gguf` writes the drafter "
+                     "file llama.cpp 0c1e570 loads")
 
 
 def _key_rule(key: str, want: str, required: bool) -> Rule:
@@ -591,7 +581,8 @@ def _llama_mask(view: _View) -> str | None:
     ours = view.kv.get("dflash.mask_token_id")
     where = f" (this file records dflash.mask_token_id = {ours})" if ours is not None else ""
     return (f"llama.cpp takes the DFlash mask token from {LLAMA_MASK_KEY}, which is absent"
-            f"{where}: it would not know the mask token")
+            f"{where}: it loads the drafter with mask token -1 and aborts at its first draft "
+            "(get_sub_batch: failed to add embedding)")
 
 
 def _dim(view: _View, key: str) -> int | None:
@@ -685,7 +676,7 @@ LLAMA_RULES: tuple[Rule, ...] = (
     Rule("target_layers", "load_error", _llama_taps),
     Rule("target_layers_convention", "misread", _llama_tap_convention, ("llama_taps",)),
     Rule("tokenizer", "load_error", _llama_tokenizer),
-    Rule("mask_token", "misread", _llama_mask),
+    Rule("mask_token", "load_error", _llama_mask),
     Rule("geometry", "load_error", _llama_geometry),                 # a parse step: never refuses
     Rule("tensor_shapes", "load_error", _llama_shapes, ("llama_geometry",)),
     Rule("tensor_count", "unsupported", _llama_count, ("llama_geometry",)),
@@ -711,8 +702,15 @@ def strata_run(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iter
 
 def llama_cpp(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iterable[TensorRow],
               *, path: str = "drafter.gguf") -> EngineReport:
+    """llama.cpp's refusals; on one of our own artifacts (dspark.format_version present) the
+    first one also names the file llama.cpp does load, `dspark export`'s."""
     view = _view(kv, types, tensors, path)
-    return EngineReport("llama.cpp", _run("llama.cpp", LLAMA_RULES, view))
+    refusals = _run("llama.cpp", LLAMA_RULES, view)
+    if refusals and "dspark.format_version" in kv:
+        first = refusals[0]
+        refusals = (Refusal(first.rule, first.kind, first.message + LLAMA_EXPORT_HINT),
+                    *refusals[1:])
+    return EngineReport("llama.cpp", refusals)
 
 
 def engine_reports(kv: Mapping[str, object], types: Mapping[str, str],

@@ -49,6 +49,27 @@ TOKENIZER_REQUIRED = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
 DEFAULT_ROPE_BASE = 10000.0          # llama.cpp's rope base when dflash.rope.freq_base is absent
 TAP_OFFSET = 1                       # llama.cpp's target_layers = DeepSpec id + TAP_OFFSET
 
+# What llama.cpp's loader reads, in its order: (key, GGUF type, required). The generic
+# hparams of llama_model::load_hparams, then llama_model_dflash::load_arch_hparams. get_key
+# demands the exact type (llama_model_loader GKV::get_kv: "key %s has wrong type %s but
+# expected type %s"); PER_LAYER_KEYS may also be per-layer arrays (get_key_or_arr).
+# artifact/engines.py judges files by it; the export writes each of these keys it writes
+# with this type (tests/test_export.py).
+LOADER_KEYS: tuple[tuple[str, str, bool], ...] = (
+    (f"{ARCH}.context_length", "UINT32", True),
+    (f"{ARCH}.embedding_length", "UINT32", True),
+    (f"{ARCH}.block_count", "UINT32", True),
+    (f"{ARCH}.feed_forward_length", "UINT32", True),
+    (f"{ARCH}.attention.head_count", "UINT32", True),
+    (f"{ARCH}.attention.head_count_kv", "UINT32", False),
+    (f"{ARCH}.rope.freq_base", "FLOAT32", False),
+    (f"{ARCH}.attention.key_length", "UINT32", False),
+    (f"{ARCH}.attention.causal", "BOOL", False),
+    (f"{ARCH}.attention.layer_norm_rms_epsilon", "FLOAT32", True),
+    (f"{ARCH}.block_size", "UINT32", False),
+)
+PER_LAYER_KEYS = (f"{ARCH}.feed_forward_length", f"{ARCH}.attention.head_count")
+
 # Where a key's value comes from, for the export and the docs:
 #   "artifact:<key>"  a key of our drafter.gguf, unchanged in value (converted in type);
 #   "taps"            the artifact's target_layer_ids + TAP_OFFSET;

@@ -257,3 +257,62 @@ def write_target_gguf(path: Path, *, arch: str = "qwen3", hidden: int | None = N
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# --- one edit of a GGUF file (the loader corpus) ----------------------------------------------
+
+def rewrite_gguf(src: Path, dst: Path, *, drop_keys: tuple[str, ...] = (),
+                 set_keys: dict | None = None, drop_tensors: tuple[str, ...] = (),
+                 add_tensors: dict | None = None) -> Path:
+    """``src`` written again with gguf-py, with one kind of edit: keys dropped, keys set
+    (``{key: (value, GGUFValueType, sub_type or None)}``; a new key is appended), tensors
+    dropped, tensors added or replaced (``{name: (GGUF shape, type name)}``, zeros; a
+    replaced one keeps its place). Everything else is copied byte for byte, in order."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.constants import GGML_QUANT_SIZES
+
+    set_keys, add_tensors = dict(set_keys or {}), dict(add_tensors or {})
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    arch = set_keys.get("general.architecture", (arch,))[0]
+    writer = GGUFWriter(dst, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
+            continue
+        if key in set_keys:
+            value, gtype, sub = set_keys.pop(key)
+        else:
+            gtype = field.types[0]
+            sub = field.types[1] if gtype == GGUFValueType.ARRAY else None
+            value = field.contents()
+        writer.add_key_value(key, value, gtype, sub_type=sub)
+    for key, (value, gtype, sub) in set_keys.items():
+        if key != "general.architecture":
+            writer.add_key_value(key, value, gtype, sub_type=sub)
+
+    def zeros(shape, type_name):
+        qtype = GGMLQuantizationType[type_name]
+        block, size = GGML_QUANT_SIZES[qtype]
+        row = shape[0] // block * size
+        return np.zeros((*reversed(shape[1:]), row), dtype=np.uint8), qtype
+
+    for t in reader.tensors:
+        if t.name in drop_tensors:
+            continue
+        if t.name in add_tensors:
+            data, qtype = zeros(*add_tensors.pop(t.name))
+        else:
+            ne = [int(d) for d in t.shape]
+            raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
+            data = raw.reshape(*reversed(ne[1:]), raw.size // max(1, int(np.prod(ne[1:]))))
+            qtype = t.tensor_type
+        writer.add_tensor(t.name, data, raw_dtype=qtype)
+    for name, spec in add_tensors.items():
+        data, qtype = zeros(*spec)
+        writer.add_tensor(name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
