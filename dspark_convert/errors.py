@@ -587,6 +587,13 @@ class AcceptanceRegressionError(GateError):
     exit_code = 125
 
 
+class GateEngineError(GateError):
+    """The gate's llama.cpp stage: for a drafter that requires llama.cpp, llama.cpp's own
+    run of the exported artifact is not lossless, its drafts differ from the reference
+    runtime's (the first difference named), or it could run no artifact or no prompt."""
+    exit_code = 126
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1

@@ -35,6 +35,7 @@ from dspark_convert.errors import (
     AcceptanceRegressionError,
     EngineRequirementError,
     GateBaselineError,
+    GateEngineError,
     GateFailedError,
     GateSelectionError,
     LockMismatchError,
@@ -187,7 +188,7 @@ def test_the_bytes_of_an_artifact_differing_from_the_release_fail_reproducibilit
 
 
 def test_a_required_engine_that_refuses_fails_validate_and_the_others_go_on(tmp_path):
-    policy = _policy(tmp_path, _entry("vanilla_conf_markov", quantize=[]),
+    policy = _policy(tmp_path, _entry("vanilla_conf_markov", quantize=[], require=["llama.cpp"]),
                      _entry("dflash_shared", require=["strata.open", "strata.run"]))
     out = tmp_path / "out"
     proc = run_cli("gate", str(policy), "-o", str(out))
@@ -202,8 +203,14 @@ def test_a_required_engine_that_refuses_fails_validate_and_the_others_go_on(tmp_
     assert [st[s] for s in ("quantize.q8_0", "smoke", "eval", "llama.cpp", "regression")] == \
         ["skipped"] * 5
     assert report.entry("dflash_shared").stage("smoke").detail == "needs validate, which failed"
-    # the policy without a variant has one quantize stage with nothing to do
-    assert _statuses(report, "vanilla_conf_markov")["quantize"] == "not_run"
+    # the policy without a variant has one quantize stage with nothing to do; llama.cpp,
+    # required without a build to run, is not run (validate leaves llama.cpp to that stage:
+    # llama.cpp reads `dspark export`'s file, not the artifact)
+    first = report.entry("vanilla_conf_markov")
+    assert first.stage("quantize").status == "not_run"
+    assert first.stage("llama.cpp").status == "not_run"
+    assert first.stage("llama.cpp").detail == "not run: no llama.cpp build given ([defaults] llama_cpp)"
+    assert "required" not in first.stage("validate").detail
     assert (out / "dflash_shared" / "validate.json").is_file()
     assert not (out / "dflash_shared" / "q8_0").exists()
 
@@ -387,6 +394,44 @@ def test_a_hub_pinned_drafter_online_then_offline_and_a_moved_pin(tmp_path):
         assert not (out / "dflash_shared" / "bf16").exists()
 
 
+# --- llama.cpp's own run ---------------------------------------------------------------------
+
+@pytest.mark.slow   # llama.cpp's converter, then its binaries on six prompts per artifact (~20 s)
+def test_the_llama_cpp_stage_runs_the_engine_and_catches_a_block_read_one_row_late(tmp_path):
+    """With a llama.cpp build and the target as its converter writes it: the DSpark drafter
+    (and its q8_0 variant) run in llama.cpp, lossless, every BF16 draft the reference
+    runtime's; DeepSpec's plain DFlash drafter is read one row late by llama.cpp 0c1e570's
+    draft-dflash (issue 20), which fails its llama.cpp stage and nothing else."""
+    from support.llama_cpp import engine
+
+    llama = engine()
+    target_gguf = llama.convert(GOLDEN_TARGET, tmp_path / "target.gguf")
+    policy = _policy(tmp_path, _entry("vanilla_conf_markov", require=["llama.cpp"],
+                                      target_gguf=str(target_gguf)),
+                     _entry("dflash_shared", quantize=[], require=["llama.cpp", "strata.open"],
+                            target_gguf=str(target_gguf)))
+    text = policy.read_text().replace('prompts = "prompts.jsonl"\nmax_new_tokens = 8\n',
+                                      f'max_new_tokens = 16\nllama_cpp = "{llama.bin}"\n')
+    policy.write_text(text)
+    out = tmp_path / "out"
+    proc = run_cli("gate", str(policy), "-o", str(out))
+    assert_refused(proc, GateFailedError, ["1 of 2 drafter(s) failed",
+                                           "dflash_shared (llama.cpp: GateEngineError: bf16: "])
+    report = _report(out)
+    good = report.entry("vanilla_conf_markov").stage("llama.cpp")
+    assert good.status == "passed", good.detail
+    assert "bf16: draft-dspark on " in good.detail and "q8_0: draft-dspark on " in good.detail
+    compared = good.detail.split(" drafts the reference's")[0].split("lossless, ")[1]
+    n, _, m = compared.partition(" of ")
+    assert n == m and int(n) > 0                       # every BF16 draft equal
+    bad = report.entry("dflash_shared").stage("llama.cpp")
+    assert bad.exit_code == GateEngineError.exit_code
+    assert "its draft is ours read 1 row(s) late" in bad.detail
+    assert {s.name for s in report.entry("dflash_shared").stages if s.status == "failed"} == {"llama.cpp"}
+    engine_report = json.loads((out / "vanilla_conf_markov" / "eval-llama.cpp" / "report.json").read_text())
+    assert engine_report["engine"]["target_gguf"] == str(target_gguf)
+
+
 # --- the example policy, Ctrl-C, CI -------------------------------------------------------------
 
 @pytest.mark.slow   # the whole example policy in a real process (~25 s on 2 cores)
@@ -482,7 +527,7 @@ def _action_steps(inputs: dict[str, str], action_path: Path) -> list[tuple[dict,
             for s in steps[1:]]
 
 
-@pytest.mark.slow   # pip installs the package into a fresh venv (offline), then a gate (~60 s)
+@pytest.mark.slow   # pip installs the package into a fresh venv (offline), then a gate (~20 s)
 def test_the_composite_action_runs_the_gate_in_a_few_lines(passed, tmp_path):
     """The action's own shell steps, in order, as a runner would run them after
     setup-python: the install into a fresh venv (pip offline: the dependencies are this

@@ -52,6 +52,7 @@ from dspark_convert.commands.gate_report import (
 from dspark_convert.errors import (
     AcceptanceRegressionError,
     DSparkError,
+    GateEngineError,
     GateSelectionError,
     OutputWriteError,
     ReproducibilityError,
@@ -68,7 +69,7 @@ BF16 = "bf16"                           # the converted artifact's directory and
 NEEDS: dict[str, tuple[str, ...]] = {
     "pin": (), "convert": ("pin",), "reproducibility": ("convert",), "validate": ("convert",),
     "quantize": ("validate",), "smoke": ("validate",), "eval": ("validate",),
-    "llama.cpp": ("eval",), "regression": ("eval",),
+    "llama.cpp": ("validate",), "regression": ("eval",),
 }
 # Float comparisons of measured rates: a drop exactly at the limit passes.
 _EPS = 1e-9
@@ -250,7 +251,10 @@ class _EntryRun:
         from dspark_convert.commands.validate import validate_artifact
 
         e = self.entry
-        report = validate_artifact(artifact, target=self.target, require=e.require,
+        # llama.cpp reads the file `dspark export` writes, not the artifact: its requirement
+        # is the llama.cpp stage's (export, then its own run), not validate's
+        require = [name for name in e.require if name != "llama.cpp"]
+        report = validate_artifact(artifact, target=self.target, require=require,
                                    progress=self.gate.progress)
         code = report.exit_code(strict=e.strict)
         written = self.write_json(report_name, {**report.model_dump(), "strict": e.strict,
@@ -266,7 +270,7 @@ class _EntryRun:
                                   f"{first.detail}", field=first.name)
         engines = ", ".join(f"{name} {'yes' if r.accepts else 'no'}"
                             for name, r in (report.engines or {}).items())
-        required = f"; required: {', '.join(e.require)}" if e.require else ""
+        required = f"; required: {', '.join(require)}" if require else ""
         return (f"{len(report.checks)} checks, {report.warnings} warning(s); engines: "
                 f"{engines}{required}", written)
 
@@ -345,16 +349,91 @@ class _EntryRun:
                 [self.rel(p) for p in written])
 
     def llama_cpp(self):
+        """llama.cpp's own run (`dspark eval --engine llama.cpp=BIN_DIR`): each artifact
+        exported for it on the fly, run by its binaries on the prompts llama.cpp takes as
+        their ids, lossless, and every draft equal to the reference runtime's."""
+        from dspark_convert.commands.evaluate import run_eval
+        from dspark_convert.evaluation.report import EvalReport, write_report
+
         e = self.entry
         if "llama.cpp" not in e.require:
             raise _Stop("not_run", "the drafter does not require llama.cpp")
         if e.llama_cpp is None:
             raise _Stop("not_run", "not run: no llama.cpp build given ([defaults] llama_cpp)")
-        raise _Stop("not_run", f"not run: this dspark has no llama.cpp engine run "
-                    f"(build {e.llama_cpp} given)")
+        if e.target_gguf is None:
+            raise _Stop("not_run", "not run: no target GGUF given (the drafter's target_gguf: "
+                        "the target as llama.cpp runs it)")
+        names = [BF16, *self.variants]
+        report = run_eval([self.dir / n for n in names], self.target.directory, self._prompts(),
+                          temperatures=(0.0,), thresholds=(), max_new_tokens=e.max_new_tokens,
+                          device=e.device, dtype=e.dtype, engine=f"llama.cpp={e.llama_cpp}",
+                          target_gguf=e.target_gguf, progress=self.gate.progress)
+        report = EvalReport.model_validate_json(
+            _relocated(report.model_dump_json(), self.gate.tmp, self.gate.out))
+        written = [self.rel(p) for p in write_report(report, self.dir / "eval-llama.cpp")]
+        return engine_verdict(report, names), written
 
     def regression(self):
         return regression(self.entry, self.measurement, self.gate.baseline)
+
+
+def engine_verdict(report, names: Sequence[str]) -> str:
+    """The llama.cpp stage's line from an eval report with llama.cpp's runs: every
+    artifact run, on at least one prompt, lossless, each draft the reference's; else the
+    first problem as GateEngineError."""
+    runs = {r.artifact: r for r in report.engine_runs if r.kind == "drafter"}
+    refused = {n.artifact: n.reason for n in report.not_run
+               if n.engine == "llama.cpp" and n.kind == "drafter" and n.artifact in names}
+    problems, parts = [], []
+    for name in names:
+        run = runs.get(name)
+        if run is None:
+            problems.append(f"{name}: llama.cpp did not run it: "
+                            f"{refused.get(name, 'no run in the report')}")
+            continue
+        if not run.prompts:
+            skipped = run.prompts_skipped[0] if run.prompts_skipped else None
+            problems.append(f"{name}: llama.cpp ran no prompt"
+                            + (f" (prompt {skipped.id}: {skipped.reason})" if skipped else ""))
+            continue
+        if run.lossless is not True:
+            bad = next((p.id for p in run.prompts if p.lossless is False), "?")
+            problems.append(f"{name}: llama.cpp's {run.spec_type} output of prompt {bad} differs "
+                            "from its own target alone at temperature 0")
+        check = run.proposals
+        # A quantized variant's drafts are compared but not held to equality: ggml computes
+        # a Q8_0/Q5_0/Q4_0 matrix product with the activations quantized too, which moves a
+        # near-tie the reference runtime (BF16 activations) decides the other way.
+        exact = name == BF16
+        if check is not None and check.first_difference is not None and exact:
+            d = check.first_difference
+            late = (f"; its draft is ours read {d.row_offset} row(s) late" if d.row_offset
+                    else "")
+            problems.append(f"{name}: llama.cpp's draft {d.draft_call} (prompt {d.prompt}) differs "
+                            f"from the reference runtime's at position {d.position}: llama.cpp "
+                            f"{d.engine_token}, ours {d.reference_token}{late}; {check.equal} of "
+                            f"{check.compared} drafts equal")
+        elif check is not None:
+            agree = f"{check.equal} of {check.compared} drafts the reference's" + (
+                "" if exact or check.first_difference is None else
+                " (a quantized variant: compared, not required equal)")
+            ours = _tau_on(report, name, {p.id for p in run.prompts})
+            parts.append(f"{name}: {run.spec_type} on {len(run.prompts)} prompt(s), lossless, "
+                         f"{agree}; tau {_num(run.tau)} (ours {_num(ours)} on those prompts)")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise GateEngineError(problems[0] + more, field="llama.cpp", found=len(problems))
+    return "; ".join(parts)
+
+
+def _tau_on(report, name: str, ids: set[str]) -> float | None:
+    """The reference runtime's tau for ``name`` on the prompts ``ids`` only (llama.cpp runs
+    the prompts whose text it tokenizes back to their ids)."""
+    run = next((r for r in report.runs if r.kind == "drafter" and r.artifact == name
+                and r.confidence_threshold == 0.0), None)
+    lengths = [a for p in (run.prompts if run else []) if p.id in ids
+               for a in (p.acceptance_lengths or [])]
+    return sum(lengths) / len(lengths) if lengths else None
 
 
 def regression(entry: Entry, measurement: Measurement, baseline: GateReport | None):
@@ -453,7 +532,7 @@ def _reads(policy: LoadedPolicy, baseline: str | os.PathLike | None) -> list[tup
     for e in policy.entries:
         reads += [(e.source.path, "a drafter's source"), (e.target.path, "a target model"),
                   (e.lock, "a lock file"), (e.prompts, "a prompt set"),
-                  (e.llama_cpp, "the llama.cpp build")]
+                  (e.llama_cpp, "the llama.cpp build"), (e.target_gguf, "a target GGUF")]
         if e.source.hub or e.target.hub:
             reads.append((hub_cache_dir(None), "the Hugging Face cache"))
     if baseline is not None:

@@ -97,6 +97,10 @@ class Drafter(_Strict):
                                        description="the largest drop of tau against --baseline")
     max_acceptance_drop: float | None = Field(None, ge=0, le=1, allow_inf_nan=False, description=(
         "the largest drop of the acceptance rate at any draft position against --baseline"))
+    target_gguf: str | None = Field(None, min_length=1, description=(
+        "the target as llama.cpp runs it (its converter's GGUF): with `llama.cpp` in "
+        "require and [defaults] llama_cpp, the llama.cpp stage runs the exported drafter "
+        "against it"))
     prompts: str | None = Field(None, min_length=1, description="this drafter's prompt set")
     max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS_LIMIT,
                                        description="this drafter's new tokens per prompt")
@@ -163,6 +167,7 @@ class Entry:
     dtype: str
     strict: bool
     llama_cpp: Path | None
+    target_gguf: Path | None
 
 
 @dataclass(frozen=True)
@@ -313,7 +318,8 @@ def load_policy(path: str | os.PathLike) -> LoadedPolicy:
             prompts=_relative(base, prompts) if prompts is not None else None,
             max_new_tokens=e.max_new_tokens if e.max_new_tokens is not None else d.max_new_tokens,
             device=d.device, dtype=d.dtype, strict=d.strict,
-            llama_cpp=_relative(base, d.llama_cpp) if d.llama_cpp is not None else None))
+            llama_cpp=_relative(base, d.llama_cpp) if d.llama_cpp is not None else None,
+            target_gguf=_relative(base, e.target_gguf) if e.target_gguf is not None else None))
     return LoadedPolicy(path=path, text=text, sha256=hashlib.sha256(data).hexdigest(),
                         model=policy, entries=tuple(entries))
 
