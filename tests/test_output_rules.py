@@ -24,6 +24,7 @@ from dspark_convert.errors import (
     CalibrationFileError,
     HubSpecError,
     InvalidArtifactError,
+    ManifestError,
     OutputExistsError,
     OutputPathError,
     OutputWriteError,
@@ -388,3 +389,28 @@ def test_refusals_leave_no_hidden_temporaries(art, tmp_path):
     proc = _smoke(art, *SMOKE_FAST, "--trace", str(out), "--plot", str(out))
     assert proc.returncode == OutputExistsError.exit_code
     assert temp_siblings(out) == [] and os.listdir(tmp_path) == []
+
+
+# --- class 5: a failed command leaves no report ------------------------------------------------
+
+def test_smoke_compare_with_a_failing_parent_writes_no_report(art, tmp_path):
+    """--compare's parent runs before --trace and --plot are written: a parent that fails
+    validate fails the command, and neither report appears (nor an old one changes)."""
+    parent = _copy(art, tmp_path / "parent")
+    with open(parent / "manifest.json", "a") as fh:
+        fh.write("junk\n")
+    (tmp_path / "t.json").write_text("old\n")
+    proc = _smoke(art, *SMOKE_FAST, "--compare", str(parent), "--trace", str(tmp_path / "t.json"),
+                  "--plot", str(tmp_path / "p.png"))
+    assert_one_error_line(proc, ManifestError.exit_code, "parent")
+    assert (tmp_path / "t.json").read_text() == "old\n"
+    assert sorted(os.listdir(tmp_path)) == ["parent", "t.json"]
+
+
+def test_smoke_compare_with_a_passing_parent_writes_both_reports(art, tmp_path):
+    parent = _copy(art, tmp_path / "parent")
+    proc = _smoke(art, *SMOKE_FAST, "--compare", str(parent), "--trace", str(tmp_path / "t.json"),
+                  "--plot", str(tmp_path / "p.png"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["runs"]
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

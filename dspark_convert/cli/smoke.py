@@ -92,6 +92,7 @@ def smoke(
 
         budget = parse_memory_size(max_memory, error=SmokeInputError) if max_memory is not None \
             else None
+        compared = []                 # --compare's result, once the parent has run
         if compare is not None:
             from dspark_convert.commands.smoke import check_comparable
 
@@ -102,8 +103,13 @@ def smoke(
                            dtype=dtype, verify=verify, max_memory=budget, trace=trace, plot=plot,
                            reference=reference, min_tau=min_tau, calibration=calibration,
                            progress=RichProgress(enabled=not as_json), on_estimate=show_estimate,
-                           reads=[(compare, "the --compare artifact")] if compare else ())
-        comparison = _compared(result, compare, as_json, show_estimate) if compare else None
+                           reads=[(compare, "the --compare artifact")] if compare else (),
+                           # the parent runs before the reports are written: if it fails,
+                           # the command leaves none
+                           before_reports=(lambda first: compared.append(
+                               _compared(first, compare, as_json, show_estimate))) if compare
+                           else None)
+        comparison = compared[0] if compared else None
         if as_json:
             extra = {"compare": comparison.model_dump()} if comparison is not None else {}
             print(json.dumps({"ok": True, **result.model_dump(), **extra}, indent=2))

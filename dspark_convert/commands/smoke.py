@@ -45,6 +45,7 @@ from dspark_convert.errors import (
     AcceptanceFloorError,
     CalibrationFileError,
     DeviceUnavailableError,
+    DSparkError,
     InvalidArtifactError,
     LosslessnessError,
     ReferenceTraceError,
@@ -231,7 +232,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
               progress: Progress | None = None,
               calibration: str | os.PathLike | None = None,
               on_estimate: Callable[[MemoryReport], None] | None = None,
-              reads: Sequence[tuple[str | os.PathLike, str]] = ()) -> SmokeResult:
+              reads: Sequence[tuple[str | os.PathLike, str]] = (),
+              before_reports: Callable[[SmokeResult], None] | None = None) -> SmokeResult:
     """Run the artifact's drafter on ``target`` for each prompt and check the result.
 
     ``dtype``: the compute dtype, float32 (the reference for DeepSpec's traces) or bfloat16.
@@ -239,7 +241,11 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     ``max_memory``: bytes to check the memory estimate against instead of what the device
     has available. ``on_estimate``: called with the estimate once it has passed, before
     the weights are loaded. ``reads``: (path, what) of other inputs of the same command
-    (``smoke --compare``'s parent), which --trace and --plot must stay out of too."""
+    (``smoke --compare``'s parent), which --trace and --plot must stay out of too.
+    ``before_reports``: called with the passing result before --trace and --plot are
+    written (``smoke --compare`` runs the parent there); when it raises, neither is: a
+    failed command leaves no report. A run that fails its own verdict (losslessness,
+    --reference, --min-tau) writes its reports first, so that it can be inspected."""
     progress = progress or NoProgress()
     _check_options(max_new_tokens=max_new_tokens, temperature=temperature,
                    confidence_threshold=confidence_threshold, min_tau=min_tau, seed=seed,
@@ -267,7 +273,6 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     from dspark_convert.runtime.speculative import speculative_generate, target_greedy
     from dspark_convert.runtime.trace import (
         agreement,
-        compare_run,
         find_reference_run,
         implied_max_new_tokens,
         load_reference,
@@ -407,28 +412,17 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     if plot is not None:
         reports.append((plot, _plot(rates, tau,
                                     f"{artifact.name}: acceptance by draft position ({dtype})")))
-    if reports:
-        _write_reports(reports)
-
-    if lossless_failure is not None:
-        i, got, want = lossless_failure
-        pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        raise LosslessnessError(
-            f"prompt {i}: temperature 0 output differs from the target's greedy output ({dtype}) "
-            f"at position {pos}: expected {want[pos] if pos < len(want) else 'end'}, found "
-            f"{got[pos] if pos < len(got) else 'end'}", field=f"runs[{i}].output_ids",
-            expected=str(list(want)), found=str(list(got)))
-    for i, ref in enforced:
-        compare_run(runs_json[i], ref, label=f"prompt {i}", path=str(reference))
-    if min_tau is not None and tau < min_tau:
-        raise AcceptanceFloorError(f"tau (mean accepted+1 per verify step) is {tau:.3f}; "
-                                   f"--min-tau is {min_tau:g}", field="tau", expected=f">= {min_tau}",
-                                   found=round(tau, 6))
+    try:
+        _verdict(lossless_failure, enforced, runs_json, reference, tau, min_tau, dtype)
+    except DSparkError:
+        if reports:          # a failing run's reports are written, so that it can be inspected
+            _write_reports(reports)
+        raise
     memory = memory.model_copy(update={
         "peak_rss_bytes": _peak_rss(),
         "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
         else None})
-    return SmokeResult(
+    result = SmokeResult(
         artifact=str(artifact), target=str(target_dir), device=str(dev), dtype=dtype,
         verify=verify, temperature=temperature, confidence_threshold=confidence_threshold, seed=seed,
         max_new_tokens=max_new_tokens, block_size=B, runs=summaries, tau=tau,
@@ -446,6 +440,31 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
         reference=None if reference is None else str(reference), min_tau=min_tau,
         warnings=warnings, trace=None if trace is None else str(trace),
         plot=None if plot is None else str(plot), calibration=calibrated)
+    if before_reports is not None:
+        before_reports(result)   # smoke --compare's parent run: if it fails, no report is written
+    if reports:
+        _write_reports(reports)
+    return result
+
+
+def _verdict(lossless_failure, enforced, runs_json, reference, tau, min_tau, dtype) -> None:
+    """Losslessness at temperature 0, the --reference comparison, the --min-tau floor."""
+    from dspark_convert.runtime.trace import compare_run
+
+    if lossless_failure is not None:
+        i, got, want = lossless_failure
+        pos = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise LosslessnessError(
+            f"prompt {i}: temperature 0 output differs from the target's greedy output ({dtype}) "
+            f"at position {pos}: expected {want[pos] if pos < len(want) else 'end'}, found "
+            f"{got[pos] if pos < len(got) else 'end'}", field=f"runs[{i}].output_ids",
+            expected=str(list(want)), found=str(list(got)))
+    for i, ref in enforced:
+        compare_run(runs_json[i], ref, label=f"prompt {i}", path=str(reference))
+    if min_tau is not None and tau < min_tau:
+        raise AcceptanceFloorError(f"tau (mean accepted+1 per verify step) is {tau:.3f}; "
+                                   f"--min-tau is {min_tau:g}", field="tau", expected=f">= {min_tau}",
+                                   found=round(tau, 6))
 
 
 def _calibration(path, binding, progress) -> AppliedCalibration:
