@@ -122,7 +122,7 @@ def test_plain_dflash_export(dflash, target, tmp_path):
     kv = _kv(result.output)
     assert kv["dflash.has_confidence_head"] == ("BOOL", False)
     assert not any(t.name.startswith(("markov", "conf_proj")) for t in read_gguf(result.output).tensors)
-    assert "draft-dflash" in result.drafter
+    assert "--spec-type draft-dspark" in result.drafter
 
 
 @pytest.mark.parametrize("name", sorted(TRAINED_DRAFTERS))

@@ -29,7 +29,8 @@ H, V, R = 64, 512, 16          # the golden geometry (hidden, vocabulary, Markov
 CORPUS = [
     ("as exported", "dspark", {}, None),
     ("as exported (DFlash)", "dflash", {}, None),
-    ("kept embedding", "dspark-kept", {}, None),
+    # Loads and runs: with the embedding as the drafter's head (a misread, not blocking).
+    ("kept embedding", "dspark-kept", {}, "embedding_as_head"),
     ("no context_length", "dspark", dict(drop_keys=("dflash.context_length",)),
      "key.dflash.context_length"),
     ("context_length u64", "dspark", dict(set_keys={"dflash.context_length": (512, T.UINT64, None)}),

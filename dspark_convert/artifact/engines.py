@@ -666,6 +666,19 @@ def _llama_count(view: _View) -> str | None:
             f"{len(view.tensors) - len(extra)} ('{extra[0]}' is not read: {reason})")
 
 
+def _llama_embedding_as_head(view: _View) -> str | None:
+    """llama_model_dflash::load_arch_tensors: with no output.weight and a token_embd.weight,
+    ``output = tok_embd`` (TENSOR_DUPLICATED); only a drafter with neither takes both from
+    the target (ctx_other). A DeepSpec drafter's head is the target's lm_head."""
+    names = view.names
+    if L.TARGET_EMBEDDING in names and L.TARGET_HEAD not in names:
+        return (f"{L.TARGET_EMBEDDING} is present and {L.TARGET_HEAD} is not: llama.cpp uses "
+                "the drafter's embedding as its head too (output = tok_embd), not the target's "
+                "head; right only for a target that ties its embeddings (`dspark export` "
+                "without --keep-embedding writes neither, and llama.cpp binds both from the target)")
+    return None
+
+
 LLAMA_RULES: tuple[Rule, ...] = (
     Rule("architecture", "load_error", _llama_arch),
     *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[:3]),
@@ -680,6 +693,7 @@ LLAMA_RULES: tuple[Rule, ...] = (
     Rule("geometry", "load_error", _llama_geometry),                 # a parse step: never refuses
     Rule("tensor_shapes", "load_error", _llama_shapes, ("llama_geometry",)),
     Rule("tensor_count", "unsupported", _llama_count, ("llama_geometry",)),
+    Rule("embedding_as_head", "misread", _llama_embedding_as_head, ("llama_geometry",)),
 )
 
 

@@ -43,7 +43,7 @@ LLAMA_CPP_COMMIT = "0c1e570"          # tools/llama_cpp.py pins the build of the
 ARCH = "dflash"
 TAP_KEY = f"{ARCH}.target_layers"
 MASK_KEY = "tokenizer.ggml.mask_token_id"
-TOKENIZER_PREFIX = "tokenizer.ggml."
+TOKENIZER_PREFIX = "tokenizer."        # tokenizer.ggml.* and tokenizer.chat_template
 # llama_vocab::impl::load stops without these (src/llama-vocab.cpp).
 TOKENIZER_REQUIRED = ("tokenizer.ggml.model", "tokenizer.ggml.tokens")
 DEFAULT_ROPE_BASE = 10000.0          # llama.cpp's rope base when dflash.rope.freq_base is absent
@@ -77,6 +77,7 @@ PER_LAYER_KEYS = (f"{ARCH}.feed_forward_length", f"{ARCH}.attention.head_count")
 #   "const:<value>"   a constant (as the converter writes it);
 #   "file_type"       llama_ftype of the matrices (BF16 32, Q8_0 7, Q5_0 8, Q4_0 2);
 #   "confidence"      whether a confidence head is present;
+#   "anchor"          the contract's anchor-first block layout;
 #   "name"            the artifact's general.name.
 Source = str
 
@@ -123,8 +124,9 @@ LLAMA_KEYS: tuple[LlamaKey, ...] = (
     LlamaKey(f"{ARCH}.block_size", T.UINT32, "artifact:dflash.block_size", "block_size"),
     LlamaKey(TAP_KEY, T.ARRAY, "taps", "DeepSpec target_layer_ids + 1 (llama.cpp taps the "
              "input of that layer)", sub_type=T.INT32, required=True),
-    LlamaKey(f"{ARCH}.sample_from_anchor", T.BOOL, "const:true",
-             "true: query 0 predicts the token after the anchor (DeepSpec's layout)"),
+    LlamaKey(f"{ARCH}.sample_from_anchor", T.BOOL, "anchor",
+             "the artifact's `dflash.sample_from_anchor` (true: query 0 predicts the token "
+             "after the anchor, DeepSpec's layout)"),
     LlamaKey(f"{ARCH}.has_confidence_head", T.BOOL, "confidence",
              "whether `conf_proj.weight` is present"),
     LlamaKey("general.quantization_version", T.UINT32, "const:2", "2, as gguf-py writes it"),
@@ -171,8 +173,9 @@ def key_doc_rows() -> list[tuple[str, str, str]]:
         return k.type.name + (f"[{k.sub_type.name}]" if k.sub_type is not None else "")
 
     rows = [(k.key, type_name(k), k.doc) for k in LLAMA_KEYS]
-    rows.append(("tokenizer.ggml.*", "as in the target GGUF",
-                 "every tokenizer key of the target GGUF, in its order, values and types unchanged"))
+    rows.append(("tokenizer.*", "as in the target GGUF",
+                 "every tokenizer key of the target GGUF (`tokenizer.ggml.*`, a chat template), "
+                 "in its order, values and types unchanged"))
     rows.append((MASK.key, type_name(MASK), MASK.doc))
     rows += [(k.key, type_name(k), k.doc) for k in PROVENANCE]
     return rows

@@ -115,7 +115,12 @@ def _refuse_heads(contract: FeatureContract, label: str) -> None:
 def describe(contract: FeatureContract) -> str:
     head, conf = contract.markov_head, contract.confidence_head
     if head.rank == 0:
-        return "DFlash (no Markov head): --spec-type draft-dflash"
+        # llama.cpp picks draft-dflash for a file without markov_w1, which reads the block
+        # one row late for DeepSpec's layout (common/speculative.cpp reads rows 1..n);
+        # draft-dspark reads rows 0..n-1 and adds no Markov bias without markov_w1
+        # (docs/ENGINES.md, the cause of the gap).
+        return ("DFlash (no Markov head): run it with --spec-type draft-dspark (draft-dflash, "
+                "which llama.cpp picks for it, reads DeepSpec's block one row late)")
     extra = ", confidence head" if conf.enabled else ""
     return f"DSpark (vanilla Markov head, rank {head.rank}{extra}): --spec-type draft-dspark"
 
@@ -273,6 +278,7 @@ def _value(source: str, kv: dict, contract: FeatureContract, target: _Target,
         "taps": lambda: [t + L.TAP_OFFSET for t in contract.taps.target_layer_ids],
         "file_type": lambda: _file_type(kv),
         "confidence": lambda: contract.confidence_head.enabled,
+        "anchor": lambda: contract.block.anchor_first,
         "converter": lambda: f"{CONVERTER_NAME} {__version__}",
         "artifact_sha256": lambda: artifact_sha,
     }[kind]()
