@@ -29,7 +29,7 @@ _STYLE = {**STATUS_STYLE, "recorded": "cyan", "not_run": "dim"}
 
 @app.command()
 def gate(
-    policy: Annotated[Path, typer.Argument(help="The release policy (TOML; docs/GATE.md).")],
+    policy: Annotated[Path, typer.Argument(metavar="POLICY", help="The release policy (TOML; docs/GATE.md).")],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="OUT_DIR",
                                          help="The directory to create: every artifact and "
                                          "report, gate.json, gate.md, junit.xml.")],

@@ -34,7 +34,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_convert import CONVERTER_NAME, __version__
@@ -59,6 +59,7 @@ from dspark_convert.errors import (
     SourceNotFoundError,
     StrataRuleError,
 )
+from dspark_convert.util.json_out import dumps
 from dspark_convert.util.atomic import atomic_directory, atomic_file, check_output, refuse_overlap
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
@@ -162,7 +163,7 @@ class _EntryRun:
 
     def write_json(self, name: str, doc: dict) -> str:
         path = self.dir / name
-        text = _relocated(json.dumps(doc, indent=1), self.gate.tmp, self.gate.out) + "\n"
+        text = _relocated(dumps(doc, indent=1), self.gate.tmp, self.gate.out) + "\n"
         _write(path, text.encode())
         return self.rel(path)
 
@@ -310,7 +311,7 @@ class _EntryRun:
         result = run_smoke(self.dir / BF16, target=t.directory, prompts=[list(p.ids) for p in prompts],
                            max_new_tokens=e.max_new_tokens, temperature=0.0, device=e.device,
                            dtype=e.dtype, trace=trace, progress=self.gate.progress)
-        written = self.write_json("smoke.json", result.model_dump(mode="json"))
+        written = self.write_json("smoke.json", result)
         return (f"{len(result.runs)} prompt(s) at temperature 0, every output the target's own "
                 f"greedy output ({result.dtype}, {result.device}); tau {result.tau:.3f}",
                 [written, self.rel(trace)])

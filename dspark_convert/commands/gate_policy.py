@@ -17,7 +17,6 @@ the policy's text, by a minimal edit of each ``[[drafter]]`` table's ``sha256 = 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 import sys

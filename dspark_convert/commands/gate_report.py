@@ -14,7 +14,6 @@ A stage ends in one of five states:
 
 from __future__ import annotations
 
-import json
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dspark_convert.errors import GateBaselineError
+from dspark_convert.util.json_out import dumps
 from dspark_convert.util.models import validated
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.strict_json import parse_json_strict, read_capped
@@ -129,7 +129,7 @@ class GateReport(_Model):
 
 
 def gate_json(report: GateReport) -> bytes:
-    return (report.model_dump_json(indent=1) + "\n").encode()
+    return (dumps(report, indent=1) + "\n").encode()
 
 
 def read_gate_report(directory: str | os.PathLike) -> GateReport:
@@ -252,4 +252,4 @@ def write_reports(report: GateReport, directory: Path, write) -> list[str]:
 
 
 def as_json_document(report: GateReport) -> str:
-    return json.dumps(report.model_dump(mode="json"), indent=1)
+    return dumps(report, indent=1)
