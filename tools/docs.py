@@ -115,10 +115,26 @@ def limits_table() -> str:
     return "\n".join(rows)
 
 
+def llama_cpp_export_table() -> str:
+    """What `dspark export --engine llama.cpp` writes (artifact/llama_cpp.py)."""
+    from dspark_convert.artifact import llama_cpp
+
+    rows = ["| key | GGUF type | value |", "|---|---|---|"]
+    rows += [f"| `{key}` | {gtype} | {doc} |" for key, gtype, doc in llama_cpp.key_doc_rows()]
+    rows.append("")
+    rows.append("Tensors: the artifact's, in its order, names and GGUF shapes unchanged; 1-D "
+                f"tensors of kind {' and '.join(llama_cpp.F32_KINDS)} widened from BF16 to F32, "
+                "every other tensor copied as it is (BF16, or the Q8_0/Q5_0/Q4_0 of a quantized "
+                f"artifact). With `--keep-embedding` the target GGUF's `{llama_cpp.TARGET_EMBEDDING}` "
+                "first, as it is in the target GGUF.")
+    return "\n".join(rows)
+
+
 SECTIONS = {
     "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table},
     "docs/EXIT_CODES.md": {"exit-codes": exit_code_table},
     "docs/BAD_INPUTS.md": {"limits": limits_table},
+    "docs/ENGINES.md": {"llama-cpp-export": llama_cpp_export_table},
 }
 # Pages whose generated parts depend on what the page holds (one block per command).
 RENDERERS = {"docs/CLI.md": cli_docs.render}
