@@ -151,6 +151,25 @@ def test_every_make_target_shown_exists():
     assert shown <= targets, shown - targets
 
 
+# A path of the repository in code (`tools/docs.py`, `golden/reference/target`); a glob
+# (`tests/test_bounds_*.py`) must match something. Not paths of this repository: Strata's
+# quantizer, the policy of "another repository" in the CI examples, and a test module a
+# record of a past fuzz run names (docs/FUZZING.md).
+REPO_PATH = re.compile(r"(?<![\w./-])((?:dspark_convert|tools|tests|golden|release|schemas|docs|bench"
+                       r"|scripts|\.github)/[\w./*-]*[\w/*])")
+NOT_OURS = {"tools/dflash_quantize.py", "release/policy.toml", "tests/test_strata_rules.py"}
+
+
+def test_every_repository_path_shown_exists():
+    shown = {m.group(1) for page in PAGES for snippet in code(page.read_text())
+             for m in REPO_PATH.finditer(snippet)}
+    assert "tools/docs.py" in shown and "golden/reference/target" in shown
+    missing = sorted(path for path in shown - NOT_OURS
+                     if not re.search(r"[<>{}]|\bN\b", path)     # placeholders: blk.N, <name>
+                     and not (list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()))
+    assert not missing, missing
+
+
 def test_every_help_points_to_the_exit_code_page():
     assert (ROOT / "docs" / "EXIT_CODES.md").is_file()
     for name in [*_app_commands(), None]:
