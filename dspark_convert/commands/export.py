@@ -11,11 +11,15 @@
   tensors are BF16 (the recorded hashes are of BF16 bytes; another type cannot be compared,
   which the result says in one line). Its tokenizer keys are copied into the drafter, so
   llama.cpp's token-by-token vocabulary check compares a vocabulary with itself.
+- The embedding and head: by default the file carries neither, and llama.cpp binds the
+  target's (``keep_embedding`` writes llama.cpp's own converter's layout instead; see
+  ``export_llama_cpp`` and docs/ENGINES.md).
 - One sequential write through util/atomic.atomic_file: the header (gguf-py), then each
   tensor streamed in blocks of util/hashing.BLOCK (1-D tensors widened from BF16 to F32 on
-  the way), hashed as written; the embedding's hash is compared once it is copied, and
-  the file's tensor table read back against the plan before the rename. Nothing is
-  written on a refusal; the same inputs give the same bytes (no paths, no timestamps).
+  the way), hashed as it is read and compared with what was checked (validate's hashes,
+  the target's embedding digest), and the file's tensor table read back against the plan
+  before the rename. Nothing is written on a refusal; the same inputs give the same bytes
+  (no paths, no timestamps).
 """
 
 from __future__ import annotations
@@ -190,7 +194,13 @@ def _check_target(target: GGUFFile, contract: FeatureContract, label: str,
                 f"{label}: metadata key '{key}' is missing; expected the target's tokenizer "
                 "embedded (llama.cpp loads the drafter's vocabulary from it)", path=label,
                 field=key, expected="present", found="missing")
-    tokens = target.kv["tokenizer.ggml.tokens"].value
+    tokens_value = target.kv["tokenizer.ggml.tokens"]
+    if tokens_value.type != GGUFValueType.ARRAY or tokens_value.sub_type != GGUFValueType.STRING:
+        raise TargetGGUFMismatchError(
+            f"{label}: metadata key 'tokenizer.ggml.tokens' is not a string array; expected "
+            "the target's token texts", path=label, field="tokenizer.ggml.tokens",
+            expected="ARRAY[STRING]", found=tokens_value.type.name)
+    tokens = tokens_value.value
     if len(tokens) != g.vocab_size:
         raise _mismatch(label, "vocabulary", "tokenizer.ggml.tokens",
                         f"{g.vocab_size} tokens (dflash.vocab_size)", f"{len(tokens)} tokens")
