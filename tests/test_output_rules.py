@@ -414,3 +414,94 @@ def test_smoke_compare_with_a_passing_parent_writes_both_reports(art, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "t.json").read_text())["runs"]
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --- the rule as a property: any spelling of any path ------------------------------------------
+
+_SEGMENTS = ["", ".", "..", " ", "sub", "new", "ws", "reads", "file.json", "dir", "L-cwd",
+             "L-read", "L-dir", "L-up", "H", "new.png"]
+
+
+def _sandbox(root: Path) -> tuple[Path, list[tuple[Path, str]]]:
+    """ws/ (the working directory, with sub/) beside reads/ (file.json and dir/x: what the
+    run reads), and in ws/: a hard link H to file.json, symbolic links to the working
+    directory, to its parent, to the file and to the directory."""
+    ws, reads = root / "ws", root / "reads"
+    (ws / "sub").mkdir(parents=True)
+    (reads / "dir").mkdir(parents=True)
+    (reads / "file.json").write_text("{}\n")
+    (reads / "dir" / "x").write_text("x\n")
+    os.link(reads / "file.json", ws / "H")
+    (ws / "L-cwd").symlink_to(ws)
+    (ws / "L-up").symlink_to(root)
+    (ws / "L-read").symlink_to(reads / "file.json")
+    (ws / "L-dir").symlink_to(reads / "dir")
+    return ws, [(reads / "file.json", "the file"), (reads / "dir", "the directory")]
+
+
+def _within(a: Path, b: Path) -> bool:
+    """``a`` is ``b`` or lies inside it, by path or by device and inode of an ancestor."""
+    if a == b or a.is_relative_to(b):
+        return True
+    try:
+        target = os.stat(b)
+    except OSError:
+        return False
+    for level in (a, *a.parents):
+        try:
+            st = os.stat(level)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False
+
+
+def test_any_spelling_of_a_path_is_refused_or_safe(tmp_path_factory):
+    """Whatever the spelling (., .., links, a hard link, absolute or relative, whitespace),
+    check_outputs either refuses with one of the output errors or returns paths that name
+    no working directory or ancestor of it, are not and do not hold or lie inside what the
+    run reads, and (without --force) do not exist yet."""
+    from hypothesis import example, given
+    from hypothesis import strategies as st
+    from support.fuzz import fuzz_settings
+
+    from dspark_convert.util.atomic import _real
+
+    ws, reads = _sandbox(tmp_path_factory.mktemp("rule"))
+    path = st.builds(lambda absolute, parts: ("/".join([str(ws)] + parts) if absolute
+                                              else "/".join(parts)),
+                     st.booleans(), st.lists(st.sampled_from(_SEGMENTS), max_size=4))
+
+    @fuzz_settings(500)
+    @given(st.lists(st.tuples(path, st.booleans()), min_size=1, max_size=2), st.booleans())
+    @example([("H", False)], True)                  # a hard link to what is read
+    @example([("L-up/reads", True)], True)          # holds it, through a link
+    @example([("L-cwd/", True)], True)              # the working directory, through a link
+    @example([("new", False), ("./sub/../new", False)], True)    # one path spelled twice
+    def check(outputs, force):
+        saved = os.getcwd()
+        os.chdir(ws)
+        try:
+            specs = [Output(p, f"out{i}", directory=d) for i, (p, d) in enumerate(outputs)]
+            try:
+                got = check_outputs(specs, reads, force=force)
+            except (OutputPathError, OutputExistsError, OutputWriteError):
+                return
+            cwd = _real(ws)
+            for spec, out in zip(specs, got):
+                real = _real(out)
+                assert not _within(cwd, real), (spec.path, "holds the working directory")
+                for read, _ in reads:
+                    read = _real(read)
+                    assert not _within(real, read) and not _within(read, real), (spec.path, read)
+                assert force or not os.path.lexists(out), spec.path
+            reals = [_real(out) for out in got]
+            if len(reals) == 2:
+                assert not _within(reals[0], reals[1]) and not _within(reals[1], reals[0])
+        finally:
+            os.chdir(saved)
+        assert sorted(os.listdir(ws)) == ["H", "L-cwd", "L-dir", "L-read", "L-up", "sub"]
+        assert sorted(os.listdir(ws.parent)) == ["reads", "ws"]
+
+    check()

@@ -92,6 +92,7 @@ LIMITS = [
     ("dspark_convert.evaluation.prompts", "MAX_PROMPT_FILE_BYTES", "bytes of `eval`'s prompt set"),
     ("dspark_convert.evaluation.prompts", "MAX_PROMPT_LINE_BYTES", "bytes of one line of the prompt set"),
     ("dspark_convert.evaluation.prompts", "MAX_PROMPTS", "prompts in the prompt set"),
+    ("dspark_convert.runtime.trace", "MAX_REFERENCE_RUNS", "runs in `smoke --reference`'s reference.json"),
     ("dspark_convert.util.paths", "NAME_MAX", "bytes of one path component"),
     ("dspark_convert.util.paths", "PATH_MAX", "bytes of a whole path (exclusive)"),
     ("dspark_convert.commands.inspection", "MAX_UNEXPECTED_ROWS", "unexpected tensors `inspect` lists (the rest are counted)"),
