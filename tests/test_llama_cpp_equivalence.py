@@ -107,3 +107,27 @@ def test_export_is_byte_reproducible(golden, name, tmp_path):
 
     again = export_llama_cpp(golden.artifacts[name], golden.target, tmp_path / "again.gguf")
     assert again.output.read_bytes() == golden.exports[name].read_bytes()
+
+
+def test_dflash_export_runs_as_the_export_recommends(golden):
+    """`dspark export` tells a DFlash user to run --spec-type draft-dspark: lossless, and it
+    accepts more than draft-dflash, which reads DeepSpec's block one row late."""
+    llama, path = golden.engine, golden.exports["dflash_shared"]
+    dspark = llama.speculative(golden.target, path, "dspark", PROMPTS[0], N)
+    dflash = llama.speculative(golden.target, path, "dflash", PROMPTS[0], N)
+    assert dspark.returncode == dflash.returncode == 0, dspark.stderr[-2000:]
+    assert llama.lossless(golden.target, dspark, PROMPTS[0], N)
+    assert dspark.mean_acceptance > dflash.mean_acceptance, (dspark.stats, dflash.stats)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_quantized_export_runs_in_llama_cpp(golden, tmp_path, qtype):
+    from dspark_convert.commands.export import export_llama_cpp
+    from dspark_convert.commands.quantize import quantize_artifact
+
+    art = quantize_artifact(golden.artifacts["vanilla_conf_markov"], tmp_path / "q", qtype).output
+    out = export_llama_cpp(art, golden.target, tmp_path / "q.gguf").output
+    run = golden.engine.speculative(golden.target, out, "dspark", PROMPTS[0], N)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stats is not None
+    assert golden.engine.lossless(golden.target, run, PROMPTS[0], N)
