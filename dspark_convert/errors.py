@@ -404,17 +404,17 @@ class MemoryBudgetError(RuntimeRefusal):
     exit_code = 78
 
 
-# --- `dspark quantize` (exit codes 80-84; dspark_convert/commands/quantize.py) -------------
-
-class QuantizeError(DSparkError):
-    kind = "quantize"
-
-
 class NumericOverflowError(RuntimeRefusal):
     """A model's forward pass gave NaN or infinity (its logits or confidence logits): the
     weights are finite but too large for the compute dtype (runtime/sampling.py). (The
     runtime's range is full; this code is from the range issue 19 opened.)"""
     exit_code = 99
+
+
+# --- `dspark quantize` (exit codes 80-84; dspark_convert/commands/quantize.py) -------------
+
+class QuantizeError(DSparkError):
+    kind = "quantize"
 
 
 class ParentArtifactError(QuantizeError):

@@ -25,7 +25,8 @@ from support.paths import GOLDEN_TARGET as TARGET, REFERENCE_PROMPTS as PROMPTS,
 from support.sampling import assert_reference_tau_within_our_spread
 from support.tools import load_tool
 from dspark_convert.errors import ReferenceDivergenceError
-from dspark_convert.runtime.drafter import DSparkDrafter, probs_from_logits
+from dspark_convert.runtime.drafter import DSparkDrafter
+from dspark_convert.runtime.sampling import probs_from_logits
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
 from dspark_convert.runtime.speculative import (
     speculative_generate,

@@ -138,11 +138,11 @@ def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
                   thresholds: Sequence[float], max_new_tokens: int, seed: int,
                   held_out: float, dtype: str = "float32", device: str = "auto",
                   max_memory: int | None = None) -> None:
+    from dspark_convert.runtime.sampling import check_seed, check_temperature
+
     if not artifacts:
         raise EvalInputError("no artifact: expected at least one ARTIFACT directory",
                              field="artifacts", expected="at least one", found=0)
-    from dspark_convert.runtime.sampling import check_seed, check_temperature
-
     seen: dict[Path, str] = {}
     for a in artifacts:
         key = Path(a).resolve()
@@ -569,6 +569,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
             not_run += engine_not_run
     except KeyboardInterrupt:
         interrupted = True
+        # What the interruption stopped; what could never have run keeps its own reason.
         reason = "interrupted (Ctrl-C) before it finished"
         not_run += [NotRun(kind=kind, artifact=art.name if art else None, temperature=t,
                            confidence_threshold=c,
@@ -579,7 +580,6 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                            confidence_threshold=0.0,
                            reason=_never_calibrates(a, len(resolved)) or reason)
                     for a in arts if calibrate and a.name not in fitted
-        # What the interruption stopped; what could never have run keeps its own reason.
                     and a.name not in listed]
         if engine_spec is not None and not engine_runs:
             not_run.append(NotRun(kind="target", artifact=None, temperature=0.0,
@@ -618,14 +618,6 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     return report
 
 
-def _calibrate(art: _Artifact, steps: dict[str, list] | None, prompts: list[Prompt], *, stops,
-               identity, prompt_set: PromptSet, temperature: float, held_out: float, seed: int):
-    """(CalibrationFile, held-out raw, held-out calibrated), or why it could not be made."""
-    never = _never_calibrates(art, len(prompts))
-    if never is not None:
-        return never
-    if steps is None:
-        return "its threshold-0 run did not finish"
 def _never_runs(art: _Artifact, threshold: float) -> str | None:
     """Why a drafter run of the plan can never run whatever happens (None: it can)."""
     if threshold and not art.has_confidence:
@@ -642,6 +634,14 @@ def _never_calibrates(art: _Artifact, prompts: int) -> str | None:
     return None
 
 
+def _calibrate(art: _Artifact, steps: dict[str, list] | None, prompts: list[Prompt], *, stops,
+               identity, prompt_set: PromptSet, temperature: float, held_out: float, seed: int):
+    """(CalibrationFile, held-out raw, held-out calibrated), or why it could not be made."""
+    never = _never_calibrates(art, len(prompts))
+    if never is not None:
+        return never
+    if steps is None:
+        return "its threshold-0 run did not finish"
     split = split_prompts([p.key for p in prompts], held_out=held_out, seed=seed)
     fit_keys, held_keys = split
     fit = confidence_data([s for k in fit_keys for s in steps[k]], block_size=art.block_size,

@@ -21,11 +21,16 @@ become a token or a distribution (docs/REFERENCE.md §2), for every command that
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from dspark_convert.errors import NumericOverflowError
 from dspark_convert.util.text import shown_int
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that compute: the option rules run before any
+# work, and a refused option must not pay for torch (tests/test_import_cost.py).
 
 MAX_TEMPERATURE = 100.0
 SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
@@ -61,6 +66,8 @@ def check_seed(value: object, *, error, option: str = "--seed") -> int:
 
 def require_finite(values: torch.Tensor, what: str) -> None:
     """NumericOverflowError when ``values`` (a model's output) holds NaN or infinity."""
+    import torch
+
     finite = torch.isfinite(values)
     if bool(finite.all()):
         return
@@ -74,9 +81,12 @@ def require_finite(values: torch.Tensor, what: str) -> None:
         field=what, expected="finite", found=str(value))
 
 
-def probs_from_logits(logits: torch.Tensor, temperature: float, *, what: str) -> torch.Tensor:
+def probs_from_logits(logits: torch.Tensor, temperature: float, *,
+                      what: str = "the logits") -> torch.Tensor:
     """softmax(z / T) over the last dimension (the module's rule); at temperature 0 a
     one-hot at the argmax (DeepSpec's convention). ``what`` names the model for a refusal."""
+    import torch
+
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     require_finite(logits, what)
     if temperature <= 0.0:
@@ -92,9 +102,11 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, *, what: str) ->
 
 
 def pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None, *,
-         what: str) -> int:
+         what: str = "the logits") -> int:
     """argmax at temperature 0, else one draw from ``probs_from_logits`` (on the
     generator's device)."""
+    import torch
+
     if temperature <= 0.0:
         require_finite(logits, what)
         return int(logits.argmax())
