@@ -223,20 +223,22 @@ def test_eval_reports_llama_cpp_beside_the_reference(golden, paired_artifacts, t
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["engine"]["engine"] == "llama.cpp"
-    runs = {r["artifact"] or "target": r for r in report["engine_runs"]}
-    assert set(runs) == {"target", DSPARK, DFLASH}
+    runs = {(r["artifact"] or "target", r["spec_type"]): r for r in report["engine_runs"]}
+    assert set(runs) == {("target", None), (DSPARK, "draft-dspark"), (DFLASH, "draft-dflash"),
+                         (DFLASH, "draft-dspark")}
     for r in runs.values():
         assert r["engine"] == "llama.cpp" and [p["id"] for p in r["prompts"]] == ["hello"]
         assert [s["id"] for s in r["prompts_skipped"]] == ["bytes"]
-    dspark, dflash = runs[DSPARK], runs[DFLASH]
-    assert dspark["spec_type"] == "draft-dspark" and dflash["spec_type"] == "draft-dflash"
-    assert dspark["lossless"] is True and dflash["lossless"] is True
+    dspark, dflash = runs[(DSPARK, "draft-dspark")], runs[(DFLASH, "draft-dflash")]
+    assert all(r["lossless"] is True for r in runs.values() if r["kind"] == "drafter")
     assert dspark["tau"] == pytest.approx(16 / 6)
     p = dspark["proposals"]
     assert (p["compared"], p["equal"], p["first_difference"]) == (6, 6, None)
     f = dflash["proposals"]["first_difference"]
     assert dflash["proposals"]["equal"] == 0
     assert (f["prompt"], f["draft_call"], f["position"], f["row_offset"]) == ("hello", 1, 0, 1)
+    right = runs[(DFLASH, "draft-dspark")]["proposals"]     # what the export advises
+    assert right["equal"] == right["compared"] > 0 and right["first_difference"] is None
     engine_not_run = [n for n in report["not_run"] if n["engine"] == "llama.cpp"]
     assert [(n["artifact"], n["confidence_threshold"]) for n in engine_not_run] == [(DSPARK, 0.5)]
     md = (out / "report.md").read_text()

@@ -39,6 +39,10 @@ class FirstDifference(BaseModel):
     # s > 0 when the engine's whole draft is the reference's read s rows late
     # (engine[k] == reference[k + s] for every k): the signature of a block read off by s.
     row_offset: int | None
+    # The reference's logit of its own token minus its logit of the engine's, at that
+    # position (float32): a few thousandths is a near tie another engine's arithmetic (bf16
+    # activations) may break the other way; a misreading leaves a wide margin.
+    reference_margin: float | None
     prompt: str | None = None          # the prompt it was met on (set by the eval)
 
 
@@ -79,6 +83,7 @@ class ReferenceProposer:
         self.cache = KVCache()
         self.drafter.reset()
         self.done: list[int] = []
+        self.logits = None             # the last proposal's corrected logits [B, V]
 
     def propose(self, context: Sequence[int], anchor: int) -> tuple[int, ...]:
         import torch
@@ -95,7 +100,9 @@ class ReferenceProposer:
                                           last_logits_only=True)
                 self.drafter.add_context(self.drafter.features(out.hidden_states))
                 self.done += new
-            return tuple(int(t) for t in self.drafter.propose(anchor).tokens.tolist())
+            proposal = self.drafter.propose(anchor)
+            self.logits = proposal.corrected_logits
+            return tuple(int(t) for t in proposal.tokens.tolist())
 
 
 def check_proposals(drafts: Sequence[EngineDraft], proposer: ReferenceProposer) -> ProposalCheck:
@@ -120,11 +127,16 @@ def check_proposals(drafts: Sequence[EngineDraft], proposer: ReferenceProposer) 
                 pos_equal[k] += 1
                 continue
             if same and first is None:
+                margin = None
+                logits = proposer.logits
+                if want is not None and logits is not None and 0 <= tok < logits.shape[-1]:
+                    margin = float(logits[k, want].float() - logits[k, tok].float())
                 first = FirstDifference(draft_call=d.call, position=k, engine_token=tok,
                                         reference_token=-1 if want is None else want,
                                         context_tokens=len(d.context), anchor=d.anchor,
                                         engine_draft=list(d.tokens), reference_draft=list(ref),
-                                        row_offset=row_offset(d.tokens, ref))
+                                        row_offset=row_offset(d.tokens, ref),
+                                        reference_margin=margin)
             same = False
         equal += same
     return ProposalCheck(compared=compared, equal=equal, positions_compared=pos_compared,

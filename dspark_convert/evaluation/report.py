@@ -10,6 +10,7 @@ is written the same way and says so at the top of report.md.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -447,7 +448,8 @@ def _engine_section(report: EvalReport) -> list[str]:
            "first draft is made from the prompt's last token). Proposals: drafts equal, token "
            "for token, to the reference runtime's proposal from the same committed tokens and "
            "anchor.", "",
-           "| run | spec type | prompts | tau | llama.cpp's statistics | tok/s | lossless | "
+           "| run | spec type | prompts | tau | its own mean acc len (mean over prompts) | "
+           "tok/s | lossless | "
            "proposals equal | first difference |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in report.engine_runs:
@@ -459,13 +461,12 @@ def _engine_section(report: EvalReport) -> list[str]:
             first = (f"prompt {md_cell(d.prompt or '-')}, draft {d.draft_call}, position "
                      f"{d.position}: {d.engine_token} vs ours {d.reference_token}"
                      + (f" (its draft is ours read {d.row_offset} row(s) late)"
-                        if d.row_offset else ""))
-        stats = next((x.statistics for x in r.prompts if x.statistics), None)
-        mean = "-"
-        if stats:
-            import re
-            m = re.search(r"#mean acc len = ([0-9.]+)", stats)
-            mean = f"mean acc len {m.group(1)} (first prompt)" if m else "-"
+                        if d.row_offset else "")
+                     + (f" (our margin {d.reference_margin:.3g})"
+                        if d.reference_margin is not None else ""))
+        stated = [float(m.group(1)) for x in r.prompts if x.statistics
+                  for m in [re.search(r"#mean acc len = ([0-9.]+)", x.statistics)] if m]
+        mean = _f(sum(stated) / len(stated)) if stated else "-"
         out.append(f"| {'target alone' if r.kind == 'target' else md_cell(r.artifact)} | "
                    f"{r.spec_type or '-'} | {len(r.prompts)} | {_f(r.tau)} | {mean} | "
                    f"{_f(r.tokens_per_second, 0)} | {lossless} | "
@@ -477,7 +478,8 @@ def _engine_section(report: EvalReport) -> list[str]:
         out.append("| llama.cpp acceptance by position | " + " | ".join(f"k={k}" for k in range(B)) + " |")
         out.append("|---|" + "---|" * B)
         for r in runs:
-            out.append(f"| {md_cell(r.artifact)} | " + " | ".join(_f(x) for x in r.acceptance_by_position) + " |")
+            out.append(f"| {md_cell(r.artifact)} ({r.spec_type}) | "
+                       + " | ".join(_f(x) for x in r.acceptance_by_position) + " |")
         out.append("")
     skipped = report.engine_runs[0].prompts_skipped if report.engine_runs else []
     if skipped:
