@@ -505,3 +505,16 @@ def test_any_spelling_of_a_path_is_refused_or_safe(tmp_path_factory):
         assert sorted(os.listdir(ws.parent)) == ["reads", "ws"]
 
     check()
+
+
+def test_a_relative_output_when_the_working_directory_is_gone(art, tmp_path):
+    import subprocess
+
+    from support.cli import dspark_cmd
+
+    gone = tmp_path / "gone"
+    proc = subprocess.run(["sh", "-c", 'mkdir "$1" && cd "$1" && rmdir "$1" && shift && exec "$@"',
+                           "sh", str(gone), *dspark_cmd("quantize", str(art), "-o", "q8",
+                                                        "--type", "q8_0")],
+                          capture_output=True, text=True, timeout=120)
+    assert_one_error_line(proc, OutputWriteError.exit_code, "the working directory is gone")

@@ -289,8 +289,11 @@ def _names_no_new_entry(out: Output) -> str | None:
         return "'/' is the root directory"
     if last in (".", ".."):
         return f"it ends in '{last}', which names an existing directory"
+    try:
+        cwd = Path.cwd()
+    except OSError:          # the working directory was removed: nothing there to wipe
+        return None
     real = _real(Path(text))
-    cwd = Path.cwd()
     cwd_real = _real(cwd)
     out_id = _file_id(real)
     if real == cwd_real or (out_id is not None and out_id == _file_id(cwd_real)):
@@ -354,6 +357,15 @@ def check_outputs(outputs: Sequence[Output], reads: Iterable[tuple[str | os.Path
                                   path=os.fspath(spec.path), field=spec.what,
                                   expected="a path naming a new entry", found=why)
         check_path(spec.path, what=spec.what, error=OutputWriteError)
+        if not os.path.isabs(spec.path):
+            try:
+                os.getcwd()
+            except OSError as exc:
+                raise OutputWriteError(f"{spec.what} {shown(os.fspath(spec.path))}: a relative path, and the "
+                                       f"working directory is gone ({os.strerror(exc.errno or 0)})",
+                                       path=os.fspath(spec.path), field=spec.what,
+                                       expected="an existing working directory",
+                                       found="removed") from None
         refuse_overlap(spec.path, reads)
         for other in outputs[:i]:
             relation = _relation(Path(other.path), Path(spec.path))
