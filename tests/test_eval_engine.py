@@ -25,6 +25,7 @@ from dspark_convert.errors import (
     EngineBinaryError,
     EngineOptionError,
     EngineOutputError,
+    OutputExistsError,
     TargetGGUFError,
 )
 from dspark_convert.evaluation import engine_llama_cpp as L
@@ -283,3 +284,14 @@ def test_a_target_gguf_that_is_not_one_is_refused(tmp_path, paired_artifacts):
                  str(bad))
     assert_refused(proc, TargetGGUFError, ["t.gguf"])
     assert not (tmp_path / "report").exists()
+
+
+def test_the_report_directory_is_never_the_target_gguf(tmp_path, paired_artifacts):
+    """--force would delete what -o names: the target GGUF the engine reads is an input."""
+    gguf = tmp_path / "target.gguf"
+    gguf.write_bytes(b"GGUF")
+    proc = run_cli("eval", str(paired_artifacts[DSPARK]), "--target", str(GOLDEN_TARGET),
+                   "-o", str(gguf), "--force", "--engine", f"llama.cpp={tmp_path}",
+                   "--target-gguf", str(gguf))
+    assert_refused(proc, OutputExistsError, ["is the target GGUF"])
+    assert gguf.read_bytes() == b"GGUF"

@@ -117,7 +117,7 @@ def evaluate(
         calibrations = calibration or []
         # Before anything long: an existing report is refused now, not after the runs.
         check_report_dir(output, force=force, artifacts=artifacts, target=target, prompts=prompts,
-                         calibrations=calibrations)
+                         calibrations=calibrations, target_gguf=target_gguf)
         interrupted = False
         try:
             report = run_eval(

@@ -182,7 +182,8 @@ def check_options(*, artifacts: Sequence, temperatures: Sequence[float],
 
 def check_report_dir(out: str | os.PathLike, *, force: bool, artifacts: Sequence,
                      target: str | os.PathLike, prompts: str | os.PathLike | None = None,
-                     calibrations: Sequence = ()) -> Path:
+                     calibrations: Sequence = (),
+                     target_gguf: str | os.PathLike | None = None) -> Path:
     """``-o REPORT_DIR`` before anything runs, by the one output rule (atomic.check_outputs):
     a path naming a new directory (32), that does not exist without ``force`` (30), can be
     created (31: a parent that is a file, or unwritable), and is never the directory of,
@@ -199,6 +200,8 @@ def check_report_dir(out: str | os.PathLike, *, force: bool, artifacts: Sequence
     reads = [(a, "the artifact") for a in artifacts] + [target_read(target)]
     reads.append((prompts if prompts is not None else DEFAULT_PROMPTS, "the prompt set"))
     reads += [(c, "the calibration file") for c in calibrations]
+    if target_gguf is not None:            # --engine's target, as the engine runs it
+        reads.append((target_gguf, "the target GGUF"))
     return check_outputs([Output(out, "the report directory", directory=True)], reads,
                          force=force)[0]
 
