@@ -250,13 +250,29 @@ def test_tau_dropping_against_the_baseline_fails_regression(passed, tmp_path):
     assert all(s.ok or s.status == "not_run" for s in report.entries[0].stages if s is not stage)
 
 
-@pytest.mark.slow   # three more gates (the fast loop has the tau drop)
-def test_the_baseline_itself_passes_and_a_drop_at_one_position_or_other_settings_fail(passed, tmp_path):
+def test_a_variant_quantized_from_the_same_bytes_must_be_the_baselines(passed, tmp_path):
+    def other_variant(doc):
+        doc["entries"][0]["artifacts"]["q8_0"]["sha256"] = "f" * 64
+
+    proc, out = _gate_against(passed[1], tmp_path, "variant", other_variant)
+    assert_refused(proc, GateFailedError, ["vanilla_conf_markov (quantize.q8_0: "
+                                           "ReproducibilityError: q8_0: drafter.gguf SHA-256 is "])
+    report = _report(out)
+    assert "quantized from the same BF16 drafter.gguf, is " + "f" * 64 in \
+        report.entries[0].stage("quantize.q8_0").detail
+    # the variant that failed is not measured; the artifact is
+    assert set(report.entries[0].measurement.artifacts) == {"bf16"}
+    # against the unchanged baseline the same variant passes, saying so
     proc, out = _gate_against(passed[1], tmp_path, "same")
     assert proc.returncode == 0, proc.stderr
-    detail = _report(out).entries[0].stage("regression").detail
+    report = _report(out)
+    assert ", the baseline's; validate: " in report.entries[0].stage("quantize.q8_0").detail
+    detail = report.entries[0].stage("regression").detail
     assert "(baseline " in detail and "within 0.05 of the baseline" in detail
 
+
+@pytest.mark.slow   # two more gates (the fast loop has the tau drop)
+def test_a_drop_at_one_position_or_other_settings_fail(passed, tmp_path):
     def higher_position(doc):
         rates = doc["entries"][0]["measurement"]["artifacts"]["q8_0"]["acceptance_by_position"]
         rates[1] = min(1.0, rates[1] + 0.2)

@@ -287,10 +287,30 @@ class _EntryRun:
         self.artifacts[qtype] = ArtifactSummary(path=self.rel(out), size=result.gguf_size,
                                                 sha256=result.gguf_sha256)
         detail, written = self._validate(out, f"validate-{qtype}.json")
+        same = self._same_as_baseline(qtype, result.gguf_sha256)
         self.variants.append(qtype)
-        return (f"drafter.gguf {result.gguf_size:,} bytes, SHA-256 {result.gguf_sha256}; "
-                f"validate: {detail}", [self.rel(out / "drafter.gguf"),
-                                        self.rel(out / "manifest.json"), written])
+        return (f"drafter.gguf {result.gguf_size:,} bytes, SHA-256 {result.gguf_sha256}"
+                f"{same}; validate: {detail}", [self.rel(out / "drafter.gguf"),
+                                                self.rel(out / "manifest.json"), written])
+
+    def _same_as_baseline(self, qtype: str, sha256: str) -> str:
+        """A variant against the baseline's: quantized from the same BF16 bytes, it must be
+        the same bytes (quantize is byte-reproducible: a difference is the quantizer's);
+        from other BF16 bytes it follows its parent. Nothing to compare: ''."""
+        before = self.gate.baseline.entry(self.entry.name) if self.gate.baseline else None
+        old = before.artifacts.get(qtype) if before else None
+        parent = before.artifacts.get(BF16) if before else None
+        if old is None or parent is None:
+            return ""
+        if parent.sha256 != self.artifacts[BF16].sha256:
+            return " (its BF16 parent differs from the baseline's, so does it)"
+        if old.sha256 == sha256:
+            return ", the baseline's"
+        raise ReproducibilityError(
+            f"{qtype}: drafter.gguf SHA-256 is {sha256}; the baseline's, quantized from the same "
+            f"BF16 drafter.gguf, is {old.sha256}; expected the same bytes (the quantizer or "
+            "its gguf-py changed?)", field=f"artifacts.{qtype}.sha256", expected=old.sha256,
+            found=sha256)
 
     def _prompts(self):
         """The prompt set, loaded once per drafter (PromptSetError for a bad one)."""
