@@ -250,6 +250,7 @@ def test_tau_dropping_against_the_baseline_fails_regression(passed, tmp_path):
     assert all(s.ok or s.status == "not_run" for s in report.entries[0].stages if s is not stage)
 
 
+@pytest.mark.slow   # two gates against a baseline (the fast loop has the tau drop)
 def test_a_variant_quantized_from_the_same_bytes_must_be_the_baselines(passed, tmp_path):
     def other_variant(doc):
         doc["entries"][0]["artifacts"]["q8_0"]["sha256"] = "f" * 64
@@ -271,7 +272,7 @@ def test_a_variant_quantized_from_the_same_bytes_must_be_the_baselines(passed, t
     assert "(baseline " in detail and "within 0.05 of the baseline" in detail
 
 
-@pytest.mark.slow   # two more gates (the fast loop has the tau drop)
+@pytest.mark.slow   # two gates against a baseline (the fast loop has the tau drop)
 def test_a_drop_at_one_position_or_other_settings_fail(passed, tmp_path):
     def higher_position(doc):
         rates = doc["entries"][0]["measurement"]["artifacts"]["q8_0"]["acceptance_by_position"]
