@@ -171,7 +171,12 @@ class _EntryRun:
 
     def stages_all(self) -> None:
         e = self.entry
-        self.dir.mkdir()
+        try:
+            self.dir.mkdir()
+        except OSError as exc:
+            from dspark_convert.util.atomic import write_error
+
+            raise write_error(exc, self.gate.out / e.name) from None
         self.run("pin", self.pin)
         self.run("convert", self.convert)
         self.run("reproducibility", self.reproducibility)
