@@ -1,7 +1,7 @@
 """llama.cpp's own runs, read back as data: the engine `dspark eval --engine llama.cpp=BIN_DIR`
 puts beside the reference runtime (issue 20; docs/ENGINES.md "llama.cpp's runs beside ours").
 
-Two binaries of llama.cpp 0c1e570 (docs/REFERENCE.md §6b), run as a user runs them:
+Two binaries of llama.cpp 0c1e570 (docs/REFERENCE.md §6, "As a runtime"), run as a user runs them:
 
 - ``llama-completion -m TARGET.gguf -f PROMPT -n N --temp 0 -no-cnv --no-display-prompt
   --verbose-prompt``: the target alone. Its log lists the prompt's token ids as llama.cpp
@@ -233,7 +233,7 @@ def _prompt_file(directory: Path, text: str) -> Path:
 def _need(value, what: str, binary: str):
     if value is None:
         raise EngineOutputError(f"{binary}: its output has no {what}; expected the line "
-                                f"llama.cpp {ENGINE} 0c1e570 prints (the eval reads nothing else)",
+                                f"{ENGINE} 0c1e570 prints (the eval reads nothing else)",
                                 field=what, expected="present", found="missing")
     return value
 
