@@ -16,7 +16,12 @@ from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import ManifestError
 from dspark_convert.util.models import validated
 from dspark_convert.util.patterns import COMMIT_PATTERN, SHA256_PATTERN
-from dspark_convert.util.strict_json import parse_json_strict, read_json_strict
+from dspark_convert.util.strict_json import (
+    NotVerbatimError,
+    check_verbatim,
+    parse_json_strict,
+    read_json_strict,
+)
 
 MANIFEST_FORMAT = "strata-dspark-artifact"
 Sha256 = Field(pattern=SHA256_PATTERN)
@@ -243,10 +248,24 @@ class Manifest(_Record):
 # refusal is one ManifestError line naming the file.
 def read_manifest(path: Path) -> Manifest:
     raw = read_json_strict(path, error=ManifestError, label="manifest.json")
-    return validated(Manifest, raw, error=ManifestError, label="manifest.json", path=str(path))
+    return _validated(raw, path)
 
 
 def parse_manifest(data: bytes, path: Path) -> Manifest:
     """``read_manifest`` of bytes already read (quantize hashes the parent's manifest too)."""
     raw = parse_json_strict(data, error=ManifestError, label="manifest.json", path=str(path))
+    return _validated(raw, path)
+
+
+def _validated(raw: object, path: Path) -> Manifest:
+    """The manifest model of a parsed manifest.json. First, what JSON parses but no writer
+    can write back (util/strict_json.check_verbatim): a string holding a lone UTF-16
+    surrogate escape (``"\\ud800"``) passed the schema, then broke the writer that copies
+    it (quantize's manifest) with an exception; it is refused here, for every reader."""
+    try:
+        check_verbatim(raw)
+    except NotVerbatimError as exc:
+        raise ManifestError(f"manifest.json: field '{exc.where}': {exc.why}; expected JSON "
+                            "that can be written back unchanged", path=str(path),
+                            field=exc.where) from None
     return validated(Manifest, raw, error=ManifestError, label="manifest.json", path=str(path))

@@ -14,8 +14,11 @@ by it, and the runtime plans its loads by it:
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 
+from dspark_convert.artifact.format import padded
 from dspark_convert.contract.tensor_table import TENSOR_RULES, expand_rule
 from dspark_convert.errors import QuantizedTensorError
 from dspark_convert.formats.quants import QUANT_TYPES
@@ -73,11 +76,12 @@ def type_ok(contract, qtype: str | None) -> Callable[[str, str], bool]:
 
 def any_quantized_type(qtype: str | None) -> Callable[[str, str], bool] | None:
     """The inventory's type check for an artifact of ``qtype``: None (BF16 only) for a BF16
-    artifact; for a quantized one any of the four types, which one each tensor must hold
-    being ``check_quantized_types``' rule (its own error, 48)."""
+    artifact; for a quantized one any type the reader knows, which one each tensor must
+    hold being ``check_quantized_types``' rule (its own error, 48): a Q4_1 matrix in a Q8_0
+    artifact breaks the quantized rule, not the BF16 one (it was "expected type BF16", 23)."""
     if qtype is None:
         return None
-    return lambda _name, dtype: dtype in ("BF16", *QUANT_TYPES)
+    return lambda _name, _dtype: True
 
 
 def check_quantized_types(tensors, contract, qtype: str, label: str) -> str:
@@ -120,3 +124,28 @@ def check_quantized_types(tensors, contract, qtype: str, label: str) -> str:
     kinds = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
     return (f"{qtype} artifact: {kinds}; backbone matrices {qtype}, norms and biases BF16, "
             f"head matrices {next(iter(set(heads.values())), 'none')}")
+
+
+# How manifest.json's quantization.tool names the quantizer (quantize writes it, validate
+# holds a manifest to it): gguf-py's version, whose arithmetic defines the bytes.
+QUANTIZATION_TOOL_SHAPE = "gguf-py <version> gguf.quants.quantize, from BF16 widened to float32"
+_TOOL = re.compile(r"gguf-py (\S+) gguf\.quants\.quantize, from BF16 widened to float32")
+
+
+def quantization_tool(gguf_py_version: str) -> str:
+    return QUANTIZATION_TOOL_SHAPE.replace("<version>", gguf_py_version)
+
+
+def is_quantization_tool(text: str) -> bool:
+    return _TOOL.fullmatch(text) is not None
+
+
+def parent_gguf_size(gguf) -> int:
+    """The size in bytes of the BF16 drafter.gguf a quantized one (``gguf``, parsed) was
+    made from: quantize keeps every key of the parent, in order, and appends the two
+    strata.dflash keys, and the tensor-info table differs only in types (4 bytes each
+    way); the parent is in the canonical layout (convert: the header and every tensor
+    padded to the alignment), each tensor 2 bytes a value."""
+    header = gguf.header_nbytes - sum(gguf.kv_nbytes.get(k, 0)
+                                      for k in (QUANTIZATION_KEY, PARENT_KEY))
+    return padded(header) + sum(padded(2 * math.prod(t.shape)) for t in gguf.tensors)

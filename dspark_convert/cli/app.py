@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 from rich.markup import escape as escape_markup
 
 from dspark_convert import __version__
@@ -37,7 +38,64 @@ class _Typer(typer.Typer):
         return super().command(*args, epilog=epilog, **kwargs)
 
 
+class _Group(TyperGroup):
+    """The app's group: a usage error (exit 2: an unknown option, a value that does not
+    parse) is printed as click prints it and, when the command was given --json, also as a
+    JSON error object on stdout, as every refusal of a command is (cli/errors.py): a script
+    reading stdout gets one JSON document either way."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        import sys
+
+        from typer._click.exceptions import ClickException   # typer's own click
+
+        argv = sys.argv[1:] if args is None else list(args)
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(argv, prog_name, complete_var, False, **extra)
+        except ClickException as exc:
+            exc.show()
+            if self._wants_json(argv):
+                from dspark_convert.util.json_out import dumps
+
+                sys.stdout.write(dumps(usage_error_dict(exc), indent=2) + "\n")
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def _wants_json(self, argv: list[str]) -> bool:
+        """``--json`` given to a command that has it (not, say, the value of --prompt)."""
+        command = self.commands.get(argv[0]) if argv else None
+        if command is None or "--json" not in argv:
+            return False
+        options = {opt: p for p in command.params for opt in getattr(p, "opts", ())}
+        if "--json" not in options:
+            return False
+        args = iter(argv[1:])
+        for arg in args:
+            if arg == "--":
+                return False
+            if arg == "--json":
+                return True
+            param = options.get(arg)
+            if param is not None and not getattr(param, "is_flag", False) \
+                    and not getattr(param, "count", False):
+                next(args, None)       # the option's value, whatever it looks like
+        return False
+
+
+def usage_error_dict(exc) -> dict:
+    """A usage error as the JSON error object of a refusal (DSparkError.to_dict's keys)."""
+    param = getattr(exc, "param", None)
+    out = {"ok": False, "error": "UsageError", "kind": "usage", "exit_code": exc.exit_code,
+           "message": shown(exc.format_message())}
+    if param is not None and getattr(param, "opts", None):
+        out["field"] = param.opts[0]
+    return out
+
+
 app = _Typer(
+    cls=_Group,
     name="dspark",
     help="Convert DeepSeek DSpark drafters into Strata artifacts (from a directory or the Hub, "
          "pinned), validate, inspect, quantize, run, evaluate and export them, and gate "
@@ -48,6 +106,19 @@ app = _Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+def int_option(text: str) -> int:
+    """The parser of every integer option: util/text.parse_int's rule and message (a
+    5,000-digit number is "an integer of 5000 digits", not Python's advice); a usage error."""
+    from dspark_convert.util.text import parse_int
+
+    if isinstance(text, int):          # a default
+        return text
+    try:
+        return parse_int(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON report on stdout.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]

@@ -14,7 +14,6 @@ Thin: parse the options, check REPORT_DIR (the one "output exists" rule), call
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -29,9 +28,11 @@ from dspark_convert.cli.app import (
     _out,
     app,
     escape,
+    int_option,
     print_estimate,
 )
 from dspark_convert.cli.errors import EXIT_INTERRUPTED, emit_error, run
+from dspark_convert.util.json_out import dumps
 from dspark_convert.util.text import shown
 
 
@@ -56,9 +57,11 @@ def evaluate(
         "--threshold", metavar="C", help="A static confidence cutoff for artifacts with a "
         "confidence head; repeatable (default 0.1 0.3 0.5 0.7 0.9; the cutoff-off run is always "
         "made).")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt.")] = 64,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed for temperature > 0 and the "
-                                                     "calibration split.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=int_option,
+                                                help="New tokens per prompt.")] = 64,
+    seed: Annotated[int, typer.Option("--seed", parser=int_option, help="Random seed for "
+                                      "temperature > 0 and the calibration split "
+                                      "(0..2^64-1).")] = 0,
     device: DeviceOpt = "auto",
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Compute dtype of the target and every drafter: float32 (the reference "
@@ -141,7 +144,7 @@ def evaluate(
                 doc["interrupted"] = True
             if failure is not None:
                 doc.update(failure.to_dict())
-            print(json.dumps({**doc, "report": report.model_dump(mode="json")}, indent=1))
+            print(dumps({**doc, "report": report.model_dump(mode="json")}, indent=1))
         else:
             _print_summary(report, output, written)
         # After the report: the one error line, the exit code (one JSON document above).

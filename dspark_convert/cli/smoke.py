@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -16,9 +15,11 @@ from dspark_convert.cli.app import (
     _out,
     app,
     escape,
+    int_option,
     print_estimate,
 )
 from dspark_convert.cli.errors import run
+from dspark_convert.util.json_out import dumps
 
 
 def _prompt_ids(values: Optional[list[str]]) -> list[list[int]]:
@@ -26,9 +27,9 @@ def _prompt_ids(values: Optional[list[str]]) -> list[list[int]]:
     prompts = []
     for text in values or []:
         try:
-            prompts.append([int(part) for part in text.split(",") if part.strip()])
-        except ValueError:
-            raise typer.BadParameter(f"expected comma-separated token ids, found {text!r}") from None
+            prompts.append([int_option(part) for part in text.split(",") if part.strip()])
+        except typer.BadParameter as exc:
+            raise typer.BadParameter(f"expected comma-separated token ids: {exc}") from None
     return prompts
 
 
@@ -41,12 +42,14 @@ def smoke(
         help="A prompt as comma-separated token ids; repeat for more prompts.")] = None,
     prompt: Annotated[Optional[str], typer.Option(
         "--prompt", help="A text prompt, tokenized with the target's tokenizer.json.")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0, max=100.0)] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=int_option)] = 64,
+    temperature: Annotated[float, typer.Option(
+        "--temperature", help="0 (greedy) or a number in (0, 100]: sample from softmax(z/T).")] = 0.0,
     confidence_threshold: Annotated[float, typer.Option(
         "--confidence-threshold", min=0.0, max=1.0,
         help="Cut the block at the first position whose confidence is below this (0: off).")] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed for temperature > 0 (0..2^64-1).")] = 0,
+    seed: Annotated[int, typer.Option("--seed", parser=int_option,
+                                      help="Random seed for temperature > 0 (0..2^64-1).")] = 0,
     device: DeviceOpt = "auto",
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Compute dtype: float32 (the reference for DeepSpec's traces) or "
@@ -79,7 +82,7 @@ def smoke(
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
-        from dspark_convert.commands.smoke import run_smoke
+        from dspark_convert.commands.smoke import run_smoke, tau_text
         from dspark_convert.errors import SmokeInputError
         from dspark_convert.runtime.budget import format_bytes as gb
         from dspark_convert.runtime.budget import parse_memory_size
@@ -112,7 +115,7 @@ def smoke(
         comparison = compared[0] if compared else None
         if as_json:
             extra = {"compare": comparison.model_dump()} if comparison is not None else {}
-            print(json.dumps({"ok": True, **result.model_dump(), **extra}, indent=2))
+            print(dumps({"ok": True, **result.model_dump(), **extra}, indent=2))
             return 0
         out.print(escape(f"smoke {artifact} on {target} ({result.device}, {result.dtype}, "
                          f"{result.verify} verify, temperature {result.temperature:g}, threshold "
@@ -135,9 +138,10 @@ def smoke(
                               f"and {agreed.new_tokens_identical} of {agreed.new_tokens} new "
                               "tokens identical" + ("" if conf is None else
                                                     f", confidence logits within {conf:.2g}"))
+            tau = "tau undefined" if one.tau is None else f"tau {one.tau:.2f}"
             out.print(escape(f"  prompt {i}: {one.new_tokens} new tokens in {one.verify_steps} "
-                             f"verify steps, tau {one.tau:.2f}; " + ", ".join(checks)))
-        out.print(f"  tau {result.tau:.3f}; acceptance by position: "
+                             f"verify steps, {tau}; " + ", ".join(checks)))
+        out.print(f"  {tau_text(result.tau)}; acceptance by position: "
                   f"{_rates(result.acceptance_by_position)}")
         speed = (f"  drafted {result.drafted_tokens_per_second:,.0f} tok/s, committed "
                  f"{result.committed_tokens_per_second:,.0f} tok/s")
@@ -178,16 +182,19 @@ def _rates(rates) -> str:
 
 
 def _print_comparison(out, artifact: Path, parent: Path, result, comparison) -> None:
+    from dspark_convert.commands.smoke import tau_text
+
     other = comparison.parent
     out.print(escape(f"  compared with {parent} (the same {len(result.runs)} prompt(s) and "
                      "settings):"))
     width = max(len(str(artifact)), len(str(parent)))
     for label, r in ((artifact, result), (parent, other)):
-        out.print(escape(f"    {str(label):<{width}}  tau {r.tau:.3f}; acceptance by position: "
-                         f"{_rates(r.acceptance_by_position)}"))
+        out.print(escape(f"    {str(label):<{width}}  {tau_text(r.tau)}; acceptance by "
+                         f"position: {_rates(r.acceptance_by_position)}"))
     diff = " ".join("-" if d is None else f"{d:+.2f}" for d in comparison.acceptance_difference)
-    out.print(escape(f"    {'difference':<{width}}  tau {comparison.tau_difference:+.3f}; "
-                     f"acceptance by position: {diff}"))
+    change = ("tau undefined" if comparison.tau_difference is None
+              else f"tau {comparison.tau_difference:+.3f}")
+    out.print(escape(f"    {'difference':<{width}}  {change}; acceptance by position: {diff}"))
     lossless = "both lossless; " if result.lossless and other.lossless else ""
     outputs = "the same output ids" if comparison.same_outputs else "different output ids"
     out.print(f"    {lossless}{outputs}")

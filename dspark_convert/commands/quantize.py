@@ -59,12 +59,18 @@ from dspark_convert.artifact.manifest import (
     QuantErrorRecord,
     QuantizationRecord,
     TensorRecord,
-    parse_manifest,
 )
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.artifact.engines import engine_checks, engine_records, written_reports
-from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY, rule_whens, tensor_type
+from dspark_convert.artifact.quantized import (
+    PARENT_KEY,
+    QUANTIZATION_KEY,
+    is_head,
+    quantization_tool,
+    rule_whens,
+    tensor_type,
+)
 # Significant digits of the recorded errors: enough to compare precisions, few enough that a
 # numpy release changing a float64 summation order does not change manifest.json's bytes.
 ERROR_DIGITS = 6
@@ -290,7 +296,7 @@ def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
         parent=ParentRecord(files=parent_files, converter=kv["dspark.converter"]),
         quantization=QuantizationRecord(
             type=qtype, heads=heads,
-            tool=f"gguf-py {_gguf_version()} gguf.quants.quantize, from BF16 widened to float32"),
+            tool=quantization_tool(_gguf_version())),
     )
 
 
@@ -320,17 +326,20 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
             f"{label}: metadata key 'strata.dflash.quantization' is {already!r}; expected a "
             "BF16 parent (quantize from the BF16 artifact, not from a quantized one)",
             path=label, field="strata.dflash.quantization", expected="absent", found=str(already))
-    try:
-        manifest_bytes = (parent / MANIFEST_FILE).read_bytes()
-    except OSError as exc:
-        raise ParentArtifactError(f"{parent / MANIFEST_FILE}: cannot read: {exc.strerror or exc}",
-                                  path=str(parent / MANIFEST_FILE)) from None
-    parent_manifest = parse_manifest(manifest_bytes, parent / MANIFEST_FILE)
+    # The manifest validate read and checked, bytes and model, handed on: read once (a
+    # second read could see another file, and the output would name bytes never checked).
+    parent_manifest, manifest_bytes = report.manifest
     parent_sha = parent_manifest.artifact.sha256     # validated against the file just now
     # Every key of the parent, in order, then the two Strata appends (the header and the
     # manifest's record of the keys).
     out_kv = {**kv, QUANTIZATION_KEY: qtype, PARENT_KEY: parent_sha}
     plan = _plan(gguf, parent_manifest, qtype, heads, label)
+    whens = rule_whens(parent_manifest.contract)
+    if heads is not None and not any(is_head(whens[t.name]) and t.type == heads for t in plan):
+        # A drafter without Markov or confidence matrices (plain DFlash): --heads has
+        # nothing to quantize, and the manifest says what was done (null), not what was
+        # asked (validate holds quantization.heads to the head matrices the file has).
+        heads = None
 
     with atomic_directory(out, force=force) as tmp:
         path, shown = tmp / GGUF_FILE, out / GGUF_FILE

@@ -30,7 +30,6 @@ before the verdict, so a failing run can be inspected.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sys
@@ -52,14 +51,13 @@ from dspark_convert.errors import (
     SmokeInputError,
 )
 from dspark_convert.util.atomic import Output, atomic_files, check_outputs
+from dspark_convert.util.json_out import dumps
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.evaluation.calibration import AppliedCalibration
 from dspark_convert.runtime.budget import MemoryReport
 from dspark_convert.target.prompt import check_context, check_ids, encode_text
 from dspark_convert.util.text import shown_int
-
-SEED_MAX = 2 ** 64 - 1               # torch.Generator.manual_seed's range (from 0)
 
 
 class ReferenceAgreement(BaseModel):
@@ -84,7 +82,7 @@ class RunSummary(BaseModel):
     output_ids: list[int]
     new_tokens: int
     verify_steps: int
-    tau: float
+    tau: float | None                  # None (null): no verify step ran, tau is undefined
     lossless: bool | None              # temperature 0: equals the target's greedy output
     reference_run: int | None          # index of the reference run it was compared with
     reference_agreement: ReferenceAgreement | None   # enforced when the dtypes are the same
@@ -104,7 +102,8 @@ class SmokeResult(BaseModel):
     max_new_tokens: int
     block_size: int
     runs: list[RunSummary]
-    tau: float                                   # over every verify step of every run
+    tau: float | None                            # over every verify step of every run;
+                                                 # None: no verify step ran (undefined)
     acceptance_by_position: list[float | None]   # P(accepted > i | proposed > i), DeepSpec's
     drafted_tokens: int
     committed_tokens: int
@@ -143,12 +142,12 @@ def verify_mode(verify: str, dtype: str) -> str:
 
 def _check_options(*, max_new_tokens: int, temperature: float, confidence_threshold: float,
                    min_tau: float | None, seed: int, max_memory: int | None) -> None:
+    from dspark_convert.runtime.sampling import check_seed, check_temperature
+
     if max_new_tokens < 1:
         raise SmokeInputError(f"--max-new-tokens: expected at least 1, found {shown_int(max_new_tokens)}",
                               field="max_new_tokens", expected=">= 1", found=shown_int(max_new_tokens))
-    if not 0.0 <= temperature <= 100.0:
-        raise SmokeInputError(f"--temperature: expected 0..100, found {temperature}",
-                              field="temperature", expected="0..100", found=temperature)
+    check_temperature(temperature, error=SmokeInputError)
     if not 0.0 <= confidence_threshold <= 1.0:
         raise SmokeInputError(f"--confidence-threshold: expected 0..1, found {confidence_threshold}",
                               field="confidence_threshold", expected="0..1",
@@ -156,10 +155,7 @@ def _check_options(*, max_new_tokens: int, temperature: float, confidence_thresh
     if min_tau is not None and not min_tau >= 0.0:
         raise SmokeInputError(f"--min-tau: expected a non-negative number, found {min_tau}",
                               field="min_tau", expected=">= 0", found=min_tau)
-    if not 0 <= seed <= SEED_MAX:
-        raise SmokeInputError(f"--seed: expected 0..2^64-1 (a torch.Generator seed), found "
-                              f"{shown_int(seed)}", field="seed", expected="0..2^64-1",
-                              found=shown_int(seed))
+    check_seed(seed, error=SmokeInputError)
     if max_memory is not None and max_memory <= 0:
         raise SmokeInputError(f"--max-memory: expected a positive size, found {shown_int(max_memory)}",
                               field="max_memory", expected="> 0", found=shown_int(max_memory))
@@ -190,7 +186,12 @@ def _write_reports(reports) -> None:
     atomic_files(reports, force=True)
 
 
-def _plot(rates: list[float | None], tau: float, title: str):
+def tau_text(tau: float | None) -> str:
+    """tau for people: undefined (null in JSON) when no verify step ran, never 0.000."""
+    return "tau undefined (no verify step ran)" if tau is None else f"tau {tau:.3f}"
+
+
+def _plot(rates: list[float | None], tau: float | None, title: str):
     """The PNG of acceptance by draft position, rendered now: ``write(fh)`` saves it."""
     import io
 
@@ -207,7 +208,7 @@ def _plot(rates: list[float | None], tau: float, title: str):
         ax.set_ylim(0, 1)
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance rate")
-        ax.set_title(f"{title}  (tau = {tau:.2f})", fontsize=9)
+        ax.set_title(f"{title}  ({tau_text(tau)})", fontsize=9)
         fig.tight_layout()
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=100)
@@ -380,7 +381,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
             steps = len(run.acceptance_lengths)
             summaries.append(RunSummary(
                 prompt=ids, output_ids=list(run.output_ids), new_tokens=run.new_tokens,
-                verify_steps=steps, tau=sum(run.acceptance_lengths) / steps if steps else 0.0,
+                verify_steps=steps, tau=sum(run.acceptance_lengths) / steps if steps else None,
                 lossless=None if greedy is None else greedy == run.output_ids,
                 reference_run=matched[i].index if matched else None,
                 reference_agreement=agreed))
@@ -396,7 +397,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                 proposed_at[k] += len(cycle.proposed) > k
                 accepted_at[k] += cycle.accepted > k
     steps = [a for run in results for a in run.acceptance_lengths]
-    tau = sum(steps) / len(steps) if steps else 0.0
+    tau = sum(steps) / len(steps) if steps else None
     drafted = sum(len(c.proposed) for run in results for c in run.cycles)
     committed = sum(run.new_tokens for run in results)
     draft_s = sum(run.draft_seconds for run in results)
@@ -407,7 +408,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     reports = []
     if trace is not None:
         doc = trace_to_json(runs_json, case=artifact.name, target=str(target_dir), dtype=dtype)
-        text = json.dumps(doc, indent=1) + "\n"
+        text = dumps(doc, indent=1) + "\n"     # before any file is opened: NaN refused
         reports.append((trace, lambda fh: fh.write(text.encode())))
     if plot is not None:
         reports.append((plot, _plot(rates, tau,
@@ -461,6 +462,10 @@ def _verdict(lossless_failure, enforced, runs_json, reference, tau, min_tau, dty
             expected=str(list(want)), found=str(list(got)))
     for i, ref in enforced:
         compare_run(runs_json[i], ref, label=f"prompt {i}", path=str(reference))
+    if min_tau is not None and tau is None:
+        raise AcceptanceFloorError(f"tau is undefined: no verify step ran (every prompt ended at "
+                                   f"its first token); --min-tau {min_tau:g} cannot be met",
+                                   field="tau", expected=f">= {min_tau}", found="undefined")
     if min_tau is not None and tau < min_tau:
         raise AcceptanceFloorError(f"tau (mean accepted+1 per verify step) is {tau:.3f}; "
                                    f"--min-tau is {min_tau:g}", field="tau", expected=f">= {min_tau}",
@@ -489,7 +494,8 @@ class SmokeComparison(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     parent: SmokeResult                          # the --compare artifact's own result
-    tau_difference: float                        # the artifact's tau minus the parent's
+    tau_difference: float | None                 # the artifact's tau minus the parent's
+                                                 # (None: either is undefined)
     acceptance_difference: list[float | None]    # by draft position, the same order
     same_outputs: bool                           # every run's output ids equal
 
@@ -529,5 +535,7 @@ def compare_smoke(result: SmokeResult, parent: str | os.PathLike, *,
         a, b = at(result.acceptance_by_position, k), at(other.acceptance_by_position, k)
         difference.append(None if a is None or b is None else a - b)
     return SmokeComparison(
-        parent=other, tau_difference=result.tau - other.tau, acceptance_difference=difference,
+        parent=other, tau_difference=(None if result.tau is None or other.tau is None
+                                      else result.tau - other.tau),
+        acceptance_difference=difference,
         same_outputs=[r.output_ids for r in result.runs] == [r.output_ids for r in other.runs])

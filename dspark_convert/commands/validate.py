@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -45,6 +46,7 @@ from dspark_convert.errors import (
     GGUFFormatError,
     IntegrityError,
     InvalidArtifactError,
+    ManifestError,
     ManifestMismatchError,
     MetadataError,
     QuantizedTensorError,
@@ -52,9 +54,10 @@ from dspark_convert.errors import (
 )
 from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.util.hashing import BLOCK, hash_file_and_spans, weights_digest
-from dspark_convert.artifact.manifest import EngineName, EngineRecord, Manifest, read_manifest
-from dspark_convert.util.paths import check_path
+from dspark_convert.artifact.manifest import EngineName, EngineRecord, Manifest, parse_manifest
+from dspark_convert.util.paths import check_path, file_kind
 from dspark_convert.util.patterns import is_commit, is_sha256
+from dspark_convert.util.strict_json import read_capped
 from dspark_convert.util.text import shown
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.numerics import non_finite_error
@@ -69,9 +72,12 @@ from dspark_convert.artifact.engines import (
 from dspark_convert.artifact.quantized import (
     PARENT_KEY,
     QUANTIZATION_KEY,
+    QUANTIZATION_TOOL_SHAPE,
     any_quantized_type,
     check_quantized_types,
     is_head,
+    is_quantization_tool,
+    parent_gguf_size,
     rule_whens,
 )
 from dspark_convert.formats import quants
@@ -98,6 +104,8 @@ class ValidationReport(BaseModel):
     _errors: dict[str, DSparkError] = PrivateAttr(default_factory=dict)
     _gguf: GGUFFile | None = PrivateAttr(default=None)
     _gguf_sha256: str | None = PrivateAttr(default=None)
+    _manifest: Manifest | None = PrivateAttr(default=None)
+    _manifest_bytes: bytes | None = PrivateAttr(default=None)
 
     @property
     def first_failure(self) -> Check | None:
@@ -106,6 +114,14 @@ class ValidationReport(BaseModel):
     @property
     def gguf(self) -> GGUFFile | None:
         return self._gguf
+
+    @property
+    def manifest(self) -> tuple[Manifest, bytes] | None:
+        """manifest.json as the run read and checked it: the model and its bytes (None if
+        it could not be read or parsed)."""
+        if self._manifest is None or self._manifest_bytes is None:
+            return None
+        return self._manifest, self._manifest_bytes
 
     @property
     def gguf_sha256(self) -> str | None:
@@ -134,6 +150,8 @@ class _Checks:
         self.errors: dict[str, DSparkError] = {}
         self.gguf: GGUFFile | None = None
         self.gguf_sha256: str | None = None
+        self.manifest: Manifest | None = None
+        self.manifest_bytes: bytes | None = None
         self.engines: dict[str, EngineReport] | None = None
         self.required: list[str] = []
 
@@ -167,6 +185,7 @@ class _Checks:
         report._errors.update(self.errors)
         report._gguf = self.gguf
         report._gguf_sha256 = self.gguf_sha256
+        report._manifest, report._manifest_bytes = self.manifest, self.manifest_bytes
         return report
 
 
@@ -247,6 +266,9 @@ class _Scan:
     # quantized block's F16 scale (QuantizedTensorError).
     non_finite: DSparkError | None
     quantized: int = 0                          # tensors whose block scales were scanned
+    # Each quantized tensor's largest and smallest non-zero |block scale|: what bounds the
+    # error its manifest record may claim (_check_quantized_against_file).
+    scales: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def _bad_scale(name: str, scanner: quants.ScaleScanner, ne0: int, label: str) -> QuantizedTensorError:
@@ -295,7 +317,8 @@ def scan_gguf(gguf: GGUFFile, label: str, progress=None) -> _Scan:
         file_sha, digests = hash_file_and_spans(
             fh, gguf.file_size, [(t.name, t.data_offset, t.nbytes) for t in gguf.tensors],
             BLOCK, progress or (lambda n: None), shrank, inspect=scan)
-    return _Scan(file_sha, digests, problems[0] if problems else None, len(scanners))
+    return _Scan(file_sha, digests, problems[0] if problems else None, len(scanners),
+                 {name: (sc.max_scale, sc.min_scale) for name, sc in scanners.items()})
 
 
 def _manifest_provenance(manifest: Manifest) -> Provenance:
@@ -492,6 +515,54 @@ def _check_quantization_record(manifest: Manifest, label: str) -> None:
                 and record.type != (quantized.heads or "BF16"):
             raise _mismatch("quantization.heads", quantized.heads, record.type,
                             f"the head matrix {record.name} is")
+    if quantized.heads is not None and not any(is_head(whens[r.name]) and len(r.shape) == 2
+                                               for r in manifest.artifact.tensors):
+        raise _mismatch("quantization.heads", quantized.heads, None,
+                        "the drafter has no Markov or confidence matrices: expected")
+
+
+def _check_quantized_against_file(manifest: Manifest, gguf: GGUFFile, scan: _Scan,
+                                  label: str) -> None:
+    """What a quantized artifact's manifest says of things validate cannot read (the parent,
+    the quantizer), confirmed as far as the file decides it:
+
+    - ``quantization.tool`` is the one quantize writes (artifact/quantized.py);
+    - ``parent.files``' drafter.gguf size is the size of the BF16 file whose keys and
+      tensors this one holds (every key but the two quantize appends, every tensor in BF16,
+      in the canonical layout; its SHA-256 is confirmed with the metadata key);
+    - each tensor's ``error`` is possible for its blocks: max_abs within what the largest
+      block scale in the file allows, rel_rms within the type's bound (and 0 when max_abs
+      is: no error has a relative RMS)."""
+    quantized, parent = manifest.quantization, manifest.parent
+    if quantized is None or parent is None:
+        return
+    if not is_quantization_tool(quantized.tool):
+        raise _mismatch("quantization.tool", quantized.tool, QUANTIZATION_TOOL_SHAPE,
+                        "dspark quantize records the quantizer as")
+    parent_size = parent_gguf_size(gguf)
+    record = next(f for f in parent.files if f.path == GGUF_FILE)   # the record check named it
+    if record.size != parent_size:
+        raise _mismatch(f"parent.files[{GGUF_FILE}].size", record.size, parent_size,
+                        f"the BF16 file {label} was quantized from (its keys and tensors in "
+                        "BF16) is, in bytes,")
+    for i, t in enumerate(manifest.artifact.tensors):
+        if t.error is None or t.name not in scan.scales:
+            continue
+        max_scale, min_scale = scan.scales[t.name]
+        bound = quants.max_abs_error_bound(t.type, max_scale)
+        where = f"artifact.tensors[{i}].error"
+        if t.error.max_abs > bound:
+            raise _mismatch(f"{where}.max_abs", t.error.max_abs, f"<= {bound:.6g}",
+                            f"the {t.type} blocks of {t.name} (largest scale {max_scale:.6g}) "
+                            "allow an error of at most; expected")
+        if min_scale >= quants.F16_MIN_NORMAL and \
+                t.error.rel_rms > quants.rel_rms_error_bound(t.type):
+            raise _mismatch(f"{where}.rel_rms", t.error.rel_rms,
+                            f"<= {quants.rel_rms_error_bound(t.type):.6g}",
+                            f"a {t.type} tensor's relative RMS error is at most; expected")
+        if t.error.max_abs == 0 and t.error.rel_rms != 0:
+            raise _mismatch(f"{where}.rel_rms", t.error.rel_rms, 0,
+                            "max_abs is 0, so the relative RMS error is")
 
 
 def _check_source_dtype(manifest: Manifest, cfg, label_cfg: str) -> None:
@@ -545,6 +616,17 @@ def _check_target_geometry(manifest: Manifest) -> None:
                         "a tied head is the embedding:")
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not the regular file an artifact holds: missing, a link, a FIFO ..."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return "is missing"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link, not a regular file"
+    return f"is {file_kind(st.st_mode)}, not a regular file"
+
+
 def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = None,
                       target: str | os.PathLike | None = None,
                       require: Sequence[str] = ()) -> ValidationReport:
@@ -579,7 +661,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     missing = [p.name for p in (gguf_path, manifest_path) if not p.is_file() or p.is_symlink()]
     if missing:
         checks.failed("artifact.files", InvalidArtifactError(
-            f"{root}: {missing[0]} is missing (or not a regular file); expected {GGUF_FILE} "
+            f"{root}: {missing[0]} {_not_a_file(root / missing[0])}; expected {GGUF_FILE} "
             f"and {MANIFEST_FILE}", path=str(root / missing[0])))
         return checks.report(root)
     extra = sorted(shown(p.name) for p in root.iterdir() if p.name not in (GGUF_FILE, MANIFEST_FILE))
@@ -591,7 +673,11 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     # 2. the manifest against its schema
     manifest = None
     try:
-        manifest = read_manifest(manifest_path)
+        # Read once: what is checked is what a caller goes on with (quantize copies it and
+        # records its bytes' SHA-256; a second read could see another file).
+        checks.manifest_bytes = read_capped(manifest_path, error=ManifestError,
+                                            label=MANIFEST_FILE)
+        manifest = checks.manifest = parse_manifest(checks.manifest_bytes, manifest_path)
         checks.passed("manifest.schema", "manifest.json follows schemas/manifest.schema.json")
     except DSparkError as exc:
         checks.failed("manifest.schema", exc)
@@ -692,6 +778,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
         try:
             _check_manifest_hashes(manifest, scan.tensor_sha256, scan.file_sha256, label)
             _check_manifest_record(manifest, kv, checks.engines, label)
+            _check_quantized_against_file(manifest, gguf, scan, label)
             checks.passed("integrity", f"file and {len(scan.tensor_sha256)} tensor SHA-256 match "
                           "manifest.json; every manifest field the GGUF can confirm agrees")
         except DSparkError as exc:

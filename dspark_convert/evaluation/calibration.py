@@ -57,7 +57,7 @@ CALIBRATION_VERSION = 1
 
 
 class CalibrationSplit(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     seed: int
     held_out: float
@@ -68,7 +68,7 @@ class CalibrationSplit(BaseModel):
 class CalibrationPosition(BaseModel):
     """Held-out DeepSpec metrics at one position, raw head and after STS."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     position: int
     temperature: float
@@ -89,7 +89,7 @@ class CalibrationPosition(BaseModel):
 class CalibrationFile(BaseModel):
     """calibration.json: one temperature per draft position, for one artifact and target."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     format: Literal["dspark-calibration"] = CALIBRATION_FORMAT
     version: Literal[1] = CALIBRATION_VERSION
@@ -307,7 +307,7 @@ def check_calibration(cal: CalibrationFile, path: str | os.PathLike, *, drafter_
 class AppliedCalibration(BaseModel):
     """What a run says about the calibration it applied (``--calibration FILE``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     path: str
     sha256: str                     # of the file's bytes

@@ -20,7 +20,7 @@ from dspark_convert.util.text import shown
 
 
 class TargetIdentity(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     path: str
     config_sha256: str

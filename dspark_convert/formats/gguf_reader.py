@@ -59,7 +59,7 @@ import stat
 import struct
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gguf.constants import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
@@ -270,6 +270,11 @@ class GGUFFile:
     kv: dict[str, GGUFValue]                 # insertion order = file order
     tensors: tuple[GGUFTensorInfo, ...]      # file order of the tensor-info table
     data_start: int                          # absolute start of the data section (aligned)
+    # Bytes as stored: each key/value pair, and the header up to the end of the tensor-info
+    # table (before the padding), so that a caller can size a file with other keys
+    # (validate: a quantized artifact's BF16 parent is this header less two pairs).
+    kv_nbytes: dict[str, int] = field(default_factory=dict)
+    header_nbytes: int = 0
 
 
 # --- the parser ----------------------------------------------------------------------------
@@ -607,7 +612,8 @@ class _Parser:
         data_start = _align_up(ti_end, alignment)
         tensors = self._place_tensors(infos, alignment, data_start, ti_end)
         return GGUFFile(path=Path(self.path), version=version, file_size=self.size,
-                        alignment=alignment, kv=kv, tensors=tensors, data_start=data_start)
+                        alignment=alignment, kv=kv, tensors=tensors, data_start=data_start,
+                        kv_nbytes=self.kv_nbytes, header_nbytes=ti_end)
 
     def _check_count(self, count: int, limit: int, min_size: int, what: str, at: int) -> None:
         if count > limit:
@@ -622,6 +628,7 @@ class _Parser:
 
     def _read_kv(self, count: int) -> dict[str, GGUFValue]:
         kv: dict[str, GGUFValue] = {}
+        self.kv_nbytes: dict[str, int] = {}
         seen_at: dict[str, int] = {}  # key -> byte offset of its first occurrence
         for index in range(count):
             at = self.pos
@@ -641,6 +648,7 @@ class _Parser:
                 kv[key] = GGUFValue(type=vtype, value=value, sub_type=sub)
             else:
                 kv[key] = GGUFValue(type=vtype, value=self.value(vtype, key))
+            self.kv_nbytes[key] = self.pos - at
         return kv
 
     def _alignment(self, kv: dict[str, GGUFValue]) -> int:

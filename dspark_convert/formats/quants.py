@@ -118,6 +118,8 @@ class ScaleScanner:
         self.blocks = 0
         self.first_bad: int | None = None
         self.bad_scale: float | None = None
+        self.max_scale = 0.0          # the largest |scale|: what bounds the tensor's error
+        self.min_scale = math.inf     # the smallest non-zero |scale|
 
     def feed(self, data) -> None:
         if self.first_bad is not None:
@@ -126,12 +128,52 @@ class ScaleScanner:
         whole = len(data) - len(data) % self.size
         if whole:
             index = first_bad_scale(data[:whole], self.name)
+            if index is None:
+                scales = np.abs(block_scales(data[:whole], self.name))
+                self.max_scale = max(self.max_scale, float(scales.max()))
+                nonzero = scales[scales > 0]
+                if nonzero.size:
+                    self.min_scale = min(self.min_scale, float(nonzero.min()))
             if index is not None:
                 block = data[index * self.size:(index + 1) * self.size]
                 self.first_bad = self.blocks + index
                 self.bad_scale = float(block_scales(block, self.name)[0])
             self.blocks += whole // self.size
         self.carry = bytes(data[whole:])
+
+
+# What a block's error can be, in units of its stored F16 scale d (gguf-py's arithmetic:
+# q = round(x / d) clamped to the type's range, with d in float32; the file keeps d in F16).
+# Q8_0 rounds to the nearest of +-127 steps: |x - q d| <= d / 2. Q5_0 and Q4_0 divide the
+# signed max by -16 and -8, so the opposite extreme (|x| = 16 d, 8 d) clamps one step short:
+# <= d. Storing d in F16 moves q d by at most |q| 2^-11 d (plus an F16 subnormal's absolute
+# step, 2^-24, times |q|). The relative RMS of a block is then at most sqrt(32) times that
+# over its largest |value|, 127 d, 16 d or 8 d; of a tensor, at most the largest block's.
+_STEP_ERROR = {"Q8_0": 0.5, "Q5_0": 1.0, "Q4_0": 1.0}
+_MAX_LEVEL = {"Q8_0": 127, "Q5_0": 16, "Q4_0": 8}
+_F16_STEP = 2.0 ** -11
+_F16_SUBNORMAL_STEP = 2.0 ** -24
+
+
+def max_abs_error_bound(name: str, max_scale: float) -> float:
+    """The largest max |quantized - x| a tensor of type ``name`` whose largest block scale
+    is ``max_scale`` can have against the values it was quantized from."""
+    name = quant_type(name)
+    q = _MAX_LEVEL[name]
+    return (max_scale * (_STEP_ERROR[name] + q * _F16_STEP) + q * _F16_SUBNORMAL_STEP) * 1.001
+
+
+#: Below this |scale| F16 is subnormal: its rounding is absolute, not relative, and the
+#: relative bound does not hold for a block of such small values.
+F16_MIN_NORMAL = 2.0 ** -14
+
+
+def rel_rms_error_bound(name: str) -> float:
+    """The largest relative RMS error a tensor of type ``name`` can have when each of its
+    non-zero block scales is at least F16_MIN_NORMAL."""
+    name = quant_type(name)
+    q = _MAX_LEVEL[name]
+    return math.sqrt(BLOCK_SIZE) * (_STEP_ERROR[name] + q * _F16_STEP) / q * 1.001
 
 
 def dequantize(data, name: str, ne0: int) -> np.ndarray:

@@ -82,9 +82,10 @@ def hub_resolver(*, progress: Progress | None = None, **options) -> HubResolver:
     def resolve(repo: str, revision: str) -> tuple[Path, str]:
         from dspark_convert.source.hub.snapshot import fetch_snapshot
 
+        # A target is pinned by commit in every command (none offers --resolve for it).
         snap = fetch_snapshot(f"{repo}@{revision}", allow_patterns=TARGET_HUB_PATTERNS,
                               required=("config.json", TOKENIZER_FILE), progress=progress,
-                              **options)
+                              **{"resolve": None, **options})
         return snap.directory, snap.commit
     return resolve
 

@@ -37,6 +37,17 @@ def encode_text(tokenizer: TokenizerFingerprint, text: str, *, context: int, whe
                 error, path: str | None = None, field: str = "prompt") -> list[int]:
     """``text``'s ids, or a refusal: text that cannot fit ``context`` tokens, text the
     tokenizer cannot encode, text that encodes to no token."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # A command-line argument that is not UTF-8 arrives with its bytes as lone
+        # surrogates (Python's surrogateescape): name the byte, not the tokenizer's complaint.
+        bad = text[exc.start]
+        byte = ord(bad) - 0xDC00 if 0xDC80 <= ord(bad) <= 0xDCFF else None
+        what = f"byte 0x{byte:02x}" if byte is not None else f"a lone surrogate U+{ord(bad):04X}"
+        raise error(f"{where}: not UTF-8 text ({what} at character {exc.start}); expected "
+                    "UTF-8 text", path=path, field=field, expected="UTF-8 text",
+                    found=what) from None
     limit = context * tokenizer.longest_token
     if len(text) > limit:
         raise error(f"{where}: {len(text)} characters of text; expected at most {limit} (the "

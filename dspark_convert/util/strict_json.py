@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from dspark_convert.util.paths import open_regular
+from dspark_convert.util.text import parse_int
 
 
 class DuplicateKeyError(ValueError):
@@ -40,7 +41,10 @@ def loads_strict(text: str) -> object:
     RecursionError (absurd nesting); callers turn these into one-line errors.
     """
     return json.loads(text, object_pairs_hook=_no_duplicates_hook,
-                      parse_constant=_refuse_constant)
+                      parse_constant=_refuse_constant,
+                      # Python's refusal of a long integer advises set_int_max_str_digits;
+                      # ours says what the number was.
+                      parse_int=parse_int)
 
 
 def json_error_text(exc: BaseException) -> str:

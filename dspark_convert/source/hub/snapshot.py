@@ -159,7 +159,7 @@ def lock_from_snapshot(snap: Snapshot) -> LockFile:
                            for v in snap.verified_files()])
 
 
-def fetch_snapshot(spec: str | HubSpec, *, resolve: bool = False,
+def fetch_snapshot(spec: str | HubSpec, *, resolve: bool | None = False,
                    pins: Mapping[str, str] | None = None,
                    lock: LockFile | str | os.PathLike | None = None,
                    allow_patterns: Iterable[str] = CHECKPOINT_PATTERNS,
@@ -171,6 +171,8 @@ def fetch_snapshot(spec: str | HubSpec, *, resolve: bool = False,
                    progress: Progress | None = None) -> Snapshot:
     """Download (or find in the cache) a pinned Hub snapshot and verify it.
 
+    ``resolve``: True resolves a branch or tag to its commit; False refuses one, naming
+    --resolve; None refuses one for a caller that has no --resolve (a target).
     ``lock`` is a ``lockfile.LockFile`` (or a path to one). Files matching the ``defer``
     patterns whose expectations are all SHA-256 are not hashed here: the caller reads them
     anyway and reports each hash through ``Snapshot.check``, then calls
@@ -192,6 +194,13 @@ def _load_lock(lock) -> tuple[LockFile | None, str, str | None]:
     return parsed, path.name, digest
 
 
+def _pin_hint(repo: str, revision: str) -> str:
+    """For a caller that takes a commit only (``resolve=None``: a target, in every
+    command): how to find the commit, since no --resolve is offered there."""
+    return (f"(this option takes org/name@<40-hex commit> and never resolves a branch or tag; "
+            f"`dspark lock {repo}@{revision} --resolve -o FILE` prints the commit)")
+
+
 def _fetch_snapshot(spec, resolve, pins, lock, allow_patterns, required, require_weights, defer,
                     endpoint, cache_dir, offline, policy, progress) -> Snapshot:
     progress = progress or NoProgress()
@@ -211,17 +220,21 @@ def _fetch_snapshot(spec, resolve, pins, lock, allow_patterns, required, require
         revision = lock.commit  # `convert org/name --lock f`: the lock pins the commit
     if revision is None:
         if not resolve:
+            hint = ("(or --resolve to resolve the default branch now)" if resolve is False
+                    else _pin_hint(spec.repo, "main"))
             raise HubSpecError(f"{spec.repo}: no revision; expected {spec.repo}@<40-hex commit> "
-                               "(or --resolve to resolve the default branch now)",
-                               field="source", expected="org/name@<40-hex commit>", found=str(spec))
+                               f"{hint}", field="source", expected="org/name@<40-hex commit>",
+                               found=str(spec))
         revision = "main"
     storage = repo_storage(cache, spec.repo)
     resolved = False
     if not is_commit(revision):
         if not resolve:
+            hint = ("pin the commit, or pass --resolve to resolve it now (the commit is "
+                    "printed and recorded)" if resolve is False
+                    else "pin the commit " + _pin_hint(spec.repo, revision))
             raise HubSpecError(f"{spec.repo}@{revision}: '{revision}' is a branch or tag, not a "
-                               "40-hex commit; pin the commit, or pass --resolve to resolve it now "
-                               "(the commit is printed and recorded)", field="revision",
+                               f"40-hex commit; {hint}", field="revision",
                                expected="a 40-hex commit", found=revision)
         commit = (cached_ref(storage, spec.repo, revision) if offline
                   else resolve_revision(spec.repo, revision, endpoint=endpoint, policy=policy))
