@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,6 +42,8 @@ def snapshot(directory: Path) -> dict[str, str]:
                 out[key] = "link:" + os.readlink(path)
             elif path.is_dir():
                 out[key] = "dir"
+            elif not path.is_file():          # a FIFO case: reading it would wait forever
+                out[key] = f"special:{stat.S_IFMT(path.lstat().st_mode):o}"
             else:
                 out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_convert.errors import SafetensorsFormatError, SourceLayoutError, SourceNotFoundError
+from dspark_convert.util.paths import file_kind
 from dspark_convert.util.hashing import read_full
 from dspark_convert.util.strict_json import DuplicateKeyError, json_error_text, loads_strict
 
@@ -254,23 +255,10 @@ def _stat_regular_file(path: Path) -> os.stat_result:
                                   expected="a readable regular file",
                                   found=str(exc.strerror)) from None
     if not stat.S_ISREG(st.st_mode):
-        raise SourceLayoutError(f"{path}: expected a regular file, found {_file_kind(st)}",
+        raise SourceLayoutError(f"{path}: expected a regular file, found {file_kind(st.st_mode)}",
                                 path=str(path), expected="a regular file",
-                                found=_file_kind(st))
+                                found=file_kind(st.st_mode))
     return st
-
-
-def _file_kind(st: os.stat_result) -> str:
-    mode = st.st_mode
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "a special file"
 
 
 # --------------------------------------------------------------------------------------------

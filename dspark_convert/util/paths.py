@@ -40,7 +40,8 @@ def check_path(path: str | os.PathLike, *, what: str, error: type[DSparkError]) 
 
 # --- input files given by option (--calibration, --reference, --prompts, --lock) ---------------
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for messages ("a FIFO (named pipe)")."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -68,8 +69,8 @@ def check_input_file(path: str | os.PathLike, *, label: str, error: type[DSparkE
         raise error(f"{label}: cannot read: {os.strerror(exc.errno or 0) or exc}",
                     path=str(path)) from None
     if not stat.S_ISREG(mode):
-        raise error(f"{label}: is {_kind(mode)}, not a regular file; expected {expected}",
-                    path=str(path), expected=expected, found=_kind(mode))
+        raise error(f"{label}: is {file_kind(mode)}, not a regular file; expected {expected}",
+                    path=str(path), expected=expected, found=file_kind(mode))
     return path
 
 
@@ -82,8 +83,8 @@ def open_regular(path: str | os.PathLike, *, label: str, error: type[DSparkError
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise error(f"{label}: is {_kind(mode)}, not a regular file; expected a regular file",
-                        path=str(path), expected="a regular file", found=_kind(mode))
+            raise error(f"{label}: is {file_kind(mode)}, not a regular file; expected a regular file",
+                        path=str(path), expected="a regular file", found=file_kind(mode))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

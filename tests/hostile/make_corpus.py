@@ -304,6 +304,23 @@ def build_tensor_in_two_shards(inp: Path, _c: Corpus) -> None:
     save_file(tensors, str(inp / second), metadata={"format": "pt"})
 
 
+def build_fifo(name: str, base: Path = PLAIN) -> Callable[[Path, Corpus], None]:
+    """The checkpoint with ``name`` replaced by a FIFO (named pipe): reading it would wait
+    for a writer forever, so it must be refused unread."""
+    def build(inp: Path, _c: Corpus) -> None:
+        copy_source(inp, base)
+        (inp / name).unlink()
+        os.mkfifo(inp / name)
+    return build
+
+
+def _fifo_in_artifact(name: str) -> Callable[[Path], None]:
+    def edit(art: Path) -> None:
+        (art / name).unlink()
+        os.mkfifo(art / name)
+    return edit
+
+
 def build_source_is_file(inp: Path, _c: Corpus) -> None:
     shutil.copy(PLAIN / WEIGHTS, inp)
 
@@ -502,6 +519,12 @@ CASES: list[Case] = [
          "an empty directory", build_empty_dir),
     Case("dir-source-is-a-file", "directory", "convert", E.SourceNotFoundError,
          "the source is model.safetensors itself", build_source_is_file),
+    Case("dir-config-fifo", "directory", "convert", E.SourceLayoutError,
+         "config.json is a FIFO (named pipe): refused unread, never waited on",
+         build_fifo("config.json")),
+    Case("dir-weights-fifo", "directory", "convert", E.SourceLayoutError,
+         "model.safetensors is a FIFO (named pipe): refused unread, never waited on",
+         build_fifo(WEIGHTS)),
     Case("dir-pickle-only", "directory", "convert", E.SourceLayoutError,
          "config.json and pytorch_model.bin (a pickle that would create a directory)",
          build_pickle_only),
@@ -520,6 +543,9 @@ CASES: list[Case] = [
     Case("dir-tensor-in-two-shards", "directory", "convert", E.SafetensorsFormatError,
          "fc.weight stored in both shards", build_tensor_in_two_shards),
     # --- artifacts (validate --strict --json) ---------------------------------------------
+    Case("art-manifest-fifo", "artifact", "validate", E.InvalidArtifactError,
+         "manifest.json is a FIFO (named pipe): refused unread, never waited on",
+         edit_artifact(_fifo_in_artifact(MANIFEST))),
     Case("art-flipped-tensor-byte", "artifact", "validate", E.IntegrityError,
          "one bit flipped in blk.0.attn_k.weight (still finite)",
          edit_artifact(flip_low_bit("blk.0.attn_k.weight", 5))),
