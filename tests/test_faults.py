@@ -170,7 +170,8 @@ SMOKE = ("--prompt-ids", "1,471", "--max-new-tokens", "2")
 
 
 @needs_tmpfs
-@pytest.mark.parametrize("old_trace", [True, False], ids=["old-trace", "no-trace"])
+@pytest.mark.parametrize("old_trace", [True, pytest.param(False, marks=slow)],
+                         ids=["old-trace", "no-trace"])
 def test_disk_full_writing_the_plot_leaves_no_trace(tmp_path: Path, paired: Path,
                                                     old_trace: bool) -> None:
     """--trace on a disk with room, --plot on a full one: smoke exits 31 naming the plot,
@@ -192,6 +193,7 @@ def test_disk_full_writing_the_plot_leaves_no_trace(tmp_path: Path, paired: Path
         assert trace.read_text() == "the old trace\n"
 
 
+@slow
 @needs_tmpfs
 def test_disk_with_room_writes_both_reports(tmp_path: Path, paired: Path) -> None:
     disk = tmp_path / "disk"
@@ -202,6 +204,7 @@ def test_disk_with_room_writes_both_reports(tmp_path: Path, paired: Path) -> Non
     assert sorted(left) == ["p.png", "t.json"]
 
 
+@slow
 @needs_tmpfs
 def test_disk_full_writing_an_eval_report_names_the_report(tmp_path: Path, paired: Path) -> None:
     """report.json fits, the PNGs do not: 31 naming the file inside REPORT_DIR (not the hidden
