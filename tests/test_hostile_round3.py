@@ -545,3 +545,13 @@ def test_finite_values_are_unchanged_by_the_float_rule():
         got = probs_from_logits(z, t, what="test")
         want = torch.softmax(z / t, dim=-1)
         assert torch.equal(got, want)
+
+
+def test_a_5000_digit_integer_in_a_gate_policy(tmp_path):
+    """The twin in TOML: tomllib has no integer hook, and int()'s ValueError escaped the
+    policy reader as an internal error (exit 1)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f"version = {HUGE}\n")
+    proc = run_cli("gate", str(policy), "-o", str(tmp_path / "g"))
+    assert_refused(proc, E.GatePolicyError, ["an integer of 5000 digits; expected at most 4300"])
+    assert "set_int_max_str_digits" not in proc.stderr

@@ -22,6 +22,7 @@ from dspark_convert.artifact.manifest import Manifest
 from dspark_convert.errors import InternalError
 from dspark_convert.util.atomic import write_error
 from dspark_convert.util.hashing import BLOCK, hash_file_and_spans
+from dspark_convert.util.json_out import dumps_model
 from dspark_convert.util.progress import Progress
 
 
@@ -99,4 +100,4 @@ def hash_written(fh, spans: list[tuple[str, int, int]], progress: Progress, show
 
 def manifest_json(manifest: Manifest) -> str:
     # Fixed field order, no timestamps: the same source gives the same bytes.
-    return manifest.model_dump_json(indent=2) + "\n"
+    return dumps_model(manifest, indent=2) + "\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ import typer
 
 from dspark_convert.cli.app import DebugOpt, JsonOpt, QuietOpt, _out, app, escape, print_check
 from dspark_convert.cli.errors import run
+from dspark_convert.util.json_out import dumps
 
 
 class Engine(str, enum.Enum):
@@ -54,7 +54,7 @@ def export(
                                   keep_embedding=keep_embedding,
                                   progress=RichProgress(enabled=not quiet and not as_json))
         if as_json:
-            print(json.dumps({
+            print(dumps({
                 "ok": True, "engine": result.engine, "output": str(result.output),
                 "drafter": result.drafter, "size": result.size, "sha256": result.sha256,
                 "tensors": result.tensors, "artifact_sha256": result.artifact_sha256,

@@ -352,7 +352,7 @@ class _EntryRun:
                           device=e.device, dtype=e.dtype, progress=self.gate.progress)
         out = self.dir / "eval"
         report = EvalReport.model_validate_json(
-            _relocated(report.model_dump_json(), self.gate.tmp, self.gate.out))
+            _relocated(dumps(report, compact=True), self.gate.tmp, self.gate.out))
         written = write_report(report, out)
         failure = report_failure(report, self.gate.out / self.entry.name / "eval")
         measured = {}
@@ -395,7 +395,7 @@ class _EntryRun:
                           device=e.device, dtype=e.dtype, engine=f"llama.cpp={e.llama_cpp}",
                           target_gguf=e.target_gguf, progress=self.gate.progress)
         report = EvalReport.model_validate_json(
-            _relocated(report.model_dump_json(), self.gate.tmp, self.gate.out))
+            _relocated(dumps(report, compact=True), self.gate.tmp, self.gate.out))
         written = [self.rel(p) for p in write_report(report, self.dir / "eval-llama.cpp")]
         return engine_verdict(report, names), written
 

@@ -33,7 +33,7 @@ from dspark_convert.util.models import first_problem
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.patterns import SHA256_PATTERN, is_commit, is_repo_id
 from dspark_convert.util.strict_json import MAX_CONFIG_BYTES, read_capped
-from dspark_convert.util.text import shown
+from dspark_convert.util.text import MAX_INT_DIGITS, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -257,6 +257,14 @@ def parse_policy(text: str, label: str) -> Policy:
     except tomllib.TOMLDecodeError as exc:
         raise GatePolicyError(f"{label}: not TOML: {exc}", path=label,
                               expected="TOML") from None
+    except ValueError as exc:
+        # tomllib has no integer hook: an integer past Python's 4300 digits escapes as
+        # int()'s ValueError (advising set_int_max_str_digits); named as the JSON readers
+        # name it (util/text.parse_int).
+        digits = re.search(r"value has (\d+) digits", str(exc))
+        why = (f"an integer of {digits[1]} digits; expected at most {MAX_INT_DIGITS}" if digits
+               else " ".join(str(exc).split()))
+        raise GatePolicyError(f"{label}: not TOML: {why}", path=label, expected="TOML") from None
     try:
         return Policy.model_validate(raw)
     except ValidationError as exc:

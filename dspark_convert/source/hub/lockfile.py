@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dspark_convert.util.atomic import atomic_file
+from dspark_convert.util.json_out import dumps_model
 from dspark_convert.errors import HubSpecError
 from dspark_convert.util.models import validated
 from dspark_convert.util.paths import check_input_file
@@ -54,7 +55,7 @@ class LockFile(_Strict):
 
 def lock_json(lock: LockFile) -> str:
     # Fixed field order: the same snapshot always gives the same bytes.
-    return lock.model_dump_json(indent=2) + "\n"
+    return dumps_model(lock, indent=2) + "\n"
 
 
 def read_lock(path: str | os.PathLike) -> LockFile:
