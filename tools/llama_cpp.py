@@ -170,6 +170,9 @@ def build(*, jobs: int | None = None) -> Path:
                 "commit": COMMIT, "cmake_options": list(CMAKE_OPTIONS),
                 "binaries": list(BINARIES)}
         (work / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        if is_built(final):             # another run finished first: keep its build
+            shutil.rmtree(work)
+            return final
         if final.exists():              # an incomplete or stale build: replaced whole
             shutil.rmtree(final)
         work.rename(final)
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         root = build(jobs=args.jobs)
-    except BuildError as exc:
+    except (BuildError, OSError) as exc:
         print(f"llama.cpp: {exc}", file=sys.stderr)
         return 1
     print(f"llama.cpp {COMMIT} ({PACKAGE} {VERSION}): {root / 'bin'}")
