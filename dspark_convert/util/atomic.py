@@ -352,7 +352,7 @@ def check_outputs(outputs: Sequence[Output], reads: Iterable[tuple[str | os.Path
     for i, spec in enumerate(outputs):
         why = _names_no_new_entry(spec)
         if why is not None:
-            raise OutputPathError(f"{spec.what} {shown(os.fspath(spec.path))!r}: expected a path naming a "
+            raise OutputPathError(f"{spec.what} '{shown(os.fspath(spec.path))}': expected a path naming a "
                                   f"new {'directory' if spec.directory else 'file'}; {why}",
                                   path=os.fspath(spec.path), field=spec.what,
                                   expected="a path naming a new entry", found=why)
