@@ -13,8 +13,11 @@ in docs/ENGINES.md; no engine code is copied):
 - ``llama.cpp``: how llama.cpp's DFlash/DSpark loader would read the file (docs/REFERENCE.md §6:
   llama.cpp 0c1e570; src/llama-model.cpp, src/models/dflash.cpp, src/llama-vocab.cpp,
   src/llama-model-loader.cpp): its required keys with their exact GGUF types, the
-  ``target_layers`` convention, the embedded tokenizer, the vanilla-only Markov head and
-  the exact tensor count.
+  ``target_layers`` convention, the embedded tokenizer and mask token, the vanilla-only
+  Markov head, the exact tensor count and the embedding it takes for the head; checked
+  against llama.cpp's real loader on a corpus of edited files
+  (tests/test_llama_cpp_loader.py). The file llama.cpp does load is ``dspark export``'s
+  (artifact/llama_cpp.py).
 
 Every function here is pure: it reads a metadata mapping (key -> value), the GGUF type of
 each key (key -> ``"UINT32"``, ``"STRING"``, ``"ARRAY[UINT32]"`` ...: llama.cpp's rules
