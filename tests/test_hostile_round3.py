@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hostile import make_corpus
 from support.cli import assert_refused, run_cli
 from support.paths import GOLDEN, GOLDEN_TARGET, REFERENCE_TRACE
 
@@ -63,7 +64,9 @@ def q8(tmp_path_factory, dspark_art) -> Path:
 
 # --- class 2: exit 1 ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("temperature", ["3e-38", "1e-300", "5e-324"])
+@pytest.mark.parametrize("temperature", [   # one canary in the fast loop (~1.5 s each)
+    "3e-38", pytest.param("1e-300", marks=pytest.mark.slow),
+    pytest.param("5e-324", marks=pytest.mark.slow)])
 def test_a_tiny_temperature_samples_instead_of_crashing(dspark_art, temperature):
     """z / T overflows float32 below ~1e-37: the float64 path on the gaps to the maximum
     gives the limit of softmax(z/T), the argmax, so the output is the greedy one."""
@@ -75,6 +78,7 @@ def test_a_tiny_temperature_samples_instead_of_crashing(dspark_art, temperature)
     assert _json(proc)["runs"][0]["output_ids"] == _json(greedy)["runs"][0]["output_ids"]
 
 
+@pytest.mark.slow   # an eval run (~5 s)
 def test_eval_takes_a_tiny_temperature(tmp_path, dspark_art):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt_ids": [1, 471, 200]}\n')
@@ -125,7 +129,7 @@ def test_an_overflowing_drafter_validates(overflowing):
     assert run_cli("validate", str(overflowing), "--target", TARGET).returncode == 0
 
 
-@pytest.mark.parametrize("temperature", ["1", "0"])
+@pytest.mark.parametrize("temperature", ["1", pytest.param("0", marks=pytest.mark.slow)])
 def test_an_overflowing_drafter_is_refused_by_smoke(overflowing, temperature):
     proc = run_cli("smoke", str(overflowing), "--target", TARGET, "--prompt-ids", PROMPT,
                    "--max-new-tokens", "8", "--temperature", temperature, "--json")
@@ -278,6 +282,7 @@ def test_smoke_without_a_verify_step_says_tau_is_undefined(tmp_path, dspark_art)
     assert_refused(floor, E.AcceptanceFloorError, ["tau is undefined"])
 
 
+@pytest.mark.slow   # an eval --calibrate run (~6 s)
 def test_calibration_json_types_are_strict(tmp_path):
     from pydantic import ValidationError
 
@@ -320,6 +325,7 @@ def _calibration_text(tmp_path: Path) -> str:
     return _CALIBRATION["text"]
 
 
+@pytest.mark.slow   # the same eval --calibrate run
 def test_calibration_json_with_a_string_number_is_refused_by_smoke(tmp_path, dspark_art):
     doc = json.loads(_calibration_text(tmp_path))
     doc["temperatures"][0] = str(doc["temperatures"][0])
@@ -368,11 +374,7 @@ def test_an_interrupted_eval_keeps_the_reason_of_what_could_never_run(dspark_art
 
 def test_inspect_json_of_a_nan_metadata_value_is_json(tmp_path, dspark_art):
     """A NaN rope theta (refused, 17): the error object names it as text."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from gguf import GGUFValueType
-    from hostile import make_corpus
 
     art = tmp_path / "art"
     shutil.copytree(dspark_art, art)
@@ -398,7 +400,9 @@ def test_a_branch_as_target_names_what_the_command_takes(tmp_path, dspark_art, c
     assert "org/name@<40-hex commit>" in proc.stderr and "dspark lock" in proc.stderr
 
 
-@pytest.mark.parametrize("seed, ok", [(2 ** 63, True), (2 ** 64 - 1, True), (2 ** 64, False)])
+@pytest.mark.parametrize("seed, ok", [pytest.param(2 ** 63, True, marks=pytest.mark.slow),
+                                      pytest.param(2 ** 64 - 1, True, marks=pytest.mark.slow),
+                                      (2 ** 64, False)])
 def test_one_seed_rule_for_smoke_and_eval(tmp_path, dspark_art, seed, ok):
     smoke = run_cli("smoke", str(dspark_art), "--target", TARGET, "--prompt-ids", PROMPT,
                     "--max-new-tokens", "4", "--temperature", "1", "--seed", str(seed))
@@ -420,11 +424,10 @@ def test_a_prompt_that_is_not_utf8(dspark_art):
     assert_refused(proc, E.SmokeInputError, ["--prompt: not UTF-8 text (byte 0xff"])
 
 
-@pytest.mark.parametrize("option", ["--seed", "--max-new-tokens", "--prompt-ids"])
-@pytest.mark.parametrize("command", ["smoke", "eval"])
+@pytest.mark.parametrize("command, option", [   # eval's prompts are a file: the JSON case below
+    ("smoke", "--seed"), ("smoke", "--max-new-tokens"), ("smoke", "--prompt-ids"),
+    ("eval", "--seed"), ("eval", "--max-new-tokens")])
 def test_a_5000_digit_integer_option(tmp_path, dspark_art, command, option):
-    if command == "eval" and option == "--prompt-ids":
-        pytest.skip("eval reads prompts from a file (the JSON case below)")
     value = ("1," + HUGE) if option == "--prompt-ids" else HUGE
     args = (["smoke", str(dspark_art), "--target", TARGET] +
             ([] if option == "--prompt-ids" else ["--prompt-ids", PROMPT])
@@ -462,47 +465,11 @@ def test_a_5000_digit_integer_in_json_files(tmp_path, dspark_art):
     assert "set_int_max_str_digits" not in proc.stderr
 
 
-def _q41_in_q8(src: Path, out: Path, name: str = "fc.weight") -> Path:
-    """``src`` (a Q8_0 artifact) written again by gguf-py with ``name`` as a real Q4_1
-    tensor (a well-formed file)."""
-    import numpy as np
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-    from gguf.quants import dequantize, quantize
-
-    shutil.copytree(src, out)
-    reader = GGUFReader(src / "drafter.gguf")
-    (out / "drafter.gguf").unlink()
-    writer = GGUFWriter(out / "drafter.gguf", "dflash")
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        ftype = field.types[0]
-        if ftype == GGUFValueType.ARRAY:
-            writer.add_key_value(field.name, [int(field.parts[i][0]) for i in field.data],
-                                 ftype, sub_type=field.types[1])
-        elif ftype == GGUFValueType.STRING:
-            writer.add_key_value(field.name, bytes(field.parts[-1]).decode(), ftype)
-        else:
-            writer.add_key_value(field.name, field.parts[-1][0].item(), ftype)
-    for t in reader.tensors:
-        data = np.asarray(t.data)
-        if t.name == name:
-            values = dequantize(data, t.tensor_type).reshape(list(reversed(t.shape.tolist())))
-            data, kind = quantize(values.astype(np.float32), GGMLQuantizationType.Q4_1), \
-                GGMLQuantizationType.Q4_1
-        else:
-            kind = t.tensor_type
-        writer.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
-
-
 @pytest.mark.parametrize("command", ["validate", "inspect"])
 def test_a_q4_1_matrix_in_a_q8_0_artifact_breaks_the_quantized_rule(tmp_path, q8, command):
-    art = _q41_in_q8(q8, tmp_path / "art")
+    art = tmp_path / "art"
+    shutil.copytree(q8, art)
+    make_corpus.requantize_tensor("fc.weight", "Q4_1")(art)
     proc = run_cli(command, str(art), "--json")
     assert proc.returncode == E.QuantizedTensorError.exit_code, proc.stderr
     assert "'fc.weight' is Q4_1; expected Q8_0" in proc.stderr

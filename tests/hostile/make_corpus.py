@@ -985,6 +985,95 @@ CASES += [
 ]
 
 
+# --- issue 19: what a quantized manifest claims, confirmed against the file; JSON that
+# parses but cannot be written back; a matrix of a type no rule names ------------------------
+
+def _first_error(**values) -> Callable[[dict], None]:
+    return lambda m: next(t for t in m["artifact"]["tensors"] if "error" in t)["error"].update(values)
+
+
+def _parent_gguf_size(delta: int) -> Callable[[dict], None]:
+    def edit(m: dict) -> None:
+        next(f for f in m["parent"]["files"] if f["path"] == GGUF)["size"] += delta
+    return edit
+
+
+def lone_surrogate_in_manifest(art: Path) -> None:
+    """A recorded check's detail ends in the JSON escape \\ud800 (no file confirms it)."""
+    path = art / MANIFEST
+    text = path.read_text()
+    detail = json.dumps(json.loads(text)["checks"][0]["detail"])
+    path.write_text(text.replace(detail, detail[:-1] + '\\ud800"', 1))
+
+
+def requantize_tensor(name: str, ggml_type: str) -> Callable[[Path], None]:
+    """drafter.gguf written again by gguf-py with tensor ``name`` quantized to
+    ``ggml_type`` from its dequantized values (a well-formed file, of another size: no byte
+    patch can change a block type), every other key and tensor copied raw."""
+    def edit(art: Path) -> None:
+        import numpy as np
+        from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+        from gguf.quants import dequantize, quantize
+
+        reader = GGUFReader(art / GGUF)
+        out = art / "rewritten.gguf"
+        writer = GGUFWriter(out, "dflash")
+        for field in reader.fields.values():
+            if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                continue
+            ftype = field.types[0]
+            if ftype == GGUFValueType.ARRAY:
+                writer.add_key_value(field.name, [int(field.parts[i][0]) for i in field.data],
+                                     ftype, sub_type=field.types[1])
+            elif ftype == GGUFValueType.STRING:
+                writer.add_key_value(field.name, bytes(field.parts[-1]).decode(), ftype)
+            else:
+                writer.add_key_value(field.name, field.parts[-1][0].item(), ftype)
+        for t in reader.tensors:
+            data, kind = np.asarray(t.data), t.tensor_type
+            if t.name == name:
+                values = dequantize(data, kind).reshape(list(reversed(t.shape.tolist())))
+                kind = GGMLQuantizationType[ggml_type]
+                data = quantize(values.astype(np.float32), kind)
+            writer.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        out.replace(art / GGUF)
+    return edit
+
+
+CASES += [
+    Case("art-q-manifest-error-impossible", "artifact", "validate", E.ManifestMismatchError,
+         "a Q8_0 tensor's recorded max_abs error set to 5.0: more than its largest block "
+         "scale allows",
+         quantized_artifact(edit_manifest(_first_error(max_abs=5.0)))),
+    Case("art-q-manifest-rel-rms-impossible", "artifact", "validate", E.ManifestMismatchError,
+         "a Q8_0 tensor's recorded relative RMS error set to 0.5 (Q8_0 allows at most 0.025)",
+         quantized_artifact(edit_manifest(_first_error(rel_rms=0.5)))),
+    Case("art-q-manifest-parent-size", "artifact", "validate", E.ManifestMismatchError,
+         "parent.files' drafter.gguf size 32 bytes more than the BF16 file this one was "
+         "quantized from",
+         quantized_artifact(edit_manifest(_parent_gguf_size(32)))),
+    Case("art-q-manifest-tool", "artifact", "validate", E.ManifestMismatchError,
+         "quantization.tool names another quantizer (llama-quantize)",
+         quantized_artifact(edit_manifest(_manifest_set("quantization", "tool",
+                                                        "llama-quantize b4500")))),
+    Case("art-q-manifest-heads-without-heads", "artifact", "validate", E.ManifestMismatchError,
+         "quantization.heads Q8_0 for a plain DFlash drafter, which has no head matrices",
+         quantized_artifact(edit_manifest(_manifest_set("quantization", "heads", "Q8_0")))),
+    Case("art-manifest-lone-surrogate", "artifact", "validate", E.ManifestError,
+         "a recorded check's detail holding the escape \\ud800 (a lone surrogate: it passed "
+         "validate and crashed quantize's writer)",
+         edit_artifact(lone_surrogate_in_manifest)),
+    Case("art-q-q4_1-matrix", "artifact", "validate", E.QuantizedTensorError,
+         "fc.weight written as a real Q4_1 tensor in a Q8_0 artifact (it was 'expected type "
+         "BF16', 23)",
+         quantized_artifact(requantize_tensor("fc.weight", "Q4_1"))),
+]
+
+
 # --- building -------------------------------------------------------------------------------
 
 def case_record(case: Case) -> dict:
