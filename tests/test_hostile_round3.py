@@ -154,6 +154,7 @@ def test_eval_on_a_prompt_without_a_verify_step(tmp_path, dspark_art):
     proc = run_cli("eval", str(dspark_art), "--target", TARGET, "--prompts", str(prompts),
                    "-o", str(out), "--max-new-tokens", "8", "--calibrate", "--threshold", "0.5")
     assert proc.returncode == 0, proc.stderr
+    assert "tau undefined (no verify step ran)" in proc.stdout
     report = _json_file(out / "report.json")
     drafter = [r for r in report["runs"] if r["kind"] == "drafter"]
     assert drafter and all(r["acceptance"]["tau"] is None for r in drafter)

@@ -173,6 +173,8 @@ def _print_summary(report, output: str, written: list[Path]) -> None:
         parts = [f"{r.new_tokens} new tokens"]
         if a is not None and a.tau is not None:
             parts.append(f"tau {a.tau:.2f}, mean L {a.mean_verified_length:.2f}")
+        elif a is not None:          # as smoke says it: undefined, not 0
+            parts.append("tau undefined (no verify step ran)")
         if r.committed_tokens_per_second:
             parts.append(f"{r.committed_tokens_per_second:,.0f} tok/s")
         if r.speedup:

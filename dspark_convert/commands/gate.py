@@ -54,14 +54,12 @@ from dspark_convert.errors import (
     DSparkError,
     GateEngineError,
     GateSelectionError,
-    OutputWriteError,
     ReproducibilityError,
     SourceNotFoundError,
     StrataRuleError,
 )
 from dspark_convert.util.json_out import dumps
-from dspark_convert.util.atomic import atomic_directory, atomic_file, check_output, refuse_overlap
-from dspark_convert.util.paths import check_path
+from dspark_convert.util.atomic import Output, atomic_directory, atomic_file, check_outputs
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
 
@@ -326,7 +324,7 @@ class _EntryRun:
         return self.prompt_set
 
     def smoke(self):
-        from dspark_convert.commands.smoke import run_smoke
+        from dspark_convert.commands.smoke import run_smoke, tau_text
         from dspark_convert.evaluation.prompts import resolve_prompts
 
         e, t = self.entry, self.target
@@ -338,7 +336,7 @@ class _EntryRun:
                            dtype=e.dtype, trace=trace, progress=self.gate.progress)
         written = self.write_json("smoke.json", result)
         return (f"{len(result.runs)} prompt(s) at temperature 0, every output the target's own "
-                f"greedy output ({result.dtype}, {result.device}); tau {result.tau:.3f}",
+                f"greedy output ({result.dtype}, {result.device}); {tau_text(result.tau)}",
                 [written, self.rel(trace)])
 
     def evaluate(self):
@@ -622,13 +620,15 @@ def run_gate(policy: str | os.PathLike, output: str | os.PathLike, *,
                                      found=shown(name))
     entries = [e for e in loaded.entries if not only or e.name in only]
     before = read_gate_report(baseline) if baseline is not None else None
-    check_path(output, what="the output directory", error=OutputWriteError)
-    out = check_output(output, force=force, directory=True)
-    refuse_overlap(out, _reads(loaded, baseline))
-    updated = None
+    # The one output rule for both outputs of the run, before any work: an empty or
+    # '.'-like -o, overlaps with what the gate reads and with each other (through links),
+    # the "exists" rule and writability.
+    outputs = [Output(output, "the output directory")]
     if update:
-        updated = check_output(updated_path(loaded.path), force=force, directory=False)
-        refuse_overlap(updated, [(out, "the output directory")])
+        outputs.append(Output(updated_path(loaded.path), "--update's copy of the policy",
+                              directory=False))
+    checked = check_outputs(outputs, _reads(loaded, baseline), force=force)
+    out, updated = checked[0], (checked[1] if update else None)
 
     runs: list[_EntryRun] = []
     interrupted = False
