@@ -62,8 +62,10 @@ def quantize(
             return 0
         out = _out()
         q = m.quantization
-        out.print(escape(f"quantized {artifact} -> {result.output} ({q.type}; head matrices "
-                         f"{q.heads or 'BF16'})"))
+        c = m.contract
+        has_heads = c.markov_head.type != "none" or c.confidence_head.enabled
+        kept = f"head matrices {q.heads or 'BF16'}" if has_heads else "no head matrices"
+        out.print(escape(f"quantized {artifact} -> {result.output} ({q.type}; {kept})"))
         parent = next(f for f in m.parent.files if f.path == "drafter.gguf")
         out.print(f"  drafter.gguf  {result.gguf_size:,} bytes  sha256 {result.gguf_sha256}  "
                   f"(parent {parent.size:,} bytes, {result.gguf_size / parent.size:.1%})")
