@@ -228,10 +228,37 @@ def test_target_that_is_not_a_gguf_refused(dspark, tmp_path):
     out = tmp_path / "d.gguf"
     _refused(_export_args(dspark, text, out), errors.TargetGGUFError, out, ("not a readable GGUF",))
     _refused(_export_args(dspark, tmp_path / "missing.gguf", out), errors.TargetGGUFError, out,
-             ("no such file",))
+             ("missing.gguf: not found",))
     (tmp_path / "dir").mkdir()
     _refused(_export_args(dspark, tmp_path / "dir", out), errors.TargetGGUFError, out,
-             ("is not a file",))
+             ("is a directory, not a regular file",))
+    # A FIFO is named as one and never waited on (the one input-file rule, util/paths).
+    os.mkfifo(tmp_path / "fifo.gguf")
+    _refused(_export_args(dspark, tmp_path / "fifo.gguf", out), errors.TargetGGUFError, out,
+             ("is a FIFO",))
+
+
+@pytest.mark.parametrize("spelling", ["", " ", ".", "./", ".."])
+def test_empty_or_dot_output_refused(dspark, target, tmp_path, spelling, monkeypatch):
+    """-o "$UNSET" or '.' is refused before anything is touched (the one output rule, 32)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    proc = run_cli("export", *map(str, _export_args(dspark, target, spelling)), "--force")
+    assert_refused(proc, errors.OutputPathError, ("expected a path naming a new file",))
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"]
+    assert (work / "keep.txt").read_text() == "mine"
+
+
+def test_output_onto_the_target_refused(dspark, target, tmp_path):
+    """--force never replaces what the export reads: the target GGUF, through a link too."""
+    link = tmp_path / "link.gguf"
+    link.symlink_to(target)
+    before = target.read_bytes()
+    proc = run_cli("export", *map(str, _export_args(dspark, target, link)), "--force")
+    assert_refused(proc, errors.OutputExistsError, ("the target GGUF",))
+    assert target.read_bytes() == before and link.is_symlink()
 
 
 @pytest.mark.parametrize("change, needle", [

@@ -40,6 +40,7 @@ from dspark_convert.errors import (
     GateSelectionError,
     LockMismatchError,
     OutputExistsError,
+    OutputPathError,
     ReproducibilityError,
 )
 
@@ -337,6 +338,9 @@ def test_refusals_before_anything_runs(passed, tmp_path):
     refused(GateBaselineError, ["did not finish"], "--baseline", str(incomplete))
     bad = _baseline(passed_out, tmp_path / "bad", lambda d: d.update(format="other"))
     refused(GateBaselineError, ["field 'format'"], "--baseline", str(bad))
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "gate.json")   # named as a FIFO, never waited on
+    refused(GateBaselineError, ["is a FIFO"], "--baseline", str(tmp_path / "fifo"))
     refused(GateSelectionError, ["--only nope", "dflash_shared"], "--only", "nope")
     refused(OutputExistsError, ["holds the policy file"], "--force", "-o", str(tmp_path))
     assert policy.is_file()
@@ -345,6 +349,12 @@ def test_refusals_before_anything_runs(passed, tmp_path):
     assert_refused(run_cli("gate", str(policy), "-o", str(out)), OutputExistsError,
                    ["output already exists"])
     assert os.listdir(out) == ["keep"]
+    # -o "$UNSET" and '.' are refused before anything runs, --force or not (the one output
+    # rule, util/atomic.check_outputs): the working directory is never wiped.
+    for spelling in ("", ".", "./"):
+        proc = run_cli("gate", str(policy), "-o", spelling, "--force", cwd=out)
+        assert_refused(proc, OutputPathError, ["expected a path naming a new directory"])
+        assert os.listdir(out) == ["keep"]
 
 
 def test_only_runs_the_named_drafter(tmp_path):

@@ -5,6 +5,7 @@ edit of the sha256 lines."""
 
 from __future__ import annotations
 
+import os
 import string
 import tomllib
 
@@ -99,7 +100,10 @@ def test_each_policy_error_is_one_line_naming_the_entry_and_the_key(tmp_path, te
 def test_a_missing_or_non_utf8_policy_is_refused(tmp_path):
     out = tmp_path / "out"
     assert_refused(run_cli("gate", str(tmp_path / "nope.toml"), "-o", str(out)), GatePolicyError,
-                   ["policy file not found"])
+                   ["nope.toml: not found"])
+    os.mkfifo(tmp_path / "fifo.toml")            # named as a FIFO, never waited on
+    assert_refused(run_cli("gate", str(tmp_path / "fifo.toml"), "-o", str(out)), GatePolicyError,
+                   ["is a FIFO", "expected a TOML file"])
     bad = tmp_path / "bad.toml"
     bad.write_bytes(b'[[drafter]]\nname = "\xff"\n')
     assert_refused(run_cli("gate", str(bad), "-o", str(out)), GatePolicyError, ["not UTF-8"])

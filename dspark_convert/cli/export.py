@@ -28,7 +28,8 @@ def export(
     target_gguf: Annotated[Path, typer.Option(
         "--target-gguf", metavar="TARGET.gguf", help="The target model's GGUF file, the one "
         "llama.cpp runs (-m): checked against the artifact, and its tokenizer embedded.")],
-    output: Annotated[Path, typer.Option("--output", "-o", metavar="DRAFTER.gguf",
+    # Text, not a Path: a Path would turn an empty -o "" into "." (util/atomic.check_outputs).
+    output: Annotated[str, typer.Option("--output", "-o", metavar="DRAFTER.gguf",
                                          help="The drafter file to create.")],
     engine: Annotated[Engine, typer.Option(
         "--engine",

@@ -30,7 +30,8 @@ _STYLE = {**STATUS_STYLE, "recorded": "cyan", "not_run": "dim"}
 @app.command()
 def gate(
     policy: Annotated[Path, typer.Argument(metavar="POLICY", help="The release policy (TOML; docs/GATE.md).")],
-    output: Annotated[Path, typer.Option("--output", "-o", metavar="OUT_DIR",
+    # Text, not a Path: a Path would turn an empty -o "" into "." (util/atomic.check_outputs).
+    output: Annotated[str, typer.Option("--output", "-o", metavar="OUT_DIR",
                                          help="The directory to create: every artifact and "
                                          "report, gate.json, gate.md, junit.xml.")],
     baseline: Annotated[Optional[Path], typer.Option(

@@ -49,9 +49,11 @@ from dspark_convert.errors import (
     TargetGGUFMismatchError,
 )
 from dspark_convert.formats.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf
-from dspark_convert.util.atomic import atomic_file, check_output, refuse_overlap, write_error
+from dspark_convert.util.atomic import Output, atomic_file, check_outputs, write_error
 from dspark_convert.util.hashing import BLOCK, read_blocks
+from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.util.text import shown
 
 ENGINES = (L.ENGINE,)                  # the engines `export` lays files out for
 
@@ -132,13 +134,9 @@ def describe(contract: FeatureContract) -> str:
 # --- the target GGUF --------------------------------------------------------------------------
 
 def _read_target(path: Path) -> GGUFFile:
-    if not path.exists():
-        raise TargetGGUFError(f"{path}: no such file; expected the target model's GGUF file "
-                              "(the -m of llama.cpp)", path=str(path), expected="a GGUF file",
-                              found="nothing")
-    if not path.is_file():
-        raise TargetGGUFError(f"{path}: is not a file; expected the target model's GGUF file",
-                              path=str(path), expected="a GGUF file", found="not a file")
+    # A FIFO or a directory says what it is, and a FIFO is never waited on.
+    check_input_file(path, label=f"--target-gguf {shown(str(path))}", error=TargetGGUFError,
+                     expected="the target model's GGUF file (the -m of llama.cpp)")
     try:
         return read_gguf(path)
     except DSparkError as exc:
@@ -401,9 +399,11 @@ def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike
     and head (``ctx_other``), as the DeepSpec drafter binds its frozen copies of both.
     Raises a DSparkError subclass for every refusal and writes nothing then."""
     progress = progress or NoProgress()
-    artifact, target_path, out = Path(artifact), Path(target_gguf), Path(output)
-    check_output(out, force=force, directory=False)
-    refuse_overlap(out, [(artifact, "the artifact"), (target_path, "the target GGUF")])
+    artifact, target_path = Path(artifact), Path(target_gguf)
+    # The one output rule (an empty or '.'-like -o, overlaps through links, writability),
+    # before any work; the raw ``output`` keeps an empty -o apart from '.'.
+    [out] = check_outputs([Output(output, "the output", directory=False)],
+                          [(artifact, "the artifact"), (target_path, "the target GGUF")], force=force)
     label = str(artifact / GGUF_FILE)
 
     # The heads first, from the header alone: a refusal costs no read of the weights. A

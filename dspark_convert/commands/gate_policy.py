@@ -30,7 +30,7 @@ from dspark_convert.artifact.engine_names import EngineName
 from dspark_convert.errors import GatePolicyError
 from dspark_convert.source.hub.spec import parse_spec
 from dspark_convert.util.models import first_problem
-from dspark_convert.util.paths import check_path
+from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.patterns import SHA256_PATTERN, is_commit, is_repo_id
 from dspark_convert.util.strict_json import MAX_CONFIG_BYTES, read_capped
 from dspark_convert.util.text import MAX_INT_DIGITS, shown
@@ -234,10 +234,9 @@ def _policy_error(label: str, raw: object, exc: ValidationError) -> GatePolicyEr
 
 def read_policy_text(path: str | os.PathLike) -> tuple[Path, str, bytes]:
     """(the path, its text, its bytes), or one refusal."""
-    path = check_path(path, what="the policy", error=GatePolicyError)
-    if not path.is_file():
-        raise GatePolicyError(f"{path}: policy file not found; expected a TOML file",
-                              path=str(path), expected="a TOML file", found="nothing")
+    # Not found, a directory or a FIFO: one line each (a FIFO is never waited on).
+    path = check_input_file(path, label=f"policy {shown(str(path))}", error=GatePolicyError,
+                            expected="a TOML file")
     data = read_capped(path, error=GatePolicyError, label=str(path))
     if len(data) > MAX_CONFIG_BYTES:
         raise GatePolicyError(f"{path}: over {MAX_CONFIG_BYTES} bytes; expected a policy file",

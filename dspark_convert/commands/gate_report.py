@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dspark_convert.errors import GateBaselineError
 from dspark_convert.util.json_out import dumps
 from dspark_convert.util.models import validated
-from dspark_convert.util.paths import check_path
+from dspark_convert.util.paths import check_input_file, check_path
 from dspark_convert.util.strict_json import parse_json_strict, read_capped
 from dspark_convert.util.text import shown
 
@@ -136,11 +136,14 @@ def read_gate_report(directory: str | os.PathLike) -> GateReport:
     """A previous gate's gate.json (--baseline), complete; anything else one refusal."""
     root = check_path(directory, what="--baseline", error=GateBaselineError)
     path = root / GATE_JSON
-    if not root.is_dir() or not path.is_file():
+    if not root.is_dir() or not path.exists():
         what = "no such directory" if not root.is_dir() else f"no {GATE_JSON} in it"
         raise GateBaselineError(f"--baseline {root}: {what}; expected the output directory of "
                                 "an earlier `dspark gate`", path=str(path),
                                 expected=GATE_JSON, found="nothing")
+    # A gate.json that is a FIFO or a directory says so (and a FIFO is never waited on).
+    check_input_file(path, label=f"--baseline {path}", error=GateBaselineError,
+                     expected=f"the {GATE_JSON} of an earlier `dspark gate`")
     label = f"--baseline {path}"
     raw = parse_json_strict(read_capped(path, error=GateBaselineError, label=label),
                             error=GateBaselineError, label=label, path=str(path))
