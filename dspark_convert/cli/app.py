@@ -48,12 +48,16 @@ class _Group(TyperGroup):
         import sys
 
         from typer._click.exceptions import ClickException   # typer's own click
+        from typer.exceptions import Abort
 
         argv = sys.argv[1:] if args is None else list(args)
         if not standalone_mode:
             return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
         try:
             code = super().main(argv, prog_name, complete_var, False, **extra)
+        except Abort:                  # what standalone mode does with it
+            sys.stderr.write("Aborted!\n")
+            sys.exit(1)
         except ClickException as exc:
             exc.show()
             if self._wants_json(argv):
