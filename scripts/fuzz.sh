@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 EXAMPLES="${DSPARK_FUZZ_EXAMPLES:-5000}"
 LIMIT_S="${FUZZ_TIMEOUT_S:-7200}"
 TARGETS=(tests/test_safetensors_reader_fuzz.py tests/test_gguf_reader_fuzz.py
-         tests/test_contract.py tests/test_contract_fuzz.py)
+         tests/test_contract.py tests/test_contract_fuzz.py tests/test_float_json_fuzz.py)
 LOG=build/fuzz/last-run.log
 mkdir -p build/fuzz
 
