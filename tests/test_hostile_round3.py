@@ -523,3 +523,27 @@ def test_a_5000_digit_integer_in_a_gate_policy(tmp_path):
     proc = run_cli("gate", str(policy), "-o", str(tmp_path / "g"))
     assert_refused(proc, E.GatePolicyError, ["an integer of 5000 digits; expected at most 4300"])
     assert "set_int_max_str_digits" not in proc.stderr
+
+
+def test_export_uses_the_manifest_validate_read(tmp_path, dspark_art, monkeypatch):
+    """quantize's twin in `dspark export`: the tensor hashes its copy is held to are the
+    ones validate read, not a manifest.json swapped in after validate (it re-read the file:
+    with a tensor hash edited there, it refused a good artifact)."""
+    from support.llama_cpp import write_target_gguf
+
+    from dspark_convert.commands import export as export_module
+    from dspark_convert.commands import validate as validate_module
+
+    art = tmp_path / "art"
+    shutil.copytree(dspark_art, art)
+    real = validate_module.validate_artifact
+
+    def validate_then_swap(path, **kw):
+        report = real(path, **kw)
+        _edit_manifest(Path(path), lambda m: m["artifact"]["tensors"][0].update(sha256="0" * 64))
+        return report
+
+    monkeypatch.setattr(validate_module, "validate_artifact", validate_then_swap)
+    target = write_target_gguf(tmp_path / "target.gguf")
+    result = export_module.export_llama_cpp(art, target, tmp_path / "d.gguf")
+    assert result.output.is_file()

@@ -434,7 +434,7 @@ def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike
 
     plan = _plan(gguf, contract, target, keep_embedding=keep_embedding)
     entries = metadata(kv, contract, target, artifact_sha)
-    recorded = _recorded_tensor_hashes(artifact)
+    recorded = _recorded_tensor_hashes(report)
     result: dict[str, object] = {}
 
     def write(fh) -> None:
@@ -473,15 +473,12 @@ def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike
                         embedding_kept=keep_embedding, checks=tuple(checks))
 
 
-def _recorded_tensor_hashes(artifact: Path) -> dict[str, str]:
-    """Each tensor's SHA-256 as manifest.json records it (validate compared them with the
-    file): the export's copy is compared with them, so a file changed after validate is
+def _recorded_tensor_hashes(report) -> dict[str, str]:
+    """Each tensor's SHA-256 as manifest.json records it, from the manifest validate read
+    and compared with the file (read once: a manifest swapped after validate is never
+    used): the export's copy is compared with them, so a file changed after validate is
     refused, not exported."""
-    from dspark_convert.artifact.format import MANIFEST_FILE
-    from dspark_convert.artifact.manifest import parse_manifest
-
-    path = artifact / MANIFEST_FILE
-    manifest = parse_manifest(path.read_bytes(), path)
+    manifest, _bytes = report.manifest
     return {t.name: t.sha256 for t in manifest.artifact.tensors}
 
 
