@@ -75,6 +75,7 @@ LIMITS = [
     ("dspark_convert.formats.safetensors", "MAX_INDEX_ITEMS", "JSON values in model.safetensors.index.json"),
     ("dspark_convert.util.strict_json", "MAX_CONFIG_BYTES", "bytes of config.json, manifest.json, a lock file, a trace"),
     ("dspark_convert.util.strict_json", "MAX_VERBATIM_DEPTH", "nesting of a config kept verbatim in manifest.json"),
+    ("dspark_convert.util.text", "MAX_INT_DIGITS", "digits of an integer in an option, a JSON file or the gate's TOML policy"),
     ("dspark_convert.contract.dspark", "MAX_DRAFT_LAYERS", "draft layers (Strata's limit)"),
     ("dspark_convert.contract.dspark", "MAX_BLOCK_SIZE", "block size (Strata's limit)"),
     ("dspark_convert.contract.dspark", "MAX_TARGET_TAPS", "target layer taps (Strata's limit)"),
