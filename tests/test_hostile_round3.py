@@ -293,7 +293,8 @@ def test_calibration_json_types_are_strict(tmp_path):
     CalibrationFile.model_validate(good)
     for path, value in ((("decoding_temperature",), "1.0"), (("block_size",), 7.0),
                         (("block_size",), True), (("split", "seed"), 7.0),
-                        (("temperatures",), ["1.0"]), (("target", "vocab_size"), "512")):
+                        (("temperatures",), ["1.0"]), (("target", "vocab_size"), "512"),
+                        (("version",), True)):
         bad = json.loads(json.dumps(good))
         node = bad
         for key in path[:-1]:
@@ -547,3 +548,15 @@ def test_export_uses_the_manifest_validate_read(tmp_path, dspark_art, monkeypatc
     target = write_target_gguf(tmp_path / "target.gguf")
     result = export_module.export_llama_cpp(art, target, tmp_path / "d.gguf")
     assert result.output.is_file()
+
+
+@pytest.mark.parametrize("value", [True, 1.0, "1"])
+def test_a_format_version_is_the_integer_1(tmp_path, dspark_art, value):
+    """The twin of calibration.json's strict types in every versioned document: true equals
+    1 in Python, and a Literal[1] field took it even in strict mode (util/models.VersionOne)."""
+    art = tmp_path / "art"
+    shutil.copytree(dspark_art, art)
+    _edit_manifest(art, lambda m: m.update(format_version=value))
+    proc = run_cli("validate", str(art))
+    assert proc.returncode == E.ManifestError.exit_code, proc.stderr
+    assert "format_version" in proc.stderr

@@ -14,7 +14,7 @@ from dspark_convert.artifact.engine_names import EngineName
 from dspark_convert.checks import Check
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import ManifestError
-from dspark_convert.util.models import validated
+from dspark_convert.util.models import VersionOne, validated
 from dspark_convert.util.patterns import COMMIT_PATTERN, SHA256_PATTERN
 from dspark_convert.util.strict_json import (
     NotVerbatimError,
@@ -217,7 +217,7 @@ class EngineRecord(_Record):
 
 class Manifest(_Record):
     format: Literal["strata-dspark-artifact"]
-    format_version: Literal[1]
+    format_version: VersionOne
     converter: ConverterRecord
     source: SourceRecord
     target: TargetRecord | None = Field(description="the target the drafter was checked "

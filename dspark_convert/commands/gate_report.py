@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dspark_convert.errors import GateBaselineError
 from dspark_convert.util.json_out import dumps
-from dspark_convert.util.models import validated
+from dspark_convert.util.models import VersionOne, validated
 from dspark_convert.util.paths import check_input_file, check_path
 from dspark_convert.util.strict_json import parse_json_strict, read_capped
 from dspark_convert.util.text import shown
@@ -112,7 +112,7 @@ class EntryReport(_Model):
 
 class GateReport(_Model):
     format: Literal["dspark-gate-report"] = REPORT_FORMAT
-    version: Literal[1] = 1
+    version: VersionOne = 1
     complete: bool = Field(description="false: interrupted (Ctrl-C); the stages that did "
                            "not run say so")
     incomplete_reason: str | None

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError, InternalError
 from dspark_convert.util.patterns import is_sha256
-from dspark_convert.util.models import validated
+from dspark_convert.util.models import VersionOne, validated
 from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.strict_json import parse_json_strict, read_capped
 from dspark_convert.util.text import shown
@@ -92,7 +92,7 @@ class CalibrationFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     format: Literal["dspark-calibration"] = CALIBRATION_FORMAT
-    version: Literal[1] = CALIBRATION_VERSION
+    version: VersionOne = CALIBRATION_VERSION
     method: Literal["sequential_temperature_scaling"] = "sequential_temperature_scaling"
     artifact: str
     drafter_gguf_sha256: str

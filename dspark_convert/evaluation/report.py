@@ -25,6 +25,7 @@ from dspark_convert.evaluation.cells import md_cell, mib_cell, ms_cell, run_labe
 from dspark_convert.evaluation.metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
 from dspark_convert.evaluation.prompts import PromptSetInfo
 from dspark_convert.evaluation.proposals import ProposalCheck
+from dspark_convert.util.models import VersionOne
 
 REPORT_FORMAT = "dspark-eval-report"
 REPORT_VERSION = 1
@@ -194,7 +195,7 @@ class EvalReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     format: Literal["dspark-eval-report"] = REPORT_FORMAT
-    version: Literal[1] = REPORT_VERSION
+    version: VersionOne = REPORT_VERSION
     complete: bool
     incomplete_reason: str | None
     settings: EvalSettings

@@ -9,11 +9,23 @@ own error class with ``problem.message`` (``validated`` does both for a whole do
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def _an_int(value: object) -> object:
+    # JSON's true and 1.0 equal 1 in Python: a Literal[1] field (a format version) took
+    # them even in strict mode, where an int field refuses both.
+    if type(value) is not int:
+        raise ValueError("the integer 1")
+    return value
+
+
+#: A document's format version: the integer 1 (not true, not 1.0); the schema says const 1.
+VersionOne = Annotated[Literal[1], BeforeValidator(_an_int)]
 
 # pydantic error type -> what was expected, in words (for the types a JSON file holds).
 _EXPECTED_BY_TYPE = {

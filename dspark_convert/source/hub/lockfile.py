@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from dspark_convert.util.atomic import atomic_file
 from dspark_convert.util.json_out import dumps_model
 from dspark_convert.errors import HubSpecError
-from dspark_convert.util.models import validated
+from dspark_convert.util.models import VersionOne, validated
 from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.patterns import COMMIT_PATTERN, REPO_PATTERN, SHA256_PATTERN
 from dspark_convert.util.strict_json import parse_json_strict, read_capped
@@ -38,7 +38,7 @@ class LockedFile(_Strict):
 
 class LockFile(_Strict):
     format: Literal["dspark-lock"]
-    format_version: Literal[1]
+    format_version: VersionOne
     repo: str = Field(pattern=REPO_PATTERN, description="Hub repo id")
     revision: str = Field(min_length=1, description="the revision as requested (commit, branch or tag)")
     commit: str = Field(pattern=COMMIT_PATTERN, description="the 40-hex commit it resolved to")
