@@ -1,5 +1,6 @@
 """How a drafter.gguf and its manifest.json are written: the pieces `dspark convert` and
-`dspark quantize` share (docs/ARTIFACT_FORMAT.md).
+`dspark quantize` share (docs/ARTIFACT_FORMAT.md); `dspark export`'s header is laid out
+here too (``header_of``).
 
 Both lay the file out before writing a tensor byte: the header (metadata and tensor infos,
 built by gguf-py) first, padded to the alignment, then each tensor at its padded offset.
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGUFValueType, GGUFWriter
 
 from dspark_convert.artifact.format import ARCHITECTURE_NAME, KEYS_BY_NAME, padded
 from dspark_convert.artifact.manifest import Manifest
@@ -26,21 +27,22 @@ from dspark_convert.util.json_out import dumps_model
 from dspark_convert.util.progress import Progress
 
 
-def _add_metadata(writer: GGUFWriter, values: dict[str, object]) -> None:
-    for key, value in values.items():
+# (key, value, GGUF type, element type of an array or None): one metadata key as written.
+KeyValue = tuple[str, object, GGUFValueType, GGUFValueType | None]
+
+
+def header_of(arch: str, entries: Iterable[KeyValue], tensors: Iterable, scratch: Path) -> bytes:
+    """GGUF header, metadata and tensor infos as gguf-py writes them, padded to the data
+    alignment: ``entries`` in file order after ``general.architecture`` (``arch``), and
+    ``tensors`` (name, torch shape, nbytes, ggml type) in file order. gguf-py only writes
+    to files, so ``scratch`` holds them briefly. Every GGUF file we write has its header
+    from here (drafter.gguf, the llama.cpp export)."""
+    writer = GGUFWriter(scratch, arch)
+    for key, value, gtype, sub_type in entries:
         if key == "general.architecture":
             continue  # GGUFWriter writes it first, from its arch argument
-        spec = KEYS_BY_NAME[key]
         # add_key_value, not add_string/add_array: those silently drop empty values.
-        writer.add_key_value(key, value, spec.type, sub_type=spec.sub_type)
-
-
-def gguf_header(values: dict[str, object], tensors: Iterable, scratch: Path) -> bytes:
-    """GGUF header, metadata and tensor infos as gguf-py writes them, padded to the data
-    alignment; ``tensors`` is (name, torch shape, nbytes, ggml type) in file order. gguf-py
-    only writes to files, so ``scratch`` holds them briefly."""
-    writer = GGUFWriter(scratch, ARCHITECTURE_NAME)
-    _add_metadata(writer, values)
+        writer.add_key_value(key, value, gtype, sub_type=sub_type)
     for name, shape, nbytes, ggml_type in tensors:
         # A non-uint8 dtype: gguf-py takes ``shape`` as the element shape for any raw type.
         writer.add_tensor_info(name, shape, np.dtype(np.uint16), nbytes, raw_dtype=ggml_type)
@@ -53,6 +55,14 @@ def gguf_header(values: dict[str, object], tensors: Iterable, scratch: Path) -> 
     data = scratch.read_bytes()
     scratch.unlink()
     return data + bytes(padded(len(data)) - len(data))
+
+
+def gguf_header(values: dict[str, object], tensors: Iterable, scratch: Path) -> bytes:
+    """drafter.gguf's header (``header_of``): each key typed as artifact/format.py's table
+    says."""
+    entries = ((key, value, KEYS_BY_NAME[key].type, KEYS_BY_NAME[key].sub_type)
+               for key, value in values.items())
+    return header_of(ARCHITECTURE_NAME, entries, tensors, scratch)
 
 
 def pwrite_all(fd: int, data, offset: int) -> None:

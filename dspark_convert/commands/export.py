@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from dspark_convert import CONVERTER_NAME, __version__
 from dspark_convert.artifact import llama_cpp as L
 from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, padded, read_metadata
+from dspark_convert.artifact.writer import KeyValue, header_of
 from dspark_convert.checks import Check
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import (
@@ -167,7 +167,7 @@ class _Target:
     context_length: int
     embedding: GGUFTensorInfo
     head: GGUFTensorInfo | None
-    tokenizer: tuple[tuple[str, object, GGUFValueType, GGUFValueType | None], ...]
+    tokenizer: tuple[KeyValue, ...]
 
 
 def _check_target(target: GGUFFile, contract: FeatureContract, label: str,
@@ -293,7 +293,7 @@ def _value(source: str, kv: dict, contract: FeatureContract, target: _Target,
 
 
 def metadata(kv: dict, contract: FeatureContract, target: _Target, artifact_sha: str
-             ) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
+             ) -> list[KeyValue]:
     """(key, value, type, sub_type) of every key, in file order (artifact/llama_cpp.py)."""
     def row(k: L.LlamaKey):
         return (k.key, _value(k.source, kv, contract, target, artifact_sha), k.type, k.sub_type)
@@ -320,27 +320,10 @@ def _plan(artifact_gguf: GGUFFile, contract: FeatureContract, target: _Target, *
     return plan
 
 
-def _header(entries, plan: list[_Planned], scratch: Path) -> bytes:
-    """Header, metadata and tensor infos as gguf-py writes them, padded to the alignment
-    (gguf-py writes only to files: ``scratch`` holds them briefly)."""
-    writer = GGUFWriter(scratch, L.ARCH)
-    for key, value, gtype, sub in entries:
-        if key == "general.architecture":
-            continue                       # GGUFWriter writes it first, from its arch
-        # add_key_value, not add_string/add_array: those silently drop empty values.
-        writer.add_key_value(key, value, gtype, sub_type=sub)
-    for t in plan:
-        writer.add_tensor_info(t.name, list(reversed(t.gguf_shape)), np.dtype(np.uint16),
-                               t.nbytes, raw_dtype=GGMLQuantizationType[t.type])
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-    finally:
-        writer.close()
-    data = scratch.read_bytes()
-    scratch.unlink()
-    return data + bytes(padded(len(data)) - len(data))
+def _header(entries: list[KeyValue], plan: list[_Planned], scratch: Path) -> bytes:
+    tensors = [(t.name, list(reversed(t.gguf_shape)), t.nbytes, GGMLQuantizationType[t.type])
+               for t in plan]
+    return header_of(L.ARCH, entries, tensors, scratch)
 
 
 class _Writer:
