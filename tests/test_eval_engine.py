@@ -164,15 +164,17 @@ def real_log(golden, bins, hello_ids) -> bytes:
     """The debug log of one whole run, as llama.cpp wrote it."""
     import subprocess
 
-    for _ in range(L.ATTEMPTS):
-        done = subprocess.run([str(bins.speculative), "-m", str(golden.target), "-md",
+    def once() -> subprocess.CompletedProcess:
+        return subprocess.run([str(bins.speculative), "-m", str(golden.target), "-md",
                                str(golden.exports[DSPARK]), "--spec-type", "draft-dspark",
                                "--spec-draft-n-max", "7", "--spec-draft-p-min", "0", "--temp", "0",
                                "-p", HELLO, "-n", str(N), "-t", "1", "-v", *L.LOG_ARGS],
                               capture_output=True, timeout=120, check=True)
-        if b"statistics" in done.stderr:
-            return done.stderr
-    pytest.fail("llama.cpp lost the end of its log in every run")
+
+    done = L.rerun_while_cut(
+        once, lambda done: b"statistics" in done.stderr, attempts=L.ATTEMPTS,
+        cut=lambda _done: pytest.fail.Exception("llama.cpp lost the end of its log in every run"))
+    return done.stderr
 
 
 @pytest.mark.slow

@@ -36,8 +36,10 @@ import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from dspark_convert.errors import (
     EngineBinaryError,
@@ -207,19 +209,33 @@ def _run(binary: Path, args: list[str], *, timeout: float) -> Output:
 # 6 of the golden DSpark drafter). stdout goes through the same queue, in order, so a line
 # printed last proves everything before it was written. A run without it is run again.
 ATTEMPTS = 4
+_R = TypeVar("_R")
 _TOTAL_TIME = re.compile(_PREFIX + rb"common_perf_print: +total time =")
 
 
+def rerun_while_cut(run: Callable[[], _R], whole: Callable[[_R], bool], *, attempts: int,
+                    cut: Callable[[_R], Exception]) -> _R:
+    """``run()`` until ``whole`` says its log is whole, up to ``attempts`` runs; when none
+    is, ``cut(the last run)`` is raised. The one retry of llama.cpp's lost log lines (the
+    eval's runs here, the tests' runs in tests/support/llama_cpp.py)."""
+    for _ in range(attempts):
+        result = run()
+        if whole(result):
+            return result
+    raise cut(result)
+
+
 def _run_whole(binary: Path, args: list[str], *, last: re.Pattern, timeout: float) -> Output:
-    for _ in range(ATTEMPTS):
-        out = _run(binary, args, timeout=timeout)
-        if last.search(out.stderr):
-            return out
-    raise EngineOutputError(f"{binary.name}: its log lost its last lines at exit in {ATTEMPTS} "
-                            "runs (llama.cpp does not flush its logger at exit: "
-                            "common/log.cpp); the eval reads only a whole log",
-                            path=str(binary), field="log", expected="the closing timings line",
-                            found="missing")
+    def cut(_out: Output) -> EngineOutputError:
+        return EngineOutputError(f"{binary.name}: its log lost its last lines at exit in "
+                                 f"{ATTEMPTS} runs (llama.cpp does not flush its logger at exit: "
+                                 "common/log.cpp); the eval reads only a whole log",
+                                 path=str(binary), field="log",
+                                 expected="the closing timings line", found="missing")
+
+    return rerun_while_cut(lambda: _run(binary, args, timeout=timeout),
+                           lambda out: last.search(out.stderr) is not None,
+                           attempts=ATTEMPTS, cut=cut)
 
 
 def _prompt_file(directory: Path, text: str) -> Path:

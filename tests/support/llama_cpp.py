@@ -20,6 +20,8 @@ import pytest
 
 from support.paths import ROOT
 
+from dspark_convert.evaluation.engine_llama_cpp import rerun_while_cut
+
 _spec = importlib.util.spec_from_file_location("llama_cpp_build", ROOT / "tools" / "llama_cpp.py")
 build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build)
@@ -28,12 +30,11 @@ _spec.loader.exec_module(build)
 SPEC_ARGS = ("--spec-draft-n-max", "7", "--spec-draft-p-min", "0", "--temp", "0", "-lv", "4")
 SPEC_TYPES = {"dspark": "draft-dspark", "dflash": "draft-dflash"}
 SECONDS = 120
-# llama.cpp 0c1e570 logs through a queue its worker thread writes out, and never frees the
-# logger (common/log.cpp common_log_main: "this design may cause logs to be lost if not
-# flushed before the program exits"): the last lines of a run, the statistics line or the
-# generated text among them, are sometimes lost. The queue is first in, first out, so a run
-# whose last line (perf_print's "graphs reused", after the text and the statistics) arrived
-# is whole; one that is cut is run again, up to RETRIES times, never judged.
+# llama.cpp 0c1e570 sometimes loses the last lines of a run's log, the statistics line or
+# the generated text among them (its logger is never flushed at exit: common/log.cpp; the
+# eval's engine_llama_cpp.rerun_while_cut, which these runs share). The queue is first in,
+# first out, so a run whose last line (perf_print's "graphs reused", after the text and the
+# statistics) arrived is whole; one that is cut is run again, up to RETRIES times, never judged.
 LAST_LINE = {"llama-speculative-simple": re.compile(r"target:\n(?:.*\n)*.*graphs reused"),
              "llama-completion": re.compile(r"graphs reused")}
 RETRIES = 5
@@ -97,15 +98,20 @@ class LlamaCpp:
         return out
 
     def _run(self, name: str, *args: str) -> Run:
-        for _ in range(RETRIES):
+        def once() -> Run:
             done = subprocess.run([str(self.bin / name), *args], capture_output=True,
                                   timeout=SECONDS, stdin=subprocess.DEVNULL)
-            run = Run(done.returncode, done.stdout.strip(b"\n"),
-                      done.stderr.decode("utf-8", "replace"))
-            if run.returncode != 0 or LAST_LINE[name].search(run.stderr):
-                return run
-        raise AssertionError(f"{name}: its log was cut {RETRIES} times in a row (the last "
-                             f"line never came):\n{run.stderr[-1500:]}")
+            return Run(done.returncode, done.stdout.strip(b"\n"),
+                       done.stderr.decode("utf-8", "replace"))
+
+        def cut(run: Run) -> AssertionError:
+            return AssertionError(f"{name}: its log was cut {RETRIES} times in a row (the last "
+                                  f"line never came):\n{run.stderr[-1500:]}")
+
+        # A failed run is returned as it is (a test may expect the refusal), never retried.
+        return rerun_while_cut(
+            once, lambda run: run.returncode != 0 or LAST_LINE[name].search(run.stderr) is not None,
+            attempts=RETRIES, cut=cut)
 
     def speculative(self, target: Path, draft: Path, kind: str, prompt: str, n: int) -> Run:
         """llama-speculative-simple: ``kind`` "dspark" or "dflash"."""
