@@ -8,11 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pty
-import select
-import signal
 import subprocess
-import time
 
 import pytest
 import torch
@@ -30,7 +26,8 @@ from dspark_convert.errors import (
 )
 from dspark_convert.evaluation.calibration import cut_length, read_calibration
 from dspark_convert.evaluation.report import read_report
-from support.cli import assert_refused, child_env, dspark_cmd, run_cli, temp_siblings
+from support.cli import (assert_refused, child_env, dspark_cmd, interrupt_on_terminal, run_cli,
+                         temp_siblings)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -266,34 +263,11 @@ def test_a_real_sigint_mid_run_leaves_a_partial_report(artifacts, tmp_path):
     report (complete false, what did not finish under not_run)."""
     out = tmp_path / "report"
     label = b"vanilla_conf_markov, T=0, cutoff off"
-    master, slave = pty.openpty()
     cmd = dspark_cmd("eval", str(artifacts["vanilla_conf_markov"]), str(artifacts["dflash_shared"]),
                      "--target", str(TARGET), "--device", "cpu", "--max-new-tokens", "48",
                      "--threshold", "0.3", "--threshold", "0.5", "--threshold", "0.7", "-o", str(out))
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
-                            env=child_env({"OMP_NUM_THREADS": "1"}))
-    os.close(slave)
-    seen, sent = b"", False
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            chunk = b""
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:            # EIO: the child has closed the terminal
-                    pass
-                seen += chunk
-            if not sent and label in seen:
-                proc.send_signal(signal.SIGINT)
-                sent = True
-            if not chunk and proc.poll() is not None:
-                break
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
+    proc, seen, sent = interrupt_on_terminal(cmd, label, seconds=120, stdout=subprocess.PIPE,
+                                             env=child_env({"OMP_NUM_THREADS": "1"}))
     stdout = proc.stdout.read().decode()
     proc.stdout.close()
     assert sent, f"the run never started: {seen[-400:]!r}"

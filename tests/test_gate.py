@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -27,7 +23,15 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from support.cli import assert_refused, child_env, dspark_cmd, run_cli, run_process, temp_siblings
+from support.cli import (
+    assert_refused,
+    child_env,
+    dspark_cmd,
+    interrupt_on_terminal,
+    run_cli,
+    run_process,
+    temp_siblings,
+)
 from support.hub_server import HubServer
 from support.paths import GOLDEN_TARGET, TRAINED_DRAFTERS
 from dspark_convert.commands.gate_report import GateReport
@@ -496,31 +500,10 @@ def test_a_real_sigint_leaves_gate_json_marked_incomplete(tmp_path):
                      _entry("dflash_shared"))
     policy.write_text(policy.read_text().replace('prompts = "prompts.jsonl"\n', ""))  # 16 prompts
     out = tmp_path / "out"
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(dspark_cmd("gate", str(policy), "-o", str(out)), stdin=subprocess.DEVNULL,
-                            stdout=slave, stderr=slave, env=child_env({"OMP_NUM_THREADS": "1"}))
-    os.close(slave)
-    seen, sent = b"", False
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            chunk = b""
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:
-                    pass
-                seen += chunk
-            if not sent and b"vanilla_conf_markov smoke:" in seen:
-                proc.send_signal(signal.SIGINT)       # during the first drafter's eval
-                sent = True
-            if not chunk and proc.poll() is not None:
-                break
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
+    proc, seen, sent = interrupt_on_terminal(
+        dspark_cmd("gate", str(policy), "-o", str(out)),
+        b"vanilla_conf_markov smoke:",                # during the first drafter's eval
+        seconds=300, env=child_env({"OMP_NUM_THREADS": "1"}))
     text = seen.decode(errors="replace").replace("\r", "\n")
     assert sent, text[-800:]
     assert proc.wait() == 130, text[-800:]

@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import io
 import os
+import pty
+import select
+import signal
 import subprocess
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -78,6 +82,40 @@ def child_env(extra: dict | None = None) -> dict[str, str]:
         else:
             env[key] = value
     return env
+
+
+def interrupt_on_terminal(cmd: list[str], marker: bytes, *, seconds: float, env: dict[str, str],
+                          stdout=None) -> tuple[subprocess.Popen, bytes, bool]:
+    """``cmd`` in a child with its stderr on a pty (its stdout too, unless ``stdout`` says
+    where else), so that it draws its progress as on a terminal; SIGINT once ``marker``
+    appears there. Read until the child has ended, or killed after ``seconds``. Returns
+    the child, all it wrote on the terminal, and whether the signal was sent."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave if stdout is None else stdout,
+                            stderr=slave, env=env)
+    os.close(slave)
+    seen, sent = b"", False
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            chunk = b""
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:            # EIO: the child has closed the terminal
+                    pass
+                seen += chunk
+            if not sent and marker in seen:
+                proc.send_signal(signal.SIGINT)
+                sent = True
+            if not chunk and proc.poll() is not None:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return proc, seen, sent
 
 
 def run_cli(*args: str, env: dict | None = None,
