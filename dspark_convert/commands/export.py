@@ -86,16 +86,10 @@ class _Planned:
 # --- the artifact -----------------------------------------------------------------------------
 
 def _validated(artifact: Path, progress: Progress):
-    from dspark_convert.commands.validate import validate_artifact  # the whole checking stack
+    from dspark_convert.commands.validate import validated_input  # the whole checking stack
 
-    report = validate_artifact(artifact, progress=progress)
-    failure = report.first_failure
-    if failure is not None:
-        raise ExportArtifactError(
-            f"{artifact}: the artifact does not validate: {failure.name}: {failure.detail}; "
-            "expected an artifact that passes `dspark validate`", path=str(artifact),
-            expected="a valid artifact", found=f"{failure.name} failed ({failure.error})")
-    return report
+    return validated_input(artifact, what="the artifact", error=ExportArtifactError,
+                           expected="a valid artifact", progress=progress)
 
 
 def _refuse_heads(contract: FeatureContract, label: str) -> None:

@@ -110,16 +110,10 @@ def _gguf_version() -> str:
 
 def _validated_parent(parent: Path, progress: Progress):
     """The parent's report, refused unless it passes every check."""
-    from dspark_convert.commands.validate import validate_artifact  # validate imports the whole checking stack
+    from dspark_convert.commands.validate import validated_input  # the whole checking stack
 
-    report = validate_artifact(parent, progress=progress)
-    failure = report.first_failure
-    if failure is not None:
-        raise ParentArtifactError(
-            f"{parent}: the parent artifact does not validate: {failure.name}: {failure.detail}; "
-            "expected an artifact that passes `dspark validate`", path=str(parent),
-            expected="a valid BF16 artifact", found=f"{failure.name} failed ({failure.error})")
-    return report
+    return validated_input(parent, what="the parent artifact", error=ParentArtifactError,
+                           expected="a valid BF16 artifact", progress=progress)
 
 
 def _plan(gguf: GGUFFile, manifest: Manifest, qtype: str, heads: str | None,

@@ -799,6 +799,21 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     return checks.report(root)
 
 
+def validated_input(path: Path, *, what: str, error: type[DSparkError], expected: str,
+                    progress: Progress | None = None) -> ValidationReport:
+    """The report of an artifact a command goes on from (export's artifact, quantize's
+    parent), refused as ``error`` unless it passes every check; ``what`` names it in the
+    line ("the artifact"), ``expected`` is the refusal's expected field."""
+    report = validate_artifact(path, progress=progress)
+    failure = report.first_failure
+    if failure is not None:
+        raise error(
+            f"{path}: {what} does not validate: {failure.name}: {failure.detail}; "
+            "expected an artifact that passes `dspark validate`", path=str(path),
+            expected=expected, found=f"{failure.name} failed ({failure.error})")
+    return report
+
+
 def _check_target(checks: _Checks, target, contract: FeatureContract | None, kv: dict | None,
                   manifest: Manifest | None, label: str, progress: Progress) -> None:
     from dspark_convert.target.pairing import pair_artifact, target_record
