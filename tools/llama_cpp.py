@@ -192,6 +192,7 @@ def _remove_stale(final: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
+    # util/atomic._pid_alive's twin, not an import: this script runs without the package.
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
