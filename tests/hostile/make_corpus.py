@@ -632,31 +632,40 @@ def edit_artifact_with_target(edit: Callable[[Path], None]) -> Callable[[Path, C
     return build
 
 
+def _copy_keys(reader, writer, replaced: dict | None = None) -> None:
+    """Every key of a drafter.gguf ``reader`` holds into ``writer``, as read (not the GGUF.*
+    header fields nor the architecture: GGUFWriter writes those); ``replaced``:
+    {key: (value, GGUFValueType)} written in the file's place instead."""
+    from gguf import GGUFValueType
+
+    for field in reader.fields.values():
+        name = field.name
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if replaced and name in replaced:
+            writer.add_key_value(name, *replaced[name])
+            continue
+        ftype = field.types[0]
+        if ftype == GGUFValueType.ARRAY:
+            writer.add_key_value(name, [int(field.parts[i][0]) for i in field.data],
+                                 ftype, sub_type=field.types[1])
+        elif ftype == GGUFValueType.STRING:
+            writer.add_key_value(name, bytes(field.parts[-1]).decode(), ftype)
+        else:
+            writer.add_key_value(name, field.parts[-1][0].item(), ftype)
+
+
 def rewrite_gguf_key(key: str, value: object, vtype) -> Callable[[Path], None]:
     """drafter.gguf written again by gguf-py with one key's value and type replaced (the
     file's size changes, so this cannot be a byte patch); tensors copied unchanged."""
     def edit(art: Path) -> None:
         import numpy as np
-        from gguf import GGUFReader, GGUFValueType, GGUFWriter
+        from gguf import GGUFReader, GGUFWriter
 
         reader = GGUFReader(art / GGUF)
         out = art / "rewritten.gguf"
         writer = GGUFWriter(out, "dflash")
-        for field in reader.fields.values():
-            name = field.name
-            if name.startswith("GGUF.") or name == "general.architecture":
-                continue
-            if name == key:
-                writer.add_key_value(name, value, vtype)
-                continue
-            ftype = field.types[0]
-            if ftype == GGUFValueType.ARRAY:
-                writer.add_key_value(name, [int(field.parts[i][0]) for i in field.data],
-                                     ftype, sub_type=field.types[1])
-            elif ftype == GGUFValueType.STRING:
-                writer.add_key_value(name, bytes(field.parts[-1]).decode(), ftype)
-            else:
-                writer.add_key_value(name, field.parts[-1][0].item(), ftype)
+        _copy_keys(reader, writer, {key: (value, vtype)})
         for t in reader.tensors:   # BF16 only: raw 16-bit words in torch order [out, in]
             words = np.frombuffer(t.data.tobytes(), dtype=np.uint16)
             writer.add_tensor(t.name, words.reshape(list(reversed(t.shape.tolist()))),
@@ -1012,23 +1021,13 @@ def requantize_tensor(name: str, ggml_type: str) -> Callable[[Path], None]:
     patch can change a block type), every other key and tensor copied raw."""
     def edit(art: Path) -> None:
         import numpy as np
-        from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+        from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
         from gguf.quants import dequantize, quantize
 
         reader = GGUFReader(art / GGUF)
         out = art / "rewritten.gguf"
         writer = GGUFWriter(out, "dflash")
-        for field in reader.fields.values():
-            if field.name.startswith("GGUF.") or field.name == "general.architecture":
-                continue
-            ftype = field.types[0]
-            if ftype == GGUFValueType.ARRAY:
-                writer.add_key_value(field.name, [int(field.parts[i][0]) for i in field.data],
-                                     ftype, sub_type=field.types[1])
-            elif ftype == GGUFValueType.STRING:
-                writer.add_key_value(field.name, bytes(field.parts[-1]).decode(), ftype)
-            else:
-                writer.add_key_value(field.name, field.parts[-1][0].item(), ftype)
+        _copy_keys(reader, writer)
         for t in reader.tensors:
             data, kind = np.asarray(t.data), t.tensor_type
             if t.name == name:
