@@ -46,6 +46,7 @@ from dspark_convert.evaluation.report import (
     NotRun,
     SkippedPrompt,
 )
+from dspark_convert.util.hashing import sha256_file
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
 
@@ -82,7 +83,7 @@ def parse_engine(spec: str | None, target_gguf: str | os.PathLike | None) -> Eng
     path = Path(target_gguf)
     vocab = L.read_vocabulary(path)
     try:
-        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        sha = sha256_file(path)           # in blocks: a target GGUF is gigabytes
     except OSError as exc:
         raise TargetGGUFError(f"{shown(path)}: cannot read: {os.strerror(exc.errno or 0)}",
                               path=str(path)) from None
