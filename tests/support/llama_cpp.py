@@ -20,7 +20,7 @@ import pytest
 
 from support.paths import ROOT
 
-from dspark_convert.evaluation.engine_llama_cpp import rerun_while_cut
+from dspark_convert.evaluation.engine_llama_cpp import SPEC_TYPES, rerun_while_cut
 
 _spec = importlib.util.spec_from_file_location("llama_cpp_build", ROOT / "tools" / "llama_cpp.py")
 build = importlib.util.module_from_spec(_spec)
@@ -28,7 +28,6 @@ _spec.loader.exec_module(build)
 
 # What every speculative run of the tests uses (docs/REFERENCE.md §6b, issue 20).
 SPEC_ARGS = ("--spec-draft-n-max", "7", "--spec-draft-p-min", "0", "--temp", "0", "-lv", "4")
-SPEC_TYPES = {"dspark": "draft-dspark", "dflash": "draft-dflash"}
 SECONDS = 120
 # llama.cpp 0c1e570 sometimes loses the last lines of a run's log, the statistics line or
 # the generated text among them (its logger is never flushed at exit: common/log.cpp; the
