@@ -293,12 +293,10 @@ def _names_no_new_entry(out: Output) -> str | None:
         cwd = Path.cwd()
     except OSError:          # the working directory was removed: nothing there to wipe
         return None
-    real = _real(Path(text))
-    cwd_real = _real(cwd)
-    out_id = _file_id(real)
-    if real == cwd_real or (out_id is not None and out_id == _file_id(cwd_real)):
+    relation = _relation(Path(text), cwd)
+    if relation == "is":
         return "it is the working directory"
-    if cwd_real.is_relative_to(real) or (out_id is not None and out_id in _chain(cwd_real)):
+    if relation == "holds":
         return f"it holds the working directory ({shown(str(cwd))})"
     return None
 
