@@ -470,6 +470,11 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
     created = _make_parents(out.parent)
     _remove_stale_siblings(out)
     tmp = temp_sibling(out)
+
+    def discard() -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_created(created)
+
     _LIVE[tmp] = out
     try:
         try:
@@ -480,12 +485,10 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
                 raise write_error(exc, out.parent) from None
             yield tmp
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            _remove_created(created)
+            discard()
             raise write_error(exc, exc.filename or out) from None
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            _remove_created(created)
+            discard()
             raise
         try:
             for entry in tmp.iterdir():
@@ -494,12 +497,10 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
             _publish(tmp, out, force=force)
             fsync_path(out.parent)
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            _remove_created(created)
+            discard()
             raise write_error(exc, out) from None
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            _remove_created(created)
+            discard()
             raise
     finally:
         _LIVE.pop(tmp, None)
