@@ -339,19 +339,28 @@ class _EntryRun:
                 f"greedy output ({result.dtype}, {result.device}); {tau_text(result.tau)}",
                 [written, self.rel(trace)])
 
+    def _run_eval(self, names: list[str], **engine):
+        """run_eval on the artifacts ``names`` at temperature 0, the cutoff off, on the
+        drafter's prompts and settings (``engine``: llama.cpp's runs beside), its paths
+        those of the final output."""
+        from dspark_convert.commands.evaluate import run_eval
+        from dspark_convert.evaluation.report import EvalReport
+
+        e = self.entry
+        report = run_eval([self.dir / n for n in names], self.target.directory, self._prompts(),
+                          temperatures=(0.0,), thresholds=(), max_new_tokens=e.max_new_tokens,
+                          device=e.device, dtype=e.dtype, progress=self.gate.progress, **engine)
+        return EvalReport.model_validate_json(
+            _relocated(dumps(report, compact=True), self.gate.tmp, self.gate.out))
+
     def evaluate(self):
-        from dspark_convert.commands.evaluate import report_failure, run_eval
-        from dspark_convert.evaluation.report import EvalReport, write_report
+        from dspark_convert.commands.evaluate import report_failure
+        from dspark_convert.evaluation.report import write_report
 
         e = self.entry
         names = [BF16, *self.variants]
-        report = run_eval([self.dir / n for n in names], self.target.directory, self._prompts(),
-                          temperatures=(0.0,), thresholds=(), max_new_tokens=e.max_new_tokens,
-                          device=e.device, dtype=e.dtype, progress=self.gate.progress)
-        out = self.dir / "eval"
-        report = EvalReport.model_validate_json(
-            _relocated(dumps(report, compact=True), self.gate.tmp, self.gate.out))
-        written = write_report(report, out)
+        report = self._run_eval(names)
+        written = write_report(report, self.dir / "eval")
         failure = report_failure(report, self.gate.out / self.entry.name / "eval")
         measured = {}
         for name in names:
@@ -376,8 +385,7 @@ class _EntryRun:
         """llama.cpp's own run (`dspark eval --engine llama.cpp=BIN_DIR`): each artifact
         exported for it on the fly, run by its binaries on the prompts llama.cpp takes as
         their ids, lossless, and every draft equal to the reference runtime's."""
-        from dspark_convert.commands.evaluate import run_eval
-        from dspark_convert.evaluation.report import EvalReport, write_report
+        from dspark_convert.evaluation.report import write_report
 
         e = self.entry
         if "llama.cpp" not in e.require:
@@ -388,12 +396,8 @@ class _EntryRun:
             raise _Stop("not_run", "not run: no target GGUF given (the drafter's target_gguf: "
                         "the target as llama.cpp runs it)")
         names = [BF16, *self.variants]
-        report = run_eval([self.dir / n for n in names], self.target.directory, self._prompts(),
-                          temperatures=(0.0,), thresholds=(), max_new_tokens=e.max_new_tokens,
-                          device=e.device, dtype=e.dtype, engine=f"llama.cpp={e.llama_cpp}",
-                          target_gguf=e.target_gguf, progress=self.gate.progress)
-        report = EvalReport.model_validate_json(
-            _relocated(dumps(report, compact=True), self.gate.tmp, self.gate.out))
+        report = self._run_eval(names, engine=f"llama.cpp={e.llama_cpp}",
+                                target_gguf=e.target_gguf)
         written = [self.rel(p) for p in write_report(report, self.dir / "eval-llama.cpp")]
         return engine_verdict(report, names), written
 
