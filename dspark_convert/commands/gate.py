@@ -40,6 +40,7 @@ from pathlib import Path
 from dspark_convert import CONVERTER_NAME, __version__
 from dspark_convert.commands.gate_policy import Entry, LoadedPolicy, load_policy, updated_path, with_hashes
 from dspark_convert.commands.gate_report import (
+    STAGES,
     ArtifactSummary,
     EntryReport,
     GateReport,
@@ -656,11 +657,11 @@ def run_gate(policy: str | os.PathLike, output: str | os.PathLike, *,
     return GateResult(report, out, tuple(files), updated)
 
 
-# The stages a drafter has, in order, for the ones an interrupted run never reached.
+# The stages a drafter has, in order (gate_report.STAGES, "quantize" one per variant), for
+# the ones an interrupted run never reached.
 def _planned(entry: Entry) -> list[str]:
     quantize = [f"quantize.{q}" for q in entry.quantize] or ["quantize"]
-    return ["pin", "convert", "reproducibility", "validate", *quantize, "smoke", "eval",
-            "llama.cpp", "regression"]
+    return [name for stage in STAGES for name in (quantize if stage == "quantize" else [stage])]
 
 
 def _report(policy: LoadedPolicy, entries: list[Entry], runs: list[_EntryRun],
