@@ -12,6 +12,7 @@ the option are not."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -285,6 +286,12 @@ def test_a_target_gguf_that_is_not_one_is_refused(tmp_path, paired_artifacts):
     proc = _eval(tmp_path, paired_artifacts, "--engine", f"llama.cpp={bins}", "--target-gguf",
                  str(bad))
     assert_refused(proc, TargetGGUFError, ["t.gguf"])
+    assert not (tmp_path / "report").exists()
+    # The one input-file rule, as export's: a FIFO is named as one and never waited on.
+    os.mkfifo(tmp_path / "fifo.gguf")
+    proc = _eval(tmp_path, paired_artifacts, "--engine", f"llama.cpp={bins}", "--target-gguf",
+                 str(tmp_path / "fifo.gguf"))
+    assert_refused(proc, TargetGGUFError, ["fifo.gguf", "is a FIFO"])
     assert not (tmp_path / "report").exists()
 
 

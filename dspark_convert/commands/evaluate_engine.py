@@ -47,6 +47,7 @@ from dspark_convert.evaluation.report import (
     SkippedPrompt,
 )
 from dspark_convert.util.hashing import sha256_file
+from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
 
@@ -80,7 +81,11 @@ def parse_engine(spec: str | None, target_gguf: str | os.PathLike | None) -> Eng
                                 "llama.cpp runs it (its converter's file)", field="target_gguf",
                                 expected="a GGUF file", found=None)
     bins = L.find_binaries(directory)
-    path = Path(target_gguf)
+    # The one input-file rule, as export's --target-gguf: not found, a directory or a FIFO
+    # is one line (a FIFO is never waited on).
+    path = check_input_file(target_gguf, label=f"--target-gguf {shown(str(target_gguf))}",
+                            error=TargetGGUFError,
+                            expected="the target model's GGUF file (the -m of llama.cpp)")
     vocab = L.read_vocabulary(path)
     try:
         sha = sha256_file(path)           # in blocks: a target GGUF is gigabytes
