@@ -164,6 +164,7 @@ def test_junit_has_one_suite_per_drafter_and_one_case_per_stage(passed):
     assert "| bf16 | " in md and "| q8_0 | " in md
 
 
+@pytest.mark.slow  # a whole gate run: make test; the fast loop keeps the passing gate and the floor
 def test_the_bytes_of_an_artifact_differing_from_the_release_fail_reproducibility(tmp_path):
     wrong = _entry("dflash_shared", sha256=SHA["vanilla_conf_markov"])
     out = tmp_path / "out"
@@ -192,6 +193,7 @@ def test_the_bytes_of_an_artifact_differing_from_the_release_fail_reproducibilit
     assert "changed because: new rope key" in _report(out2).entries[0].stage("reproducibility").detail
 
 
+@pytest.mark.slow  # a whole gate run: make test; the fast loop keeps the passing gate and the floor
 def test_a_required_engine_that_refuses_fails_validate_and_the_others_go_on(tmp_path):
     policy = _policy(tmp_path, _entry("vanilla_conf_markov", quantize=[], require=["llama.cpp"]),
                      _entry("dflash_shared", require=["strata.open", "strata.run"]))
@@ -239,6 +241,7 @@ def _gate_against(passed_out: Path, tmp_path: Path, name: str, change=None):
     return run_cli("gate", str(policy), "-o", str(out), "--baseline", str(baseline)), out
 
 
+@pytest.mark.slow  # a whole gate run: make test; the fast loop keeps the passing gate and the floor
 def test_tau_dropping_against_the_baseline_fails_regression(passed, tmp_path):
     def higher_tau(doc):
         doc["entries"][0]["measurement"]["artifacts"]["bf16"]["tau"] += 0.5
@@ -374,6 +377,7 @@ def test_only_runs_the_named_drafter(tmp_path):
 
 # --- a Hub-pinned drafter, then offline --------------------------------------------------------
 
+@pytest.mark.slow  # a whole gate run: make test; the fast loop keeps the passing gate and the floor
 def test_a_hub_pinned_drafter_online_then_offline_and_a_moved_pin(tmp_path):
     from dspark_convert.commands.lock import lock_snapshot
 

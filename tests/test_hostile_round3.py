@@ -145,6 +145,7 @@ def test_an_overflowing_drafter_is_refused_by_eval(tmp_path, overflowing):
     assert not out.exists()
 
 
+@pytest.mark.slow  # a whole eval run: make test; the fast loop keeps the tiny-temperature run
 def test_eval_on_a_prompt_without_a_verify_step(tmp_path, dspark_art):
     """[1, 471]: the target's first token is EOS; tau is undefined (null) and every plot
     is written (the acceptance plot used to format tau None)."""

@@ -465,6 +465,7 @@ def _within(a: Path, b: Path) -> bool:
     return False
 
 
+@pytest.mark.slow  # the property: make test; the fast loop keeps one example per rule above
 def test_any_spelling_of_a_path_is_refused_or_safe(tmp_path_factory):
     """Whatever the spelling (., .., links, a hard link, absolute or relative, whitespace),
     check_outputs either refuses with one of the output errors or returns paths that name

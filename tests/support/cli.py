@@ -123,6 +123,11 @@ def run_cli(*args: str, env: dict | None = None,
     """``dspark ARGS...`` run in this process by the real typer app; a CompletedProcess
     like ``run_process``'s (returncode, stdout, stderr), so that assertions read the same."""
     from dspark_convert.cli.main import app
+    # huggingface_hub reads HF_HUB_OFFLINE once, at its import: imported here first under a
+    # run's env={"HF_HUB_OFFLINE": "1"}, it would stay offline for every later test of this
+    # process (the package reads the variable at call time, source/hub/cache.py). So it is
+    # imported before the run's environment is applied.
+    import huggingface_hub.constants  # noqa: F401
 
     out_bytes, err_bytes = io.BytesIO(), io.BytesIO()
     out = io.TextIOWrapper(out_bytes, encoding="utf-8", errors="strict", write_through=True)
