@@ -66,6 +66,8 @@ from dspark_convert.evaluation.calibration import (
 )
 from dspark_convert.evaluation.environment import TargetIdentity, describe_environment, target_identity
 from dspark_convert.evaluation.metrics import MemoryProbe, acceptance, confidence_data, confidence_report, spread
+# The option ranges eval shares with the gate's policy (one place: evaluation/options.py).
+from dspark_convert.evaluation.options import DEVICES, DTYPES, MAX_NEW_TOKENS_LIMIT
 from dspark_convert.evaluation.prompts import (
     DEFAULT_PROMPTS,
     Prompt,
@@ -88,10 +90,6 @@ DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0,)
 DEFAULT_THRESHOLDS: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_HELD_OUT = 0.5
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("float32", "bfloat16")      # runtime/loading.py COMPUTE_DTYPES, named here so that
-                                      # options are checked before torch is imported
-MAX_NEW_TOKENS_LIMIT = 1 << 20
 WARMUP_TOKENS = 8
 TIMING_MISSING = ("per-step draft and verify times need Cycle.draft_seconds / "
                   "Cycle.verify_seconds, which this runtime does not record; draft_seconds is "

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dspark_convert.artifact.engine_names import EngineName
 from dspark_convert.errors import GatePolicyError
+from dspark_convert.evaluation.options import DEVICES, DTYPES, MAX_NEW_TOKENS_LIMIT
 from dspark_convert.source.hub.spec import parse_spec
 from dspark_convert.util.models import first_problem
 from dspark_convert.util.paths import check_input_file
@@ -44,7 +45,6 @@ else:  # pragma: no cover - Python 3.10: the same parser, from PyPI (pyproject's
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 QuantName = Literal["q8_0", "q5_0", "q4_0"]      # `dspark quantize --type`
 DEFAULT_MAX_NEW_TOKENS = 32
-MAX_NEW_TOKENS_LIMIT = 1 << 20                   # evaluate.MAX_NEW_TOKENS_LIMIT's value
 
 
 class _Strict(BaseModel):
@@ -59,8 +59,8 @@ class Defaults(_Strict):
         "on; default: the package's prompt set for the golden target"))
     max_new_tokens: int = Field(DEFAULT_MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS_LIMIT,
                                 description="new tokens per prompt (smoke and eval)")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="smoke's and eval's device")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="their compute dtype")
+    device: Literal[DEVICES] = Field("auto", description="smoke's and eval's device")
+    dtype: Literal[DTYPES] = Field("float32", description="their compute dtype")
     strict: bool = Field(True, description="a validate warning fails the validate stage "
                          "(`dspark validate --strict`)")
     llama_cpp: str | None = Field(None, min_length=1, description=(
