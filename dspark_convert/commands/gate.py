@@ -485,8 +485,7 @@ def engine_verdict(report, names: Sequence[str]) -> str:
                      + (f": {wrong}" if wrong else ""))
         parts.append(line)
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise GateEngineError(problems[0] + more, field="llama.cpp", found=len(problems))
+        raise GateEngineError(_first_of(problems), field="llama.cpp", found=len(problems))
     return "; ".join(parts)
 
 
@@ -545,14 +544,18 @@ def regression(entry: Entry, measurement: Measurement, baseline: GateReport | No
                     checked.append(f"{name} acceptance by position within "
                                    f"{entry.max_acceptance_drop:g} of the baseline")
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise AcceptanceRegressionError(problems[0] + more, field="regression",
+        raise AcceptanceRegressionError(_first_of(problems), field="regression",
                                         found=len(problems))
     if not checked:
         raise _Stop("recorded" if note else "not_run",
                     (note + "; measured, nothing to compare") if note
                     else "no min_tau, no --baseline: nothing to check")
     return "; ".join(checked + ([note] if note else [])), []
+
+
+def _first_of(problems: list[str]) -> str:
+    """A stage's one error line: its first problem, and how many more there are."""
+    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
 
 
 def _num(x: float | None) -> str:
