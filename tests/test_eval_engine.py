@@ -30,6 +30,7 @@ from dspark_convert.errors import (
     TargetGGUFError,
 )
 from dspark_convert.evaluation import engine_llama_cpp as L
+from dspark_convert.evaluation import log_drain
 from dspark_convert.evaluation.proposals import EngineDraft, ReferenceProposer, check_proposals
 
 DSPARK, DFLASH = "vanilla_conf_markov", "dflash_shared"
@@ -170,7 +171,8 @@ def real_log(golden, bins, hello_ids) -> bytes:
                                str(golden.exports[DSPARK]), "--spec-type", "draft-dspark",
                                "--spec-draft-n-max", "7", "--spec-draft-p-min", "0", "--temp", "0",
                                "-p", HELLO, "-n", str(N), "-t", "1", "-v", *L.LOG_ARGS],
-                              capture_output=True, timeout=120, check=True)
+                              capture_output=True, timeout=120, check=True,
+                              env=log_drain.environment())
 
     done = L.rerun_while_cut(
         once, lambda done: b"statistics" in done.stderr, attempts=L.ATTEMPTS,

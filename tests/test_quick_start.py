@@ -13,6 +13,7 @@ files a user is told to look at.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -96,6 +97,10 @@ def test_the_quick_start_runs(tmp_path):
     assert {p.name for p in (work / "build" / "gate").iterdir()} >= {"gate.json", "gate.md", "junit.xml"}
     if target_gguf:
         assert (work / "build" / "drafter-llama.gguf").is_file()
-        # llama-speculative-simple decoded with the drafter and reported what it accepted
-        assert re.search(r"n_drafted\s*=\s*[1-9]", run.stderr), run.stderr[-2000:]
-        assert re.search(r"n_accept\s*=\s*\d+", run.stderr), run.stderr[-2000:]
+        # llama.cpp's runs beside the reference's, read by the eval: llama-speculative-simple's
+        # own tail (its n_drafted, n_accept lines) is not asserted, llama.cpp may lose it at
+        # exit when run by hand (docs/ENGINES.md "llama.cpp's log at exit").
+        report = json.loads((work / "build" / "eval-llama" / "report.json").read_text())
+        drafter_runs = [r for r in report["engine_runs"] if r["kind"] == "drafter"]
+        assert drafter_runs and all(r["lossless"] for r in drafter_runs), drafter_runs
+        assert all(r["proposals"]["compared"] > 0 for r in drafter_runs), drafter_runs

@@ -47,6 +47,7 @@ from dspark_convert.errors import (
     EngineRunError,
     TargetGGUFError,
 )
+from dspark_convert.evaluation import log_drain
 from dspark_convert.util.text import shown
 
 ENGINE = "llama.cpp"
@@ -184,7 +185,8 @@ def _run(binary: Path, args: list[str], *, timeout: float) -> Output:
     cmd = [str(binary), *args]
     t0 = time.perf_counter()
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              env=log_drain.environment())
     except subprocess.TimeoutExpired:
         raise EngineRunError(f"{binary.name}: still running after {timeout:g} s; stopped",
                              path=str(binary), expected=f"done within {timeout:g} s",
@@ -204,10 +206,12 @@ def _run(binary: Path, args: list[str], *, timeout: float) -> Output:
 
 
 # llama.cpp 0c1e570 logs through a worker thread and never flushes it at exit (common/log.cpp,
-# common_log_main: "logs may be lost if not flushed before the program exits"): the last
-# lines of a run, its statistics included, are sometimes missing (measured here: 3 runs of
-# 6 of the golden DSpark drafter). stdout goes through the same queue, in order, so a line
-# printed last proves everything before it was written. A run without it is run again.
+# common_log_main: "logs may be lost if not flushed before the program exits"): without help
+# the last lines of a run, its statistics included, are often missing (measured on a loaded
+# 2-core machine: 16 of 40 runs). Every run gets that help, log_drain (the logger is let
+# finish before the process ends: 0 of 270 runs cut there). A run whose closing line is
+# still missing (no C compiler for the drain, a thread that never rests) is run again: stdout
+# goes through the same queue, in order, so a line printed last proves all before it.
 ATTEMPTS = 4
 _R = TypeVar("_R")
 _TOTAL_TIME = re.compile(_PREFIX + rb"common_perf_print: +total time =")
@@ -227,9 +231,11 @@ def rerun_while_cut(run: Callable[[], _R], whole: Callable[[_R], bool], *, attem
 
 def _run_whole(binary: Path, args: list[str], *, last: re.Pattern, timeout: float) -> Output:
     def cut(_out: Output) -> EngineOutputError:
+        drain = log_drain.status()
+        without = f"; run without the log drain: {drain.why_not}" if drain.why_not else ""
         return EngineOutputError(f"{binary.name}: its log lost its last lines at exit in "
                                  f"{ATTEMPTS} runs (llama.cpp does not flush its logger at exit: "
-                                 "common/log.cpp); the eval reads only a whole log",
+                                 f"common/log.cpp){without}; the eval reads only a whole log",
                                  path=str(binary), field="log",
                                  expected="the closing timings line", found="missing")
 

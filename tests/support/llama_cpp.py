@@ -20,6 +20,7 @@ import pytest
 
 from support.paths import ROOT
 
+from dspark_convert.evaluation import log_drain
 from dspark_convert.evaluation.engine_llama_cpp import SPEC_TYPES, rerun_while_cut
 
 _spec = importlib.util.spec_from_file_location("llama_cpp_build", ROOT / "tools" / "llama_cpp.py")
@@ -29,9 +30,10 @@ _spec.loader.exec_module(build)
 # What every speculative run of the tests uses (docs/REFERENCE.md §6b, issue 20).
 SPEC_ARGS = ("--spec-draft-n-max", "7", "--spec-draft-p-min", "0", "--temp", "0", "-lv", "4")
 SECONDS = 120
-# llama.cpp 0c1e570 sometimes loses the last lines of a run's log, the statistics line or
-# the generated text among them (its logger is never flushed at exit: common/log.cpp; the
-# eval's engine_llama_cpp.rerun_while_cut, which these runs share). The queue is first in,
+# llama.cpp 0c1e570 loses the last lines of a run's log, the statistics line or the generated
+# text among them, unless its logger is let finish (it is never flushed at exit:
+# common/log.cpp). These runs get the eval's log drain (evaluation/log_drain.py) and its
+# rerun (engine_llama_cpp.rerun_while_cut) for what the drain misses. The queue is first in,
 # first out, so a run whose last line (perf_print's "graphs reused", after the text and the
 # statistics) arrived is whole; one that is cut is run again, up to RETRIES times, never judged.
 LAST_LINE = {"llama-speculative-simple": re.compile(r"target:\n(?:.*\n)*.*graphs reused"),
@@ -99,7 +101,8 @@ class LlamaCpp:
     def _run(self, name: str, *args: str) -> Run:
         def once() -> Run:
             done = subprocess.run([str(self.bin / name), *args], capture_output=True,
-                                  timeout=SECONDS, stdin=subprocess.DEVNULL)
+                                  timeout=SECONDS, stdin=subprocess.DEVNULL,
+                                  env=log_drain.environment())
             return Run(done.returncode, done.stdout.strip(b"\n"),
                        done.stderr.decode("utf-8", "replace"))
 
