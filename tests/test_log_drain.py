@@ -129,14 +129,14 @@ def test_a_thread_that_never_rests_holds_the_process_a_bounded_time(tmp_path):
     assert 4 < seconds < 30
 
 
-@pytest.mark.parametrize("cc, why", [("/nonexistent/cc", "no C compiler"),
-                                     ("false", "could not compile it")])
-def test_without_a_compiler_the_runs_go_on_without_it_and_say_why(cc, why):
+@pytest.mark.parametrize("env, why", [({"CC": "/nonexistent/cc"}, "no C compiler"),
+                                      ({"CC": "false"}, "could not compile it")])
+def test_without_a_compiler_the_runs_go_on_without_it_and_say_why(env, why):
     code = ("from dspark_convert.evaluation import log_drain as d; s = d.status(); "
             "print(s.library, '|', s.why_not); assert 'LD_PRELOAD' not in d.environment()")
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**env, "CC": cc}, timeout=60)
+                          env={**base, **env}, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("None | ") and why in done.stdout
 

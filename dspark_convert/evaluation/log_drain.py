@@ -47,7 +47,11 @@ def status() -> Drain:
     cc = _compiler()
     if cc is None:
         return Drain(None, "no C compiler ($CC, cc or gcc) to build it")
-    tmp = Path(tempfile.mkdtemp(prefix="dspark-log-drain-"))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="dspark-log-drain-"))
+    except OSError as exc:
+        return Drain(None, f"no temporary directory to build it in: "
+                           f"{os.strerror(exc.errno or 0) or exc}")
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     library = tmp / "log_drain.so"
     # LD_PRELOAD splits its list on spaces and colons: a path holding one cannot go there.
