@@ -345,6 +345,16 @@ def test_refusals_before_anything_runs(passed, tmp_path):
     refused(GateBaselineError, ["did not finish"], "--baseline", str(incomplete))
     bad = _baseline(passed_out, tmp_path / "bad", lambda d: d.update(format="other"))
     refused(GateBaselineError, ["field 'format'"], "--baseline", str(bad))
+    # strictly typed, as every file the tool reads: a number as a string, a bool as a count
+    def tau_as_text(d):
+        d["entries"][0]["measurement"]["artifacts"]["bf16"]["tau"] = "2.5"
+
+    def prompts_as_bool(d):
+        d["entries"][0]["measurement"]["prompts"] = True
+
+    for name, change, field in (("text", tau_as_text, "tau"), ("bool", prompts_as_bool, "prompts")):
+        loose = _baseline(passed_out, tmp_path / f"loose-{name}", change)
+        refused(GateBaselineError, ["--baseline", field], "--baseline", str(loose))
     (tmp_path / "fifo").mkdir()
     os.mkfifo(tmp_path / "fifo" / "gate.json")   # named as a FIFO, never waited on
     refused(GateBaselineError, ["is a FIFO"], "--baseline", str(tmp_path / "fifo"))

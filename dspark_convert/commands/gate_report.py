@@ -39,7 +39,9 @@ OK_STATUSES = ("passed", "recorded")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a --baseline is read back with these models, and a tau of "2.5" or a prompt
+    # count of true is a wrong file, not a number (as every other file the tool reads).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 class StageReport(_Model):
