@@ -22,7 +22,7 @@ from dspark_convert.evaluation import log_drain
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the drain reads /proc: Linux only")
 
-# A worker thread that writes its line 200 ms after main() returned, then waits on a
+# A worker thread that writes its line 1 s after main() returned, then waits on a
 # condition variable forever, as llama.cpp's logger does once its queue is empty.
 LATE_WRITER = r"""
 #include <pthread.h>
@@ -35,7 +35,7 @@ static pthread_cond_t c = PTHREAD_COND_INITIALIZER;
 
 static void *late(void *arg) {
     (void) arg;
-    struct timespec t = {0, 200000000L};
+    struct timespec t = {1, 0};
     nanosleep(&t, NULL);
     fputs("late line\n", stdout);
     fflush(stdout);
