@@ -99,19 +99,14 @@ def test_the_drain_is_built_on_this_machine():
     assert str(status.library) in log_drain.environment()["LD_PRELOAD"].split(" ")
 
 
-def test_a_line_written_after_main_returned_is_kept(tmp_path):
+def test_a_line_written_after_main_returned_is_kept_and_the_exit_status_is_the_programs(tmp_path):
     exe = _compile(tmp_path, "late_writer", LATE_WRITER)
-    without, _ = _run(exe, drain=False)
+    without, _ = _run(exe, "3", drain=False)
     assert without.stdout == b"main done\n"        # exit() ended the thread before its line
-    with_drain, seconds = _run(exe, drain=True)
-    assert with_drain.stdout == b"main done\nlate line\n"
-    assert with_drain.returncode == 0 and seconds < 5
-
-
-def test_the_exit_status_and_output_are_the_programs_own(tmp_path):
-    exe = _compile(tmp_path, "late_writer", LATE_WRITER)
-    done, _ = _run(exe, "3", drain=True)
-    assert done.returncode == 3 and done.stdout == b"main done\nlate line\n" and done.stderr == b""
+    assert without.returncode == 3
+    with_drain, seconds = _run(exe, "3", drain=True)
+    assert with_drain.stdout == b"main done\nlate line\n" and with_drain.stderr == b""
+    assert with_drain.returncode == 3 and seconds < 5
 
 
 def test_what_ld_preload_already_holds_is_kept(monkeypatch, tmp_path):
