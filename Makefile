@@ -41,9 +41,11 @@ demo: $(STAMP)
 	    --threshold 0.3 --threshold 0.6 --calibrate -o build/demo/eval
 
 # The whole suite, the slow tests included: what CI runs (.ci/run). It builds llama.cpp first
-# when the cache lacks it: the engine tests run in CI and fail there without it.
+# when the cache lacks it: the engine tests run in CI and fail there without it. Compiled
+# modules go to build/pycache/ as in test-fast (CI's machines set PYTHONDONTWRITEBYTECODE,
+# and then every dspark child of the suite compiles the package again).
 test: $(STAMP) llama-cpp
-	$(BIN)/python -m pytest -q
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache $(BIN)/python -m pytest -q
 
 # llama.cpp 0c1e570 from the pinned llama-cpp-python sdist (SHA-256 checked), built into
 # $DSPARK_ENGINE_CACHE (default ~/.cache/dspark-convert)/llama.cpp-0c1e570/ (tools/llama_cpp.py);
