@@ -24,11 +24,13 @@ from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError
 from dspark_convert.evaluation.calibration import (
     DEFAULT_GRID,
     CalibrationSplit,
+    applied,
     calibrate,
+    check_calibration,
     cut_length,
     fit_sts,
-    load_calibration,
     read_calibration,
+    read_calibration_file,
     scale_confidence_logits,
     split_prompts,
     step_aurocs,
@@ -154,8 +156,10 @@ def _file(tmp_path, **change):
 def test_round_trip_and_the_right_artifact_is_accepted(tmp_path):
     path, cal = _file(tmp_path)
     assert read_calibration(path) == cal
-    got = load_calibration(path, drafter_gguf_sha256=SHA_A, block_size=4,
-                           target=_identity(path="/elsewhere/same-files"))
+    read, sha256 = read_calibration_file(path)
+    check_calibration(read, path, drafter_gguf_sha256=SHA_A, block_size=4,
+                      target=_identity(path="/elsewhere/same-files"))
+    got = applied(read, path, sha256)
     assert got.temperatures == cal.temperatures and len(got.temperatures) == 4
     # As applied: the hash of the bytes that were parsed.
     assert got.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
@@ -172,7 +176,7 @@ def test_round_trip_and_the_right_artifact_is_accepted(tmp_path):
 def test_another_artifact_or_target_is_refused(tmp_path, kwargs, words):
     path, _ = _file(tmp_path)
     with pytest.raises(CalibrationMismatchError) as info:
-        load_calibration(path, **kwargs)
+        check_calibration(read_calibration(path), path, **kwargs)
     assert words in info.value.message and "\n" not in info.value.message
     assert info.value.exit_code == 93
 

@@ -54,7 +54,12 @@ from dspark_convert.util.atomic import Output, atomic_files, check_outputs
 from dspark_convert.util.json_out import dumps
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
-from dspark_convert.evaluation.calibration import AppliedCalibration
+from dspark_convert.evaluation.calibration import (
+    AppliedCalibration,
+    applied,
+    check_calibration,
+    read_calibration_file,
+)
 from dspark_convert.runtime.budget import MemoryReport
 from dspark_convert.target.prompt import check_context, check_ids, encode_text
 from dspark_convert.util.text import shown_int
@@ -265,6 +270,10 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     check_outputs(outputs, [(artifact, "the artifact"), target_read(target),
                             (reference, "the --reference trace"),
                             (calibration, "the --calibration file"), *reads], force=True)
+    # The calibration file is read (and its schema checked) before torch is imported and the
+    # target hashed: a missing, FIFO or malformed file is one line at once, not after the
+    # target's identity (gigabytes of hashing at released scale). Matched after the pairing.
+    cal_file = read_calibration_file(calibration) if calibration is not None else None
     import torch
 
     from dspark_convert.runtime.drafter import DSparkDrafter
@@ -295,7 +304,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     target_plan, drafter_plan = binding.target_plan, binding.drafter_plan
     target_dir = target_plan.directory
     warnings = binding.warnings
-    calibrated = _calibration(calibration, binding, progress) if calibration is not None else None
+    calibrated = (_calibration(cal_file, calibration, binding, progress)
+                  if cal_file is not None else None)
     cfg = target_plan.config
     vocab, stops = cfg.vocab_size, cfg.stop_token_ids
 
@@ -472,16 +482,18 @@ def _verdict(lossless_failure, enforced, runs_json, reference, tau, min_tau, dty
                                    found=round(tau, 6))
 
 
-def _calibration(path, binding, progress) -> AppliedCalibration:
-    """--calibration FILE: made for this artifact (drafter.gguf SHA-256, block size) and
-    this target (its identity: config, weights, tokenizer, embedding and head hashes), or
-    refused (93); its temperatures then scale the confidence logits before the threshold."""
-    from dspark_convert.evaluation.calibration import load_calibration
+def _calibration(cal_file, path, binding, progress) -> AppliedCalibration:
+    """--calibration FILE (``cal_file``: read_calibration_file's (file, SHA-256), read before
+    the pairing): made for this artifact (drafter.gguf SHA-256, block size) and this target
+    (its identity: config, weights, tokenizer, embedding and head hashes), or refused (93);
+    its temperatures then scale the confidence logits before the threshold."""
     from dspark_convert.evaluation.environment import target_identity
 
-    return load_calibration(path, drafter_gguf_sha256=binding.report.gguf_sha256,
-                            block_size=binding.drafter_plan.contract.block.block_size,
-                            target=target_identity(binding.target, progress))
+    cal, sha256 = cal_file
+    check_calibration(cal, path, drafter_gguf_sha256=binding.report.gguf_sha256,
+                      block_size=binding.drafter_plan.contract.block.block_size,
+                      target=target_identity(binding.target, progress))
+    return applied(cal, path, sha256)
 
 
 # --- smoke --compare: the same run of a second artifact (a quantized one against its parent) ---

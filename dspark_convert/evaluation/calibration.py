@@ -235,7 +235,9 @@ def calibrate(data_fit: ConfidenceData, data_held: ConfidenceData, *, artifact: 
 # --- using a calibration ------------------------------------------------------------------
 
 def read_calibration(path: str | os.PathLike) -> CalibrationFile:
-    """Read and check a calibration.json (schema only; see ``load_calibration``)."""
+    """Read and check a calibration.json (schema only; ``check_calibration`` matches it with
+    an artifact and a target: smoke reads first, before any work, and matches after the
+    pairing)."""
     return read_calibration_file(path)[0]
 
 
@@ -267,16 +269,6 @@ def read_calibration_file(path: str | os.PathLike) -> tuple[CalibrationFile, str
 def _short(text: object) -> str:
     s = str(text)
     return s[:12] + "…" if len(s) > 16 else s
-
-
-def load_calibration(path: str | os.PathLike, *, drafter_gguf_sha256: str, block_size: int,
-                     target: TargetIdentity) -> AppliedCalibration:
-    """A calibration for exactly this artifact and target, as applied (smoke
-    --calibration), or one refusal line."""
-    cal, sha256 = read_calibration_file(path)
-    check_calibration(cal, path, drafter_gguf_sha256=drafter_gguf_sha256,
-                      block_size=block_size, target=target)
-    return applied(cal, path, sha256)
 
 
 def check_calibration(cal: CalibrationFile, path: str | os.PathLike, *, drafter_gguf_sha256: str,
