@@ -58,12 +58,7 @@ def bind(artifact: str | os.PathLike, target: Target, *, progress: Progress | No
     progress = progress or NoProgress()
     artifact = Path(artifact)
     report = validate_artifact(artifact, target=target, progress=progress)
-    error = report.first_error()
-    if error is not None:
-        failure = report.first_failure
-        raise type(error)(f"{artifact}: validate: {failure.name}: {error.message}",
-                          path=error.path or str(artifact), field=error.field,
-                          tensor=error.tensor, expected=error.expected, found=error.found)
+    report.raise_first_error(f"{artifact}: validate: ", path=str(artifact))
     return Binding(artifact=artifact, target=target, report=report,
                    target_plan=target_plan or plan_target(target.directory, config=target.qwen3,
                                                           checkpoint=target.checkpoint),

@@ -264,11 +264,7 @@ class _EntryRun:
         code = report.exit_code(strict=e.strict)
         written = self.write_json(report_name, {**report.model_dump(), "strict": e.strict,
                                                 "exit_code": code})
-        error = report.first_error()
-        if error is not None:
-            raise type(error)(f"{report.first_failure.name}: {error.message}", path=error.path,
-                              field=error.field, tensor=error.tensor, expected=error.expected,
-                              found=error.found)
+        report.raise_first_error()
         if code:
             first = next(c for c in report.checks if c.status == "warning")
             raise StrataRuleError(f"strict: a warning counts as a failure: {first.name}: "

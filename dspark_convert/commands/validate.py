@@ -133,6 +133,19 @@ class ValidationReport(BaseModel):
         failure = self.first_failure
         return None if failure is None else self._errors[failure.name]
 
+    def raise_first_error(self, prefix: str = "", *, path: str | None = None) -> None:
+        """Raise the first failed check's refusal again, its own class and exit code and
+        context, its message after ``prefix`` and the check's name (the one way a command
+        that goes on from a validation stops on it: smoke's pairing, the gate's stage);
+        ``path`` stands in where the refusal names no file. Nothing when no check failed."""
+        error = self.first_error()
+        if error is None:
+            return
+        raise type(error)(f"{prefix}{self.first_failure.name}: {error.message}",
+                          path=error.path if path is None else (error.path or path),
+                          field=error.field, tensor=error.tensor, expected=error.expected,
+                          found=error.found)
+
     def exit_code(self, *, strict: bool = False) -> int:
         failure = self.first_failure
         if failure is not None:
