@@ -6,6 +6,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# Compiled modules in build/pycache/ even where PYTHONDONTWRITEBYTECODE is set (CI's machines
+# set it): what test and test-fast run under (else every run recompiles the package in each
+# dspark child and rewrites every test module).
+PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
 REFERENCE := golden/reference/vanilla_conf_markov/draft
 DFLASH_SHARED := golden/reference/dflash_shared/draft
 
@@ -41,11 +45,9 @@ demo: $(STAMP)
 	    --threshold 0.3 --threshold 0.6 --calibrate -o build/demo/eval
 
 # The whole suite, the slow tests included: what CI runs (.ci/run). It builds llama.cpp first
-# when the cache lacks it: the engine tests run in CI and fail there without it. Compiled
-# modules go to build/pycache/ as in test-fast (CI's machines set PYTHONDONTWRITEBYTECODE,
-# and then every dspark child of the suite compiles the package again).
+# when the cache lacks it: the engine tests run in CI and fail there without it.
 test: $(STAMP) llama-cpp
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache $(BIN)/python -m pytest -q
+	$(PYCACHE) $(BIN)/python -m pytest -q
 
 # llama.cpp 0c1e570 from the pinned llama-cpp-python sdist (SHA-256 checked), built into
 # $DSPARK_ENGINE_CACHE (default ~/.cache/dspark-convert)/llama.cpp-0c1e570/ (tools/llama_cpp.py);
@@ -57,11 +59,10 @@ llama-cpp: $(STAMP)
 # The inner loop (under a minute on 2 cores): the suite without the tests marked slow, on
 # every core (pytest-xdist; a module stays in one worker, so its fixtures are built once),
 # one OpenMP/OpenBLAS thread per worker unless you set them (more only spin against each
-# other: on 2 cores 74 s with the libraries' default threads, 60 s with one), and compiled
-# modules kept in build/pycache/ even where PYTHONDONTWRITEBYTECODE is set (else each worker
-# rewrites ~170 test modules and each dspark child compiles the package, every run).
+# other: on 2 cores 74 s with the libraries' default threads, 60 s with one), compiled
+# modules kept in build/pycache/ (PYCACHE above).
 test-fast: $(STAMP)
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache \
+	$(PYCACHE) \
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} \
 	    $(BIN)/python -m pytest -q -m "not slow" -n auto --dist loadfile
 
