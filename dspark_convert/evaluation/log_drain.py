@@ -29,7 +29,7 @@ COMPILE_SECONDS = 60
 @dataclass(frozen=True)
 class Drain:
     library: Path | None        # the compiled library, or None
-    why_not: str | None         # when None: the reason, in words
+    why_not: str | None         # when library is None: the reason, in words
 
 
 def _compiler() -> str | None:
