@@ -126,7 +126,7 @@ def check_proposals(drafts: Sequence[EngineDraft], proposer: ReferenceProposer) 
             if want == tok:
                 pos_equal[k] += 1
                 continue
-            if same and first is None:
+            if first is None:               # the first position that differs, of all drafts
                 margin = None
                 logits = proposer.logits
                 if want is not None and logits is not None and 0 <= tok < logits.shape[-1]:
