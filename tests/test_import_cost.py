@@ -160,13 +160,16 @@ def test_eval_refuses_a_bad_option_before_importing_torch(tmp_path):
     assert "torch" not in top_level
 
 
-def test_smoke_refuses_a_bad_calibration_file_before_importing_torch(tmp_path):
-    """smoke reads --calibration first (92): a wrong file is one line before torch starts
-    or the target is hashed for its identity, which at released scale is gigabytes."""
+@pytest.mark.parametrize("command", ["smoke", pytest.param("eval", marks=SLOW)])
+def test_a_bad_calibration_file_is_refused_before_importing_torch(tmp_path, command):
+    """smoke and eval read --calibration first (92): a wrong file is one line before torch
+    starts, the artifacts are validated or the target is hashed for its identity, which at
+    released scale is gigabytes."""
     cal = tmp_path / "calibration.json"
     cal.write_text('{"format": "dspark-calibration", "version": "1"}')
-    proc, top_level = imported_after(tmp_path, ["smoke", str(REFERENCE_DRAFTER), "--target",
-                                                str(TARGET), "--calibration", str(cal)])
+    extra = ["-o", str(tmp_path / "report")] if command == "eval" else []
+    proc, top_level = imported_after(tmp_path, [command, str(REFERENCE_DRAFTER), "--target",
+                                                str(TARGET), *extra, "--calibration", str(cal)])
     assert proc.returncode == 92 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert f"calibration {cal}" in proc.stderr
     assert "torch" not in top_level

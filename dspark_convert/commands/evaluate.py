@@ -463,6 +463,10 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     from dspark_convert.commands.evaluate_engine import parse_engine, run_engine
 
     engine_spec = parse_engine(engine, target_gguf)
+    # Each --calibration is read (its schema checked) before torch is imported, the
+    # artifacts are validated and the target is hashed: a missing, FIFO or malformed file is
+    # one line at once. Matched with its artifact and the target's identity after those.
+    calibration_files = [(c, *read_calibration_file(c)) for c in calibrations]
     engine_info, engine_runs = None, []
     from dspark_convert.commands.binding import bind, open_run_target
     from dspark_convert.commands.smoke import resolve_device, verify_mode
@@ -498,7 +502,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                   context=cfg.max_position_embeddings,
                   config=shown(opened.directory / "config.json"))
     identity = target_identity(opened, progress)
-    _match_calibrations(calibrations, arts, identity)
+    _match_calibrations(calibration_files, arts, identity)
 
     plan: list[tuple[str, _Artifact | None, float, float | None]] = []
     plan += [("target", None, t, None) for t in temps]
@@ -660,13 +664,13 @@ def _calibrate(art: _Artifact, steps: dict[str, list] | None, prompts: list[Prom
             confidence_report(held, temperature=temperature, temperatures=cal.temperatures))
 
 
-def _match_calibrations(paths: Sequence[str | os.PathLike], arts: list[_Artifact],
-                        identity: TargetIdentity) -> None:
-    """``--calibration FILE``...: each file to the artifact whose drafter.gguf SHA-256 it
-    names (with one artifact, that one: the refusal then names both hashes), checked
+def _match_calibrations(files: Sequence[tuple[str | os.PathLike, CalibrationFile, str]],
+                        arts: list[_Artifact], identity: TargetIdentity) -> None:
+    """``--calibration FILE``... (``files``: each path with read_calibration_file's (file,
+    SHA-256), read before the runs): each file to the artifact whose drafter.gguf SHA-256
+    it names (with one artifact, that one: the refusal then names both hashes), checked
     against the artifact's block size and the target's identity (calibration.py)."""
-    for path in paths:
-        cal, sha256 = read_calibration_file(path)
+    for path, cal, sha256 in files:
         art = next((a for a in arts if a.sha256 == cal.drafter_gguf_sha256), None)
         if art is None and len(arts) == 1:
             art = arts[0]
