@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ LATE_WRITER = r"""
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
@@ -49,6 +51,10 @@ int main(int argc, char **argv) {
     pthread_create(&t, NULL, late, NULL);
     fputs("main done\n", stdout);
     fflush(stdout);
+    if (argc > 1 && strcmp(argv[1], "segv") == 0) {
+        volatile int *nowhere = NULL;
+        *nowhere = 1;                      /* a real fault, as a crashing engine's */
+    }
     return argc > 1 ? atoi(argv[1]) : 0;
 }
 """
@@ -107,6 +113,18 @@ def test_a_line_written_after_main_returned_is_kept_and_the_exit_status_is_the_p
     with_drain, seconds = _run(exe, "3", drain=True)
     assert with_drain.stdout == b"main done\nlate line\n" and with_drain.stderr == b""
     assert with_drain.returncode == 3 and seconds < 5
+
+
+def test_a_program_killed_by_a_fault_keeps_its_late_line_and_dies_by_the_same_signal(tmp_path):
+    """A crash loses the queued log the same way, and those are the lines that say why the
+    engine died (issue 25's AMX crash): the drain's handler waits for them, then the process
+    still dies by SIGSEGV, its status unchanged."""
+    exe = _compile(tmp_path, "late_writer", LATE_WRITER)
+    without, _ = _run(exe, "segv", drain=False)
+    assert without.stdout == b"main done\n" and without.returncode == -signal.SIGSEGV
+    with_drain, seconds = _run(exe, "segv", drain=True)
+    assert with_drain.stdout == b"main done\nlate line\n"
+    assert with_drain.returncode == -signal.SIGSEGV and seconds < 5
 
 
 def test_what_ld_preload_already_holds_is_kept(monkeypatch, tmp_path):
