@@ -134,3 +134,24 @@ def test_undefined_maps_exactly_the_non_finite_to_null(value):
         assert got is None
     else:
         assert got == value
+
+
+# --- the one JSON reader: a number that overflows a double is refused (issue 25) -----------
+
+@FUZZ
+@given(st.one_of(st.floats(allow_nan=False, allow_infinity=False).map(repr),
+                 st.integers(min_value=309, max_value=99999).map(lambda e: f"1e{e}"),
+                 st.integers(min_value=309, max_value=99999).map(lambda e: f"-2.5E+{e}"),
+                 st.integers(min_value=1, max_value=99999).map(lambda e: f"1e-{e}")))
+def test_the_reader_keeps_every_finite_number_and_refuses_an_overflow(text):
+    """loads_strict (every JSON file the tool reads) gives a number's double exactly when it
+    is finite: ``1e999`` is refused instead of read as infinity, the value NaN/Infinity's
+    refusal keeps out; an underflow is the double it rounds to (0.0 at worst)."""
+    from dspark_convert.util.strict_json import loads_strict
+
+    expected = float(text)
+    if math.isinf(expected):
+        with pytest.raises(ValueError, match="too large for a double"):
+            loads_strict(f'{{"tau": {text}}}')
+    else:
+        assert loads_strict(f'{{"tau": {text}}}') == {"tau": expected}

@@ -1,4 +1,5 @@
-"""JSON as a release gate reads it: duplicate keys and NaN/Infinity refused.
+"""JSON as a release gate reads it: duplicate keys, NaN/Infinity and overflowing numbers
+refused.
 
 Python's ``json.loads`` silently keeps the last of two duplicate keys and accepts the
 non-standard constants NaN, Infinity and -Infinity; a config or header that relies on
@@ -34,14 +35,26 @@ def _refuse_constant(name: str) -> object:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as its double; one too large for a double (``1e999``) is refused: it
+    would be read as infinity, the value the NaN/Infinity refusal keeps out (issue 25: a
+    gate baseline's tau of 1e999 was compared as inf)."""
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise ValueError(f"the number {shown} is too large for a double")
+    return value
+
+
 def loads_strict(text: str) -> object:
-    """json.loads with duplicate keys and NaN/Infinity refused.
+    """json.loads with duplicate keys, NaN/Infinity and numbers that overflow a double
+    refused.
 
     Raises DuplicateKeyError, ValueError (bad JSON, or an integer too long to convert) or
     RecursionError (absurd nesting); callers turn these into one-line errors.
     """
     return json.loads(text, object_pairs_hook=_no_duplicates_hook,
-                      parse_constant=_refuse_constant,
+                      parse_constant=_refuse_constant, parse_float=_finite_float,
                       # Python's refusal of a long integer advises set_int_max_str_digits;
                       # ours says what the number was.
                       parse_int=parse_int)
