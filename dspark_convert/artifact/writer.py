@@ -36,25 +36,47 @@ def header_of(arch: str, entries: Iterable[KeyValue], tensors: Iterable, scratch
     alignment: ``entries`` in file order after ``general.architecture`` (``arch``), and
     ``tensors`` (name, torch shape, nbytes, ggml type) in file order. gguf-py only writes
     to files, so ``scratch`` holds them briefly. Every GGUF file we write has its header
-    from here (drafter.gguf, the llama.cpp export)."""
+    from here (drafter.gguf, the llama.cpp export).
+
+    ``scratch`` is removed however this ends (a full disk, Ctrl-C, SIGTERM): beside a
+    file output (the export's) nothing else would remove it."""
     writer = GGUFWriter(scratch, arch)
     for key, value, gtype, sub_type in entries:
         if key == "general.architecture":
             continue  # GGUFWriter writes it first, from its arch argument
+        _exactly_writable(key, value, gtype, sub_type)
         # add_key_value, not add_string/add_array: those silently drop empty values.
         writer.add_key_value(key, value, gtype, sub_type=sub_type)
     for name, shape, nbytes, ggml_type in tensors:
         # A non-uint8 dtype: gguf-py takes ``shape`` as the element shape for any raw type.
         writer.add_tensor_info(name, shape, np.dtype(np.uint16), nbytes, raw_dtype=ggml_type)
     try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+        finally:
+            writer.close()
+        data = scratch.read_bytes()
     finally:
-        writer.close()
-    data = scratch.read_bytes()
-    scratch.unlink()
+        scratch.unlink(missing_ok=True)
     return data + bytes(padded(len(data)) - len(data))
+
+
+def _exactly_writable(key: str, value, gtype: GGUFValueType, sub_type) -> None:
+    """gguf-py writes an array's elements with the element type passed, but guesses the
+    type of an array without one and of every inner array of an array of arrays (a UINT32
+    array comes back INT32), and refuses an empty array (ValueError). Callers refuse such
+    inputs first (export: the target's tokenizer keys, 104); one reaching here is a bug."""
+    if gtype != GGUFValueType.ARRAY:
+        return
+    if sub_type is None or sub_type == GGUFValueType.ARRAY:
+        what = "of arrays" if sub_type else "without an element type"
+        raise InternalError(f"metadata key '{key}': an array {what} cannot be written with "
+                            "its types as read (gguf-py would guess them)")
+    if len(value) == 0:
+        raise InternalError(f"metadata key '{key}': an empty array cannot be written "
+                            "(gguf-py refuses one)")
 
 
 def gguf_header(values: dict[str, object], tensors: Iterable, scratch: Path) -> bytes:
