@@ -12,9 +12,13 @@ An output is built in a hidden temporary sibling and renamed into place:
 
 Where the kernel or file system lacks renameat2 the same guarantees are kept another way
 (see ``_publish``). On any exception (KeyboardInterrupt and the CLI's SIGTERM handler
-included) the temporary sibling is removed. A SIGKILL cannot be caught; the sibling it
-leaves is hidden, never has the output's name, and is removed by the next run that writes
-the same output.
+included) the temporary sibling is removed, and so is every other entry a run makes beside
+an output (a parent it created, the writability probe, an old output moved aside, which
+is put back instead when the new one is not in place): each is made inside the reach of
+its cleanup, and a rename and the record of it happen with SIGINT and SIGTERM held back
+(``_signals_held``), so a signal never falls between them. A SIGKILL cannot be caught; the
+sibling it leaves is hidden, never has the output's name, and is removed by the next run
+that writes the same output (a probe, by the next run that probes the same directory).
 
 Every output option of every command goes through ``check_outputs`` before any work (the
 one output-path rule: a path that names a new entry, fits a file system, does not exist
@@ -32,6 +36,8 @@ import hashlib
 import os
 import secrets
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -113,9 +119,14 @@ def temp_sibling(out: Path, kind: str = "") -> Path:
 
 def _remove_stale_siblings(out: Path) -> None:
     """Remove temporaries left by killed runs writing the same output."""
-    prefix = _tmp_prefix(out)
+    _remove_stale(out.parent, _tmp_prefix(out))
+
+
+def _remove_stale(directory: Path, prefix: str) -> None:
+    """Remove the entries of ``directory`` named ``prefix`` + the pid of a process that is
+    gone + ..."""
     try:
-        entries = list(out.parent.glob(_glob_escape(prefix) + "*"))
+        entries = list(directory.glob(_glob_escape(prefix) + "*"))
     except OSError:
         return
     for entry in entries:
@@ -125,6 +136,39 @@ def _remove_stale_siblings(out: Path) -> None:
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
+
+
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back for a step that must happen whole: a rename and the
+    record of what it moved, so that the cleanup that follows an interrupt knows what is
+    where. A signal that comes meanwhile is handled (KeyboardInterrupt, the CLI's SIGTERM
+    handler) as soon as the step is done. Python runs signal handlers in the main thread
+    only, so elsewhere this holds nothing back (and cannot: there is no handler to swap)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, object]] = []
+
+    def hold(signum, frame) -> None:
+        caught.append((signum, frame))
+
+    previous = {sig: signal.signal(sig, hold) for sig in _HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signum, frame = caught[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)          # raises: KeyboardInterrupt, Terminated
+            elif handler != signal.SIG_IGN:     # the default action (SIG_DFL, or None)
+                signal.raise_signal(signum)
 
 
 def _glob_escape(text: str) -> str:
@@ -301,6 +345,9 @@ def _names_no_new_entry(out: Output) -> str | None:
     return None
 
 
+_PROBE_PREFIX = f".{TMP_MARK}probe-"
+
+
 def _check_writable(out: Path, spec: Output) -> None:
     """The output can be created: a file's directory exists, a directory's nearest existing
     ancestor is a directory, and this process can make an entry there (probed by making
@@ -319,15 +366,22 @@ def _check_writable(out: Path, spec: Output) -> None:
             raise OutputWriteError(f"{shown(str(base))}: is not a directory; cannot create the "
                                    f"output {shown(str(out))} under it", path=str(base),
                                    expected="a directory", found="a file")
-    probe = base / f".{TMP_MARK}probe-{os.getpid()}-{secrets.token_hex(4)}"
+    _remove_stale(base, _PROBE_PREFIX)
+    probe = base / f"{_PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        os.mkdir(probe)
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise OutputWriteError(f"{shown(str(out))}: cannot write the output: cannot create "
-                               f"entries in {shown(str(base))}: {reason}", path=str(out),
-                               expected="a writable location", found=reason) from None
-    os.rmdir(probe)
+        try:
+            os.mkdir(probe)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise OutputWriteError(f"{shown(str(out))}: cannot write the output: cannot create "
+                                   f"entries in {shown(str(base))}: {reason}", path=str(out),
+                                   expected="a writable location", found=reason) from None
+    finally:
+        # However this ends: a signal right after the mkdir must not leave the probe.
+        try:
+            os.rmdir(probe)
+        except OSError:
+            pass
 
 
 def check_outputs(outputs: Sequence[Output], reads: Iterable[tuple[str | os.PathLike | None, str]]
@@ -384,7 +438,10 @@ def check_outputs(outputs: Sequence[Output], reads: Iterable[tuple[str | os.Path
 
 # --- atomic directories ------------------------------------------------------------------------
 
-def _make_parents(parent: Path) -> list[Path]:
+def _make_parents(parent: Path, created: list[Path]) -> None:
+    """Create ``parent`` and its missing ancestors, each recorded in ``created`` (deepest
+    first) as it is made, so that the caller's cleanup removes what exists however this
+    ends."""
     missing = []
     probe = parent
     while not probe.exists():
@@ -395,11 +452,11 @@ def _make_parents(parent: Path) -> list[Path]:
                                path=str(probe), expected="a directory", found="a file")
     for directory in reversed(missing):
         try:
-            directory.mkdir()
+            with _signals_held():
+                directory.mkdir()
+                created.insert(0, directory)
         except OSError as exc:
-            _remove_created(missing[missing.index(directory) + 1:])
             raise write_error(exc, directory) from None
-    return missing
 
 
 def _remove_created(created: list[Path]) -> None:
@@ -417,20 +474,35 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _remove_all(path: Path) -> None:
+    """``_remove``, finished even when a signal stops it (the signal then goes on)."""
+    try:
+        _remove(path)
+    except BaseException:
+        _remove(path)
+        raise
+
+
 def _publish(tmp: Path, out: Path, *, force: bool) -> None:
     """Move the finished ``tmp`` to ``out``: never replacing anything without ``force``,
     replacing in one step with it."""
     if force and (out.exists() or out.is_symlink()):
         if out.is_dir() and not out.is_symlink():
             if _rename2(tmp, out, _RENAME_EXCHANGE):
-                _remove(tmp)            # tmp now holds the old artifact
+                _remove_all(tmp)        # tmp now holds the old artifact
                 return
             # No exchange here: move the old one aside first, so the name holds the old
-            # or the new artifact, whole (with a moment where it holds neither).
+            # or the new artifact, whole (with a moment where it holds neither, held
+            # against signals; the old one goes back if the new one cannot follow).
             old = temp_sibling(out, "old-")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            _remove(old)
+            with _signals_held():
+                os.rename(out, old)
+                try:
+                    os.rename(tmp, out)
+                except OSError:
+                    os.rename(old, out)
+                    raise
+            _remove_all(old)
             return
         os.replace(tmp, out)            # a file: rename(2) replaces it in one step
         return
@@ -467,8 +539,7 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
     out = check_output(out, force=force, directory=True)
     # Missing parents are created, and removed again if the run fails, so that a failed
     # run leaves the file system as it found it.
-    created = _make_parents(out.parent)
-    _remove_stale_siblings(out)
+    created: list[Path] = []
     tmp = temp_sibling(out)
 
     def discard() -> None:
@@ -478,7 +549,9 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
     _LIVE[tmp] = out
     try:
         try:
-            # Inside the cleanup's reach: a signal right after the mkdir must not leave it.
+            # Inside the cleanup's reach: a signal right after a mkdir must not leave it.
+            _make_parents(out.parent, created)
+            _remove_stale_siblings(out)
             try:
                 tmp.mkdir()
             except OSError as exc:
@@ -516,11 +589,21 @@ def _publish_file(tmp: Path, out: Path, *, force: bool) -> Path | None:
         if _rename2(tmp, out, _RENAME_EXCHANGE):
             return tmp                  # tmp now holds the old file
         old = temp_sibling(out, "old-")
+        linked = True
         try:
             os.link(out, old)           # keep the old one reachable, then replace in one step
         except OSError:
             os.rename(out, old)         # no hard links here: a moment with neither
-        os.replace(tmp, out)
+            linked = False
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            # No old- sibling left: the link dropped, or the old file back in its place.
+            if linked:
+                old.unlink()
+            else:
+                os.replace(old, out)
+            raise
         return old
     _publish(tmp, out, force=force)
     return None
@@ -572,13 +655,17 @@ def atomic_files(files: Sequence[tuple[str | os.PathLike, Callable[[object], Non
         try:
             for tmp, path in zip(tmps, paths):
                 current = path
-                published.append((path, _publish_file(tmp, path, force=force)))
+                # A signal between the rename and its record would leave _unpublish
+                # blind to it (an old file beside the output, or a new one kept).
+                with _signals_held():
+                    published.append((path, _publish_file(tmp, path, force=force)))
         except BaseException:
             _unpublish(published)
             raise
-        for _, old in published:
-            if old is not None:
-                old.unlink(missing_ok=True)
+        with _signals_held():
+            for _, old in published:
+                if old is not None:
+                    old.unlink(missing_ok=True)
         for parent in dict.fromkeys(path.parent for path in paths):
             fsync_path(parent)
     except OSError as exc:
