@@ -5,12 +5,16 @@
   or quantized: quantized matrices are copied as they are).
 - Heads llama.cpp does not implement are refused before anything is read: a gated or rnn
   Markov head (101), a confidence head without Markov input (102).
-- The target GGUF, the one the user runs llama.cpp with, is checked against the artifact:
+- The target GGUF, the one the user runs llama.cpp with, is checked against the artifact
+  (its metadata before validate hashes the artifact, against the header's contract, and
+  again after):
   architecture, hidden size, vocabulary (token count and the embedding's shape), layer
   count against the taps, and the embedding / head SHA-256 recorded at convert when its
   tensors are BF16 (the recorded hashes are of BF16 bytes; another type cannot be compared,
-  which the result says in one line). Its tokenizer keys are copied into the drafter, so
-  llama.cpp's token-by-token vocabulary check compares a vocabulary with itself.
+  which the result says in one line). Its tokenizer keys are copied into the drafter, each
+  with the type and element type it was read with, so llama.cpp's token-by-token vocabulary
+  check compares a vocabulary with itself; a key the file cannot carry as read (an array
+  of arrays, which llama.cpp's GGUF reader refuses, or an empty array) is refused (104).
 - The embedding and head: by default the file carries neither, and llama.cpp binds the
   target's (``keep_embedding`` writes llama.cpp's own converter's layout instead; see
   ``export_llama_cpp`` and docs/ENGINES.md).
@@ -209,9 +213,37 @@ def _check_target(target: GGUFFile, contract: FeatureContract, label: str,
     checks.append(Check.passed("target.geometry", (
         f"{label}: {arch}, hidden size {hidden}, {len(tokens)} tokens, {layers} layers "
         f"(taps {taps.target_layer_ids} in range)")))
-    tokenizer = tuple((k, v.value, v.type, v.sub_type) for k, v in target.kv.items()
-                      if k.startswith(L.TOKENIZER_PREFIX) and k != L.MASK_KEY)
+    copied = {k: v for k, v in target.kv.items()
+              if k.startswith(L.TOKENIZER_PREFIX) and k != L.MASK_KEY}
+    for key, value in copied.items():
+        _refuse_uncopyable(key, value, label)
+    # Each value with the type and element type it was read with: gguf-py guesses an
+    # element type only when none is passed (a UINT32 array would come back INT32).
+    tokenizer = tuple((k, v.value, v.type, v.sub_type) for k, v in copied.items())
     return _Target(target, arch, context, embedding, head, tokenizer)
+
+
+def _refuse_uncopyable(key: str, value, label: str) -> None:
+    """A tokenizer key the drafter file cannot carry as it was read. An array of arrays:
+    llama.cpp 0c1e570's GGUF reader refuses any (ggml/src/gguf.cpp: "key '%s' has invalid
+    GGUF type 9"), so neither the target nor a drafter holding one loads, and gguf-py
+    would write its inner arrays with guessed element types. An empty array: gguf-py
+    cannot write one, and llama.cpp's converter (gguf-py) never wrote the target's."""
+    if value.type != GGUFValueType.ARRAY:
+        return
+    if value.sub_type == GGUFValueType.ARRAY:
+        raise TargetGGUFMismatchError(
+            f"{label}: metadata key '{key}' is an array of arrays; expected a flat array "
+            f"(llama.cpp {L.LLAMA_CPP_COMMIT}'s GGUF reader refuses nested arrays: neither "
+            "this target nor a drafter carrying the key would load)", path=label, field=key,
+            expected="a flat array", found="ARRAY[ARRAY]")
+    if len(value.value) == 0:
+        raise TargetGGUFMismatchError(
+            f"{label}: metadata key '{key}' is an empty {value.sub_type.name} array; expected "
+            "a non-empty one (llama.cpp's converter never writes an empty array, and the "
+            "drafter file cannot carry one)",
+            path=label, field=key, expected="a non-empty array",
+            found=f"empty ARRAY[{value.sub_type.name}]")
 
 
 def _comparable(info: GGUFTensorInfo, recorded: str | None, what: str, label: str,
@@ -390,8 +422,14 @@ def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike
                                       path=label)
     except DSparkError:
         peek = None
+    target_label = str(target_path)
+    target_file = None
     if peek is not None:
         _refuse_heads(peek, label)
+        # The target's metadata too, against the header's contract: a wrong or unusable
+        # target GGUF is refused before validate reads and hashes every tensor.
+        target_file = _read_target(target_path)
+        _check_target(target_file, peek, target_label, [])
 
     report = _validated(artifact, progress)
     gguf = report.gguf
@@ -400,9 +438,11 @@ def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike
     _refuse_heads(contract, label)
     artifact_sha = report.gguf_sha256
 
-    target_label = str(target_path)
+    # Again against the contract validate read (the artifact could have changed since the
+    # peek); the target file is read once.
     checks: list[Check] = []
-    target = _check_target(_read_target(target_path), contract, target_label, checks)
+    target = _check_target(target_file or _read_target(target_path), contract, target_label,
+                           checks)
     embed_sha = _check_hash(target, target.embedding, kv, "dflash.target.embed_sha256",
                             "embedding", "target.embedding", target_label, checks)
     # A tied target has no output.weight: its head is token_embd.
