@@ -460,7 +460,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
                   max_new_tokens=max_new_tokens, seed=seed, held_out=held_out, dtype=dtype,
                   device=device, max_memory=max_memory)
-    from dspark_convert.commands.evaluate_engine import parse_engine, run_engine
+    from dspark_convert.commands.evaluate_engine import check_target_gguf, parse_engine, run_engine
 
     engine_spec = parse_engine(engine, target_gguf)
     # Each --calibration is read (its schema checked) before torch is imported, the
@@ -503,6 +503,10 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                   config=shown(opened.directory / "config.json"))
     identity = target_identity(opened, progress)
     _match_calibrations(calibration_files, arts, identity)
+    if engine_spec is not None:
+        # --target-gguf checked against every artifact as `dspark export` checks it (104),
+        # before the model loads: llama.cpp's runs of another model are no report.
+        check_target_gguf(engine_spec, arts)
 
     plan: list[tuple[str, _Artifact | None, float, float | None]] = []
     plan += [("target", None, t, None) for t in temps]

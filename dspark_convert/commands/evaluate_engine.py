@@ -19,7 +19,13 @@ On the eval's prompts and settings, at temperature 0 with the confidence cut off
 
 What llama.cpp cannot run is listed in ``not_run`` with ``engine: "llama.cpp"`` and the
 reason: another temperature or a confidence threshold (the check is greedy, the cutoff
-off), an artifact ``dspark export`` refuses (its message).
+off), an artifact ``dspark export`` refuses for itself (its message). A --target-gguf that
+is not the artifacts' target is refused (104) before anything runs, by export's own check
+(``check_target_gguf``): it is no artifact's fault, and llama.cpp's runs of another model
+would be reported as the drafter's.
+
+Each run is named in a refusal (the binary, the artifact and spec type, the prompt); each
+records llama.cpp's own system_info line (backends, CPU features: which code path ran).
 """
 
 from __future__ import annotations
@@ -30,7 +36,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_convert.errors import EngineOptionError, ExportRefusal, TargetGGUFError
+from dspark_convert.errors import (
+    EngineOptionError,
+    EngineOutputError,
+    ExportRefusal,
+    TargetGGUFError,
+    TargetGGUFMismatchError,
+)
 from dspark_convert.evaluation import engine_llama_cpp as L
 from dspark_convert.evaluation.proposals import (
     EngineDraft,
@@ -96,6 +108,40 @@ def parse_engine(spec: str | None, target_gguf: str | os.PathLike | None) -> Eng
                       target_sha256=sha)
 
 
+def check_target_gguf(spec: EngineSpec, arts) -> None:
+    """``spec.target_gguf`` against each artifact as `dspark export` checks it, with export's
+    own functions (commands/export.py: the architecture, hidden size, layer count against
+    the taps, vocabulary, and the embedding and head hashes recorded at convert): a GGUF of
+    another target is refused (104) before anything runs, as export refuses it."""
+    from dspark_convert.artifact.format import GGUF_FILE, read_metadata
+    from dspark_convert.commands import export as X
+    from dspark_convert.formats.gguf_reader import read_gguf
+
+    label = str(spec.target_gguf)
+    gguf = X._read_target(spec.target_gguf)
+    for art in arts:
+        kv = read_metadata(read_gguf(art.path / GGUF_FILE), path=str(art.path / GGUF_FILE))
+        checks: list = []
+        target = X._check_target(gguf, art.contract, label, checks)
+        X._check_hash(target, target.embedding, kv, "dflash.target.embed_sha256", "embedding",
+                      "target.embedding", label, checks)
+        X._check_hash(target, target.head or target.embedding, kv,
+                      "dflash.target.lm_head_sha256", "head", "target.lm_head", label, checks)
+
+
+def _system_info(lines: list[str], binary: str) -> str | None:
+    """The one system_info line of a binary's runs; runs that print different ones (the
+    same build on one machine cannot) are refused."""
+    distinct = sorted(set(lines))
+    if len(distinct) > 1:
+        raise EngineOutputError(f"{binary}: its runs print {len(distinct)} different system_info "
+                                f"lines ({' / '.join(shown(x)[:200] for x in distinct[:2])}); "
+                                "expected one build on one machine to print one",
+                                path=binary, field="system_info", expected="one line",
+                                found=len(distinct))
+    return distinct[0] if distinct else None
+
+
 def _kinds(art) -> list[str]:
     """The --spec-type(s) an artifact is run with: llama.cpp's own pick for the file, and for
     a plain DFlash drafter also draft-dspark, the one that reads DeepSpec's block as meant
@@ -150,8 +196,6 @@ def run_engine(spec: EngineSpec, *, arts, prompts, texts: dict[str, str | None],
     from dspark_convert.commands.export import export_llama_cpp
 
     progress = progress or NoProgress()
-    info = EngineInfo(engine=spec.name, binaries=shown(spec.binaries.directory),
-                      target_gguf=shown(spec.target_gguf), target_gguf_sha256=spec.target_sha256)
     not_run: list[NotRun] = []
     for t in temperatures:
         if t != 0.0:
@@ -183,8 +227,9 @@ def run_engine(spec: EngineSpec, *, arts, prompts, texts: dict[str, str | None],
                                              "not UTF-8 text, and llama.cpp takes a prompt as text"))
                 progress.advance(1)
                 continue
-            run = L.run_target(spec.binaries, spec.target_gguf, text,
-                               max_new_tokens=max_new_tokens)
+            run = L.run_target(spec.binaries, spec.target_gguf, text, vocab=vocab,
+                               max_new_tokens=max_new_tokens,
+                               what=f"the target alone, prompt {shown(p.key)}")
             if list(run.prompt_ids) != list(p.ids):
                 skipped.append(SkippedPrompt(id=p.key, reason=f"llama.cpp tokenizes its text to "
                                              f"{list(run.prompt_ids)[:24]}, not its ids "
@@ -207,12 +252,19 @@ def run_engine(spec: EngineSpec, *, arts, prompts, texts: dict[str, str | None],
         progress.finish()
     dec_tokens = sum(target_out[k].decode_tokens for k in target_out)
     dec_seconds = sum(target_out[k].decode_seconds for k in target_out)
+    # llama-speculative-simple prints no system_info line; it is the same build's library on
+    # the same machine, so llama-completion's line stands for both (docs/ENGINES.md).
+    system_info = _system_info([r.system_info for r in target_out.values()], L.COMPLETION)
+    info = EngineInfo(engine=spec.name, binaries=shown(spec.binaries.directory),
+                      target_gguf=shown(spec.target_gguf), target_gguf_sha256=spec.target_sha256,
+                      system_info=system_info)
     runs = [EngineRun(engine=spec.name, kind="target", artifact=None, spec_type=None,
                       drafter_file_sha256=None, temperature=0.0, prompts=target_runs,
                       prompts_skipped=skipped, new_tokens=sum(r.new_tokens for r in target_runs),
                       seconds=sum(r.seconds for r in target_runs),
                       tokens_per_second=dec_tokens / dec_seconds if dec_seconds > 0 else None,
-                      tau=None, acceptance_by_position=None, lossless=None, proposals=None)]
+                      tau=None, acceptance_by_position=None, lossless=None, proposals=None,
+                      system_info=system_info)]
 
     # 2. Each artifact, exported for llama.cpp.
     with tempfile.TemporaryDirectory(prefix="dspark-eval-engine-") as tmp:
@@ -220,6 +272,8 @@ def run_engine(spec: EngineSpec, *, arts, prompts, texts: dict[str, str | None],
             out = Path(tmp) / f"{art.name}.gguf"
             try:
                 exported = export_llama_cpp(art.path, spec.target_gguf, out)
+            except (TargetGGUFError, TargetGGUFMismatchError):
+                raise                   # not the artifact's fault (check_target_gguf's refusal)
             except ExportRefusal as exc:
                 not_run.append(NotRun(kind="drafter", artifact=art.name, temperature=0.0,
                                       confidence_threshold=0.0, engine=spec.name,
@@ -228,13 +282,13 @@ def run_engine(spec: EngineSpec, *, arts, prompts, texts: dict[str, str | None],
             for kind in _kinds(art):
                 runs.append(_drafter_run(spec, art, kind, exported, out, kept, skipped, target_out,
                                          model, max_new_tokens=max_new_tokens, stops=stops,
-                                         progress=progress))
+                                         progress=progress, system_info=system_info))
     return info, runs, not_run
 
 
 def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, skipped,
-                 target_out, model, *, max_new_tokens: int, stops,
-                 progress: Progress) -> EngineRun:
+                 target_out, model, *, max_new_tokens: int, stops, progress: Progress,
+                 system_info: str | None) -> EngineRun:
     proposer = ReferenceProposer(model, art.drafter)
     vocab = spec.vocabulary
     prompt_runs, checks, all_drafts, lengths = [], [], [], []
@@ -243,8 +297,10 @@ def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, 
     try:
         for p, text in kept:
             run = L.run_speculative(spec.binaries, spec.target_gguf, draft, kind=kind,
-                                    prompt_text=text, prompt_ids=tuple(p.ids),
-                                    max_new_tokens=max_new_tokens, n_max=art.block_size)
+                                    prompt_text=text, prompt_ids=tuple(p.ids), vocab=vocab,
+                                    max_new_tokens=max_new_tokens, n_max=art.block_size,
+                                    what=f"{shown(art.name)} with {L.SPEC_TYPES[kind]}, prompt "
+                                         f"{shown(p.key)}")
             drafted = [d for d in run.drafts if d.tokens]
             check = check_proposals([EngineDraft(d.call, d.context, d.anchor, d.tokens)
                                      for d in drafted], proposer)
@@ -274,4 +330,5 @@ def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, 
                      seconds=sum(r.seconds for r in prompt_runs),
                      tokens_per_second=dec_tokens / dec_seconds if dec_seconds > 0 else None,
                      tau=_tau(lengths), acceptance_by_position=_by_position(all_drafts),
-                     lossless=all(losses) if losses else None, proposals=_merge(checks))
+                     lossless=all(losses) if losses else None, proposals=_merge(checks),
+                     system_info=system_info)

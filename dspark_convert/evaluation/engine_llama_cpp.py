@@ -4,25 +4,44 @@ puts beside the reference runtime (issue 20; docs/ENGINES.md "llama.cpp's runs b
 Two binaries of llama.cpp 0c1e570 (docs/REFERENCE.md §6, "As a runtime"), run as a user runs them:
 
 - ``llama-completion -m TARGET.gguf -f PROMPT -n N --temp 0 -no-cnv --no-display-prompt
-  --verbose-prompt``: the target alone. Its log lists the prompt's token ids as llama.cpp
-  tokenized the text (``%6d -> '%s'``), the only way to learn them: both programs take a
-  prompt as text only. Its stdout is the generated text.
+  --verbose-prompt``: the target alone. Its log echoes the prompt (``prompt: '%s'``) and
+  lists its token ids as llama.cpp tokenized the text (``%6d -> '%s'``), the only way to
+  learn them: both programs take a prompt as text only. It prints its ``system_info`` line
+  (backends, CPU features). Its stdout is the generated text.
 - ``llama-speculative-simple -m TARGET.gguf -md DRAFT.gguf --spec-type T --spec-draft-n-max B
   --spec-draft-p-min 0 --temp 0 -f PROMPT -n N -v``: speculative decoding. Its debug log
-  names, for every draft call, each drafted token (``draft candidate 0, pos k: ID``), the
-  draft's length and the length of the committed context it was drafted from (``called
-  impl T, hist size = H, ..., gen = G``), then the verification (``accepted A/G draft
-  tokens, the last target token is: (ID)``). From these the committed tokens, the anchor
-  and the proposal of every draft are rebuilt exactly: llama.cpp's first anchor is the
-  last prompt token (its context the prompt before it), and each cycle commits the
+  names, for every draft call, each drafted token (``draft candidate 0, pos k: ID (P)
+  'PIECE'``), the draft's length and the length of the committed context it was drafted
+  from (``called impl T, hist size = H, ..., gen = G``), then the verification (``accepted
+  A/G draft tokens, the last target token is: (ID)``). From these the committed tokens, the
+  anchor and the proposal of every draft are rebuilt exactly: llama.cpp's first anchor is
+  the last prompt token (its context the prompt before it), and each cycle commits the
   anchor, the A accepted drafts and makes the target's token the next anchor.
 
-Everything is parsed from the bytes llama.cpp writes, with the log prefix and timestamps
-forced on (``--log-prefix --log-timestamps``) so that a line of the log is told from a
-token's text that happens to contain a newline. Whatever the parser needs and does not
-find, or finds contradicting itself (a context length that is not the one rebuilt, a
-prompt token count that is not the number of ids listed), is refused with
-``EngineOutputError``: a wrong reading would make every later comparison wrong.
+An engine's output is read as strictly as a user's file (issue 25): it is hostile input.
+
+- It is read as it comes, from the process's pipes, in bounded memory: one line of
+  llama.cpp's own at most LINE_LIMIT bytes, the whole log at most ``log_limit`` (set by the
+  prompt and max_new_tokens), the last TAIL lines kept for messages; never the whole log.
+- Only llama.cpp's own lines are parsed. A log entry starts with the prefix forced on
+  (``--log-prefix --log-timestamps``: ``0.00.211.417 I ``); an entry that embeds free text
+  the eval knows (the prompt it passed, a token's piece in the vocabulary) is consumed by
+  length, byte for byte, never by searching for the next prefix: a prompt that quotes a
+  log line is the prompt. Free text the eval does not know (a GGUF's name, printed while
+  the models load) can only add lines; every line the parser reads has its place in the
+  log (its phase) and the singular ones come once, so an added line that looks like one is
+  refused (a second ``decoded`` line, a verification before the speculative loop began),
+  never read.
+- Every field is range-checked: token ids inside the vocabulary, counts with a bounded
+  number of digits and within what the run allows (-n, the prompt, the context), timings
+  and rates in printf's exact form and finite, the statistics line's numbers in range and
+  equal to what the cycles read say.
+
+Whatever the parser needs and does not find, finds malformed or finds contradicting itself
+is refused with ``EngineOutputError`` (113) naming the binary, the line and what was
+expected: a wrong reading would make every later comparison wrong. A run that dies is an
+``EngineRunError`` (112) naming the signal, the run, the command line and the last lines of
+its log.
 
 The generated text is compared as bytes, each token's piece taken from the target GGUF's
 own vocabulary (``tokenizer.ggml.tokens``, a byte-level BPE vocabulary: GPT-2's byte
@@ -31,13 +50,19 @@ alphabet), as llama.cpp's ``common_token_to_piece`` renders it.
 
 from __future__ import annotations
 
+import io
+import math
 import os
 import re
+import shlex
+import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -56,24 +81,12 @@ COMPLETION = "llama-completion"
 BINARIES = (SPECULATIVE, COMPLETION)
 SPEC_TYPES = {"dspark": "draft-dspark", "dflash": "draft-dflash"}
 TIMEOUT_SECONDS = 600
-# Forced on every run: the parser depends on the prefix (level letter) and the timestamp.
-LOG_ARGS = ("--log-prefix", "--log-timestamps")
-
-# One log line: "0.00.211.417 D <message>". A token's piece may hold a newline, so every
-# pattern is anchored at a line that starts with this prefix.
-_PREFIX = rb"(?m)^\d+\.\d+\.\d+\.\d+ [A-Z] "
-_CANDIDATE = re.compile(_PREFIX + rb" - seq_id (\d+), draft candidate +(\d+), pos +(\d+): +(-?\d+) \(")
-_CALLED = re.compile(_PREFIX + rb"spec [^:\n]*: called impl (\S+), hist size = (\d+), "
-                     rb"call_count = (\d+), gen = (\d+)")
-_ACCEPTED = re.compile(_PREFIX + rb"accepted (\d+)/(\d+) draft tokens, the last target token is: "
-                       rb"\((-?\d+)\)")
-_PARTIAL = re.compile(_PREFIX + rb"partial acceptance:")
-_STATS = re.compile(_PREFIX + rb"spec [^:\n]*: statistics +(\S+): (.*?)(?:, dur\(b,g,a\).*)?$")
-_DECODED = re.compile(_PREFIX + rb"decoded +(\d+) tokens in +([0-9.]+) seconds, speed: +([0-9.]+|inf|nan) t/s")
-_PROMPT_COUNT = re.compile(_PREFIX + rb"[^\n]*: number of tokens in prompt = (\d+)")
-_PROMPT_TOKEN = re.compile(_PREFIX + rb" *(-?\d+) -> '")
-_ERROR_LINE = re.compile(_PREFIX.replace(b"[A-Z]", b"E") + rb"(.*)$")
-_EVAL_TIME = re.compile(_PREFIX + rb"common_perf_print: +eval time = +([0-9.]+) ms / +(\d+) runs")
+# Forced on every run: the parser depends on the prefix (level letter) and the timestamp,
+# and on no colour codes around them.
+LOG_ARGS = ("--log-prefix", "--log-timestamps", "--log-colors", "off")
+# llama.cpp processes backslash escapes in a prompt by default (common/arg.cpp,
+# string_process_escapes): the text passed must be the text run.
+PROMPT_ARGS = ("--no-escape",)
 
 
 @dataclass(frozen=True)
@@ -123,14 +136,34 @@ class Vocabulary:
     """The target GGUF's token pieces as llama.cpp renders them (``common_token_to_piece``):
     ``pieces`` with ``special=false`` (control tokens as nothing: what llama-completion
     prints), ``special`` with ``special=true`` (control tokens as their text: what a prompt
-    must spell for llama.cpp's tokenizer, which parses special tokens, to read them)."""
+    must spell for llama.cpp's tokenizer, which parses special tokens, to read them, and
+    what its log prints beside a token id)."""
 
     pieces: tuple[bytes, ...]
     special: tuple[bytes, ...]
 
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def longest(self) -> int:
+        return max(map(len, self.special), default=0)
+
     def text(self, ids, *, special: bool = False) -> bytes:
         table = self.special if special else self.pieces
         return b"".join(table[i] if 0 <= i < len(table) else b"" for i in ids)
+
+
+def _decoded(text: str, decoder: dict[str, int]) -> bytes:
+    """A NORMAL token's text through GPT-2's byte alphabet, as llama_decode_text renders it:
+    a character outside the alphabet as ``[UNK_BYTE_0x..<text>]`` (src/llama-vocab.cpp)."""
+    out = bytearray()
+    for c in text:
+        if c in decoder:
+            out.append(decoder[c])
+        else:
+            out += b"[UNK_BYTE_0x" + c.encode("utf-8").hex().encode() + text.encode("utf-8") + b"]"
+    return bytes(out)
 
 
 def read_vocabulary(target_gguf: str | os.PathLike) -> Vocabulary:
@@ -157,71 +190,699 @@ def read_vocabulary(target_gguf: str | os.PathLike) -> Vocabulary:
     pieces, special = [], []
     for text, kind in zip(tokens.value, type_of):
         if kind == 1:                        # NORMAL: GPT-2 byte alphabet
-            piece = bytes(decoder[c] for c in text if c in decoder)
+            piece = _decoded(text, decoder)
             pieces.append(piece)
             special.append(piece)
         elif kind == 4:                      # USER_DEFINED: the text itself
             pieces.append(text.encode("utf-8"))
             special.append(text.encode("utf-8"))
-        elif kind == 3:                      # CONTROL: its text only with special
+        elif kind in (2, 3):                 # UNKNOWN, CONTROL: their text only with special
             pieces.append(b"")
             special.append(text.encode("utf-8"))
-        else:                                # UNUSED, UNKNOWN, BYTE: nothing
+        else:                                # UNUSED, BYTE, undefined: nothing
             pieces.append(b"")
             special.append(b"")
     return Vocabulary(tuple(pieces), tuple(special))
 
 
-# --- running ----------------------------------------------------------------------------------
+# --- reading a log: bounded, line by line, known free text by length -----------------------
+
+# One line llama.cpp writes of its own: under 400 bytes measured (system_info, the statistics
+# line with a draft of 16); a model's metadata printed while it loads is cut at 40 bytes a
+# value, a token's text is not (its name, its EOS token): 1 MiB is far above any of it. Free
+# text the eval knows (the prompt, a token's piece) is read by its length, not as a line.
+LINE_LIMIT = 1 << 20
+# What llama.cpp writes before and around the run at -v: 213 KB for the golden target and
+# drafter (6 and 1 layers), mostly tensor and graph lines, about linear in the layers;
+# 64 MiB covers a target of a few hundred layers.
+LOG_BASE = 64 << 20
+# A cycle of llama-speculative-simple at -v: three candidate lines a drafted position, the
+# draft and verify lines and the graph lines of the steps it ran (4 KiB a cycle measured on
+# the golden models); 64 KiB plus the candidate lines a cycle, and a cycle commits at least
+# one token: a run of N tokens makes at most N + slack cycles.
+CYCLE_BYTES = 64 << 10
+LINE_BYTES = 128                         # one line of llama.cpp's, its piece aside
+TOKEN_SLACK = 8                          # tokens a run may print past -n, besides a draft
+TAIL = 20                                # lines kept for a message
+_CHUNK = 1 << 16
+
+
+def log_limit(*, prompt_bytes: int, max_new_tokens: int, n_max: int, longest_piece: int) -> int:
+    """The most bytes of log a run of this prompt and -n may write (see the constants):
+    over it, the run is refused (113) instead of read on."""
+    line = LINE_BYTES + longest_piece
+    cycles = max_new_tokens + n_max + TOKEN_SLACK
+    return (LOG_BASE + 2 * (prompt_bytes + 1) * line
+            + cycles * (CYCLE_BYTES + (3 * max(n_max, 1) + 4) * line))
+
+
+def stdout_limit(*, prompt_bytes: int, max_new_tokens: int, n_max: int, longest_piece: int) -> int:
+    """The most bytes a run may print on stdout: the prompt (llama-speculative-simple
+    echoes it) and every token it may make, each at most the longest piece, with its blank
+    lines and end-of-text marker."""
+    return 4096 + prompt_bytes + (max_new_tokens + n_max + TOKEN_SLACK) * max(longest_piece, 1)
+
+
+def _printed(text: bytes) -> bytes:
+    """What printf's %s writes of ``text``: up to its first NUL byte."""
+    return text.split(b"\0", 1)[0]
+
+
+def _seen(line: bytes, width: int = 160) -> str:
+    """A line for a message: at most ``width`` characters, escaped."""
+    text = shown(line[:4 * width].decode("utf-8", "replace"))
+    return text if len(text) <= width and len(line) <= 4 * width else text[:width] + "…"
+
+
+class _Log:
+    """A process's stderr, read as it comes (``read(n)``: os.read on the pipe, or a
+    BytesIO's read for a log given whole): lines of at most LINE_LIMIT bytes, spans of
+    known bytes, the whole at most ``limit`` bytes; the last TAIL lines kept for messages."""
+
+    def __init__(self, read: Callable[[int], bytes], *, binary: str, limit: int) -> None:
+        self._read, self.binary, self.limit = read, binary, limit
+        self._buf = bytearray()
+        self._scanned = 0                 # bytes of _buf known to hold no newline
+        self._eof = False
+        self.total = 0                    # bytes read
+        self.lines = 0                    # lines consumed
+        self.tail: deque[str] = deque(maxlen=TAIL)
+        self.amx = False                  # a line named an AMX buffer (weights repacked)
+
+    def _fill(self) -> bool:
+        if self._eof:
+            return False
+        chunk = self._read(_CHUNK)
+        if not chunk:
+            self._eof = True
+            return False
+        self.total += len(chunk)
+        if self.total > self.limit:
+            raise EngineOutputError(f"{self.binary}: its log exceeds {self.limit:,} bytes (the "
+                                    "most a run of this prompt and -n writes; "
+                                    "evaluation/engine_llama_cpp.py log_limit); refused "
+                                    "rather than read on", path=self.binary, field="log",
+                                    expected=f"at most {self.limit} bytes",
+                                    found=f"more than {self.limit} bytes")
+        self._buf += chunk
+        return True
+
+    def peek(self) -> tuple[bytes, bool] | None:
+        """The next line without its newline and whether it is whole (False: its first
+        LINE_LIMIT bytes, no newline among them, or a last line without one); None at the
+        end. Nothing is consumed."""
+        while True:
+            nl = self._buf.find(b"\n", self._scanned)
+            if nl >= 0:
+                return bytes(self._buf[:nl]), True
+            self._scanned = len(self._buf)
+            if len(self._buf) > LINE_LIMIT:
+                return bytes(self._buf[:LINE_LIMIT]), False
+            if not self._fill():
+                return (bytes(self._buf), False) if self._buf else None
+
+    def _consumed(self, n: int, shown_line: bytes) -> None:
+        del self._buf[:n]
+        self._scanned = 0
+        self.lines += 1
+        self.tail.append(_seen(shown_line))
+        if b"AMX" in shown_line and b"buffer" in shown_line:
+            self.amx = True
+
+    def skip(self) -> None:
+        """Consume the line peek() returned (and its newline)."""
+        line, whole = self.peek()
+        if not whole and len(line) >= LINE_LIMIT:
+            raise EngineOutputError(f"{self.binary}: line {self.lines + 1} of its log is longer "
+                                    f"than {LINE_LIMIT:,} bytes ({_seen(line[:80])}); expected "
+                                    "llama.cpp's own lines, each far shorter", path=self.binary,
+                                    field=f"log line {self.lines + 1}",
+                                    expected=f"at most {LINE_LIMIT} bytes",
+                                    found=f"more than {LINE_LIMIT} bytes")
+        self._consumed(len(line) + whole, line)
+
+    def expect(self, data: bytes) -> int | None:
+        """Consume exactly ``data`` when the log holds it next (one entry whose free text is
+        known: it may hold newlines); else consume nothing and return the offset of the
+        first byte that differs (or len(data) where the log ends first)."""
+        i = 0
+        while i < len(data):
+            while len(self._buf) <= i and self._fill():
+                pass
+            if len(self._buf) <= i:
+                return i
+            n = min(len(self._buf), len(data)) - i
+            if self._buf[i:i + n] != data[i:i + n]:
+                return i + next(k for k in range(n) if self._buf[i + k] != data[i + k])
+            i += n
+            if i < len(data) and len(self._buf) > 2 * LINE_LIMIT:
+                # A long known span: what matched is let go of as it is read.
+                drop = i - 1
+                del self._buf[:drop]
+                data, i = data[drop:], i - drop
+        self._consumed(len(data), data.rstrip(b"\n"))
+        return None
+
+
+# One entry's prefix: M.SS.mmm.uuu (minutes, seconds, ms, us since start) and a level.
+_PREFIX = re.compile(rb"(\d{1,7})\.(\d\d)\.(\d\d\d)\.(\d\d\d) ([IWED]) ")
+
+# Numbers as llama.cpp prints them, with a bounded count of digits: a count with thousands
+# of digits is a malformed line, never an int() of it.
+_N = rb"(\d{1,10})"                                  # %d, %zu
+_ID = rb"(-?\d{1,10})"                               # a token id (range-checked)
+_F3 = rb"(\d{1,12}\.\d{3})"                          # %.3f of a non-negative time
+_RATE = rb"(\d{1,15}\.\d{3}|inf|-?nan)"              # %.3f of a rate (x / 0 is inf)
+_P = rb"(\d\.\d{3})"                                 # %.3f of a probability or a rate
+_F2 = rb"(\d{1,12}\.\d\d)"                          # %.2f of a non-negative time
+_RATE2 = rb"(\d{1,15}\.\d\d|inf|-?nan)"              # %.2f of a rate
+
 
 @dataclass(frozen=True)
-class Output:
-    stdout: bytes
-    stderr: bytes
-    seconds: float
+class _Kind:
+    """One line of llama.cpp's the parser reads: ``head`` names it (matched at the start of
+    the message), ``form`` is its whole form (a line whose head matches and whose form does
+    not is malformed, never skipped); ``text``: the form stops where free text the parser
+    knows begins (consumed by length)."""
+
+    name: str
+    head: re.Pattern
+    form: re.Pattern
+    text: bool = False
 
 
-def _run(binary: Path, args: list[str], *, timeout: float) -> Output:
-    cmd = [str(binary), *args]
-    t0 = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              env=log_drain.environment())
-    except subprocess.TimeoutExpired:
-        raise EngineRunError(f"{binary.name}: still running after {timeout:g} s; stopped",
-                             path=str(binary), expected=f"done within {timeout:g} s",
-                             found="timeout") from None
-    except OSError as exc:
-        raise EngineRunError(f"{binary.name}: cannot run: {os.strerror(exc.errno or 0) or exc}",
-                             path=str(binary)) from None
-    seconds = time.perf_counter() - t0
-    if done.returncode != 0:
-        errors = [m.group(1).decode("utf-8", "replace").strip() for m in _ERROR_LINE.finditer(done.stderr)]
-        why = errors[-1] if errors else (done.stderr.decode("utf-8", "replace").strip().splitlines()
-                                         or ["no message"])[-1]
-        how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
-        raise EngineRunError(f"{binary.name} failed ({how}): {why[:300]}", path=str(binary),
-                             expected="exit 0", found=done.returncode)
-    return Output(done.stdout, done.stderr, seconds)
+def _kind(name: str, head: bytes, form: bytes, text: bool = False) -> _Kind:
+    return _Kind(name, re.compile(head), re.compile(form), text)
 
+
+_SYSTEM_INFO = _kind("system_info", rb"system_info:",
+                     rb"system_info: n_threads = " + _N + rb" \(n_threads_batch = " + _N
+                     + rb"\) / " + _N + rb" \| ([ -~]{1,4000})")
+_PROMPT_ECHO = _kind("prompt", rb"\w+: prompt: ", rb"\w+: prompt: '", text=True)
+_PROMPT_COUNT = _kind("prompt token count", rb"\w+: number of tokens in prompt",
+                      rb"\w+: number of tokens in prompt = " + _N)
+_PROMPT_TOKEN = _kind("prompt token", rb" *-?\d+ -> ", rb" *" + _ID + rb" -> '", text=True)
+_EVAL_TIME = _kind("eval time", rb"common_perf_print: +eval time",
+                   rb"common_perf_print: +eval time = +" + _F2 + rb" ms / +" + _N
+                   + rb" runs +\( +" + _F2 + rb" ms per token, +" + _RATE2
+                   + rb" tokens per second\)")
+_TOTAL_TIME = _kind("total time", rb"common_perf_print: +total time",
+                    rb"common_perf_print: +total time = +" + _F2 + rb" ms / +" + _N + rb" tokens")
+_CLOSING = _kind("graphs reused", rb"common_perf_print: +graphs reused",
+                 rb"common_perf_print: +graphs reused = +" + _N)
+_ADDING = _kind("speculative implementation", rb"\w+: adding speculative implementation",
+                rb"\w+: adding speculative implementation '([a-z-]{1,40})'")
+_CANDIDATE = _kind("draft candidate", rb" - seq_id ",
+                   rb" - seq_id " + _N + rb", draft candidate +" + _N + rb", pos +" + _N
+                   + rb": +" + _ID + rb" \( *" + _P + rb"\) '", text=True)
+_CALLED = _kind("draft call", rb"spec +\w+: called impl",
+                rb"spec +\w+: called impl ([a-z-]{1,40}), hist size = " + _N + rb", call_count = "
+                + _N + rb", gen = " + _N)
+_ACCEPTED = _kind("verification", rb"accepted ",
+                  rb"accepted " + _N + rb"/" + _N + rb" draft tokens, the last target token is: \("
+                  + _ID + rb"\)")
+_PARTIAL = _kind("partial acceptance", rb"partial acceptance:", rb"partial acceptance:.*")
+_ENCODED = _kind("encoded", rb"encoded ",
+                 rb"encoded +" + _N + rb" tokens in +" + _F3 + rb" seconds, speed: +" + _RATE + rb" t/s")
+_DECODED = _kind("decoded", rb"decoded ",
+                 rb"decoded +" + _N + rb" tokens in +" + _F3 + rb" seconds, speed: +" + _RATE + rb" t/s")
+_COUNTS = {key: _kind(f"{key} line", key.encode() + rb" +=", key.encode() + rb" += " + _N)
+           for key in ("n_predict", "n_drafted", "n_accept")}
+_STATS = _kind("statistics", rb"spec +\w+: statistics",
+               rb"spec +\w+: statistics +([a-z-]{1,40}): #calls\(b,g,a\) = +" + _N + rb" +" + _N
+               + rb" +" + _N + rb", #gen drafts = +" + _N + rb", #acc drafts = +" + _N
+               + rb", #gen tokens = +" + _N + rb", #acc tokens = +" + _N
+               + rb"(?:, #mean acc len = (\d{1,10}\.\d\d), #acc rate/pos = \(((?:" + _P[1:-1]
+               + rb"(?:, )?){0,1024})\))?(?:, dur\(b,g,a\) = " + _F3 + rb", " + _F3 + rb", " + _F3
+               + rb" ms)?")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A log that ended before llama.cpp's closing line, with nothing wrong in what came:
+    how much came and its last line (None: no line of llama.cpp's)."""
+
+    entries: int                       # llama.cpp's own entries read
+    total: int                         # bytes
+    last: str | None
+
+
+class _Reader:
+    """The line-by-line state machine both logs share: each entry is told by its prefix,
+    each line the parser reads by its kind's head; a kind read outside its phase, or a
+    singular one twice, is refused (see the module docstring)."""
+
+    def __init__(self, log: _Log, binary: str, vocab: Vocabulary) -> None:
+        self.log, self.binary, self.vocab = log, binary, vocab
+        self.entries = 0
+        self.last: bytes | None = None
+        self.seen: set[str] = set()
+
+    def fail(self, what: str, expected: str, line: bytes | None = None,
+             field: str | None = None) -> EngineOutputError:
+        where = f"line {self.log.lines + 1} of its log" if line is not None else "its log"
+        seen = f" ({_seen(line)})" if line is not None else ""
+        return EngineOutputError(f"{self.binary}: {where}, {what}{seen}; expected {expected}",
+                                 path=self.binary, field=field or what, expected=expected,
+                                 found=_seen(line) if line is not None else None)
+
+    def next(self, kinds: tuple[_Kind, ...], *, elsewhere: tuple[_Kind, ...]):
+        """The next line of one of ``kinds`` as (kind, match, line), skipping lines of no
+        kind the parser reads; a line of a kind in ``elsewhere`` (read at another point of
+        the log) is refused. None at the end of the log."""
+        while True:
+            peeked = self.log.peek()
+            if peeked is None:
+                return None
+            line, whole = peeked
+            prefix = _PREFIX.match(line)
+            if prefix is None:                       # a continuation, or not llama.cpp's
+                self.log.skip()
+                continue
+            self.entries += 1
+            message = line[prefix.end():]
+            for kind in (*kinds, *elsewhere):
+                if not kind.head.match(message):
+                    continue
+                if kind not in kinds:
+                    raise self.fail(f"a {kind.name} line where none belongs", "each of "
+                                    "llama.cpp's lines in its place, the singular ones once "
+                                    "(free text printed while a model loads may look like one)",
+                                    line, kind.name)
+                m = (kind.form.match if kind.text else kind.form.fullmatch)(message)
+                if m is None or (not whole and not kind.text):
+                    raise self.fail(f"a malformed {kind.name} line",
+                                    f"llama.cpp 0c1e570's {kind.name} line", line, kind.name)
+                if not kind.text:
+                    self.last = line
+                    self.log.skip()
+                return kind, m, prefix.end() + m.end(), line
+            self.last = line
+            self.log.skip()
+
+    def once(self, kind: _Kind, line: bytes) -> None:
+        if kind.name in self.seen:
+            raise self.fail(f"a second {kind.name} line", f"one {kind.name} line a run", line,
+                            kind.name)
+        self.seen.add(kind.name)
+
+    def known(self, line: bytes, start: int, text: bytes, what: str) -> None:
+        """Consume the entry whose text from ``start`` is ``text`` + "'\\n" exactly."""
+        entry = line[:start] + _printed(text) + b"'\n"
+        at = self.log.expect(entry)
+        if at is not None:
+            raise self.fail(f"{what} differs from what the eval knows at byte {at - start}",
+                            f"{_seen(_printed(text), 80)!s} quoted, byte for byte", line, what)
+        self.last = entry.rstrip(b"\n")
+
+    def token(self, value: bytes, line: bytes, what: str) -> int:
+        n = int(value)
+        if not 0 <= n < len(self.vocab):
+            raise self.fail(f"{what} {n} is outside the vocabulary",
+                            f"a token id in [0, {len(self.vocab)})", line, what)
+        return n
+
+    def cut(self) -> Cut:
+        return Cut(self.entries, self.log.total,
+                   _seen(self.last) if self.last is not None else None)
+
+
+def _count(value: bytes, limit: int, what: str, reader: _Reader, line: bytes) -> int:
+    n = int(value)
+    if n > limit:
+        raise reader.fail(f"{what} {n} is over {limit:,}", f"at most {limit}", line, what)
+    return n
+
+
+# --- the target alone: llama-completion ---------------------------------------------------
+
+@dataclass(frozen=True)
+class CompletionLog:
+    prompt_ids: tuple[int, ...]
+    system_info: str
+    decode_tokens: int                 # llama.cpp's own eval timing: tokens, seconds
+    decode_seconds: float
+
+
+def _completion_limit(prompt: str, vocab: Vocabulary, max_new_tokens: int) -> int:
+    return log_limit(prompt_bytes=len(prompt.encode("utf-8")), max_new_tokens=max_new_tokens,
+                     n_max=0, longest_piece=vocab.longest)
+
+
+def read_completion_log(read: Callable[[int], bytes], *, prompt: str, vocab: Vocabulary,
+                        max_new_tokens: int, limit: int | None = None) -> CompletionLog | Cut:
+    """llama-completion's log, read from ``read`` as it comes: system_info, the prompt echoed
+    (consumed as the prompt passed), its token ids (each line consumed with the id's piece),
+    then the eval timing and the closing line. Cut where it ends before that line."""
+    log = _Log(read, binary=COMPLETION,
+               limit=limit or _completion_limit(prompt, vocab, max_new_tokens))
+    return _read_completion(log, prompt=prompt, vocab=vocab, max_new_tokens=max_new_tokens)
+
+
+def _read_completion(log: _Log, *, prompt: str, vocab: Vocabulary,
+                     max_new_tokens: int) -> CompletionLog | Cut:
+    data = prompt.encode("utf-8")
+    r = _Reader(log, log.binary, vocab)
+    body = (_SYSTEM_INFO, _PROMPT_ECHO, _PROMPT_COUNT, _PROMPT_TOKEN, _EVAL_TIME, _TOTAL_TIME,
+            _CLOSING)
+    info = None
+    # Before the prompt: system_info, once.
+    while True:
+        got = r.next((_SYSTEM_INFO, _PROMPT_ECHO), elsewhere=body)
+        if got is None:
+            return r.cut()
+        kind, m, start, line = got
+        r.once(kind, line)
+        if kind is _SYSTEM_INFO:
+            info = line[_PREFIX.match(line).end():].decode("ascii").rstrip()
+            continue
+        if info is None:
+            raise r.fail("the prompt echoed before any system_info line",
+                         "llama.cpp's system_info line first", line, "system_info")
+        r.known(line, start, data, "the prompt echoed")
+        break
+    got = r.next((_PROMPT_COUNT,), elsewhere=body)
+    if got is None:
+        return r.cut()
+    _, m, _, line = got
+    # A token covers at least one byte of the text, with a BOS and an EOS added at most.
+    n = _count(m.group(1), len(data) + 2, "the prompt's token count", r, line)
+    ids = []
+    for _ in range(n):
+        got = r.next((_PROMPT_TOKEN,), elsewhere=body)
+        if got is None:
+            return r.cut()
+        _, m, start, line = got
+        token = r.token(m.group(1), line, "a prompt token")
+        r.known(line, start, vocab.special[token], f"token {token}'s piece")
+        ids.append(token)
+    decode = None
+    while True:
+        got = r.next((_EVAL_TIME, _TOTAL_TIME, _CLOSING), elsewhere=body)
+        if got is None:
+            return r.cut()
+        kind, m, _, line = got
+        r.once(kind, line)
+        if kind is _EVAL_TIME:
+            runs = _count(m.group(2), max_new_tokens, "the eval runs", r, line)
+            decode = (runs, float(m.group(1)) / 1000.0)
+        elif kind is _CLOSING:
+            break
+    if decode is None:
+        raise r.fail("no eval time line before the closing line",
+                     "common_perf_print's eval time line", None, "eval time")
+    _rest(r, body)
+    return CompletionLog(tuple(ids), info, *decode)
+
+
+def _rest(r: _Reader, body: tuple[_Kind, ...]) -> None:
+    """After the closing line: nothing the parser reads."""
+    if r.next((), elsewhere=body) is not None:
+        raise AssertionError("unreachable: next() refuses every kind in elsewhere")
+
+
+# --- speculative runs -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Draft:
+    """One draft llama.cpp made and its verification. ``context``: the committed tokens
+    before the anchor, a prefix of the run's committed tokens (shared, not copied: a run of
+    N cycles holds O(N) ids, not O(N^2))."""
+
+    call: int                          # 1, 2, ... in the order llama.cpp drafted
+    committed: tuple[int, ...] = field(repr=False)   # the run's committed tokens (shared)
+    context_length: int
+    anchor: int                        # the last committed token, not yet in the context
+    tokens: tuple[int, ...]            # what llama.cpp proposed after the anchor
+    accepted: int
+    next_token: int                    # the target's token after the accepted drafts
+
+    @property
+    def context(self) -> tuple[int, ...]:
+        return self.committed[:self.context_length]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """llama.cpp's own statistics line (common_speculative_print_stats)."""
+
+    line: str                          # as printed, without the timings
+    mean_acceptance_length: float | None
+    acceptance_rate_by_position: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class SpeculativeLog:
+    drafts: tuple[Draft, ...]          # every cycle, in order; an empty draft has no tokens
+    output_ids: tuple[int, ...]        # the generated tokens, in order (all llama.cpp made)
+    stats: Stats
+    decode_tokens: int                 # llama.cpp's "decoded N tokens in S seconds"
+    decode_seconds: float
+
+
+def _speculative_limit(prompt_ids, vocab: Vocabulary, n_max: int, max_new_tokens: int) -> int:
+    return log_limit(prompt_bytes=len(vocab.text(prompt_ids, special=True)),
+                     max_new_tokens=max_new_tokens, n_max=n_max, longest_piece=vocab.longest)
+
+
+def read_speculative_log(read: Callable[[int], bytes], prompt_ids: tuple[int, ...], *,
+                         spec_type: str, vocab: Vocabulary, n_max: int, max_new_tokens: int,
+                         limit: int | None = None) -> SpeculativeLog | Cut:
+    """The drafts of a ``-v`` run of llama-speculative-simple, read from ``read`` as they
+    come and rebuilt with their context from ``prompt_ids`` (llama.cpp's own tokenization
+    of the prompt). Cut where the log ends before its closing line."""
+    log = _Log(read, binary=SPECULATIVE,
+               limit=limit or _speculative_limit(prompt_ids, vocab, n_max, max_new_tokens))
+    return _read_speculative(log, prompt_ids, spec_type=spec_type, vocab=vocab, n_max=n_max,
+                             max_new_tokens=max_new_tokens)
+
+
+def _read_speculative(log: _Log, prompt_ids: tuple[int, ...], *, spec_type: str,
+                      vocab: Vocabulary, n_max: int, max_new_tokens: int) -> SpeculativeLog | Cut:
+    binary = log.binary
+    if len(prompt_ids) < 2:
+        raise EngineOutputError(f"{binary}: a prompt of {len(prompt_ids)} token(s); llama.cpp's "
+                                "speculative loop needs at least 2 (its first anchor is the last "
+                                "prompt token)", field="prompt", expected=">= 2 tokens",
+                                found=len(prompt_ids))
+    r = _Reader(log, binary, vocab)
+    loop = (_CANDIDATE, _CALLED, _ACCEPTED, _PARTIAL)
+    end = (_ENCODED, _DECODED, *_COUNTS.values(), _STATS, _CLOSING)
+    body = (_ADDING, *loop, *end)
+    # The models load (free text of theirs printed) until the speculative implementation
+    # is added, once; the loop follows.
+    got = r.next((_ADDING,), elsewhere=body)
+    if got is None:
+        return r.cut()
+    kind, m, _, line = got
+    if m.group(1).decode() != spec_type:
+        raise r.fail(f"it added the speculative implementation {m.group(1).decode()}",
+                     spec_type, line, "spec type")
+    r.once(kind, line)
+    cycles = _Cycles(r, prompt_ids, spec_type=spec_type, n_max=n_max,
+                     most=max_new_tokens + n_max + TOKEN_SLACK)
+    while True:
+        got = r.next((*loop, _ENCODED), elsewhere=body)
+        if got is None:
+            return r.cut()
+        kind, m, start, line = got
+        if kind is _ENCODED:
+            r.once(kind, line)
+            _count(m.group(1), len(prompt_ids), "the encoded token count", r, line)
+            if int(m.group(1)) != len(prompt_ids):
+                raise r.fail(f"it encoded {int(m.group(1))} tokens",
+                             f"the prompt's {len(prompt_ids)}", line, "encoded")
+            break
+        cycles.line(kind, m, start, line)
+    cycles.finish()
+    decode = None
+    counts: dict[str, int] = {}
+    stats = None
+    while True:
+        got = r.next(end[1:], elsewhere=body)
+        if got is None:
+            return r.cut()
+        kind, m, _, line = got
+        r.once(kind, line)
+        if kind is _DECODED:
+            n = _count(m.group(1), cycles.most, "the decoded token count", r, line)
+            decode = (n, float(m.group(2)))
+        elif kind is _STATS:
+            stats = cycles.stats(m, line)
+        elif kind is _CLOSING:
+            break
+        else:
+            counts[kind.name.split()[0]] = _count(m.group(1), 1 << 40, kind.name, r, line)
+    for name, got_line in (("decoded", decode), ("statistics", stats)):
+        if got_line is None:
+            raise r.fail(f"no {name} line before the closing line", f"llama.cpp's {name} line",
+                         None, name)
+    made = len(cycles.output)
+    want = {"n_predict": made, "n_drafted": sum(len(d.tokens) for d in cycles.drafts),
+            "n_accept": sum(d.accepted for d in cycles.drafts)}
+    for name, value in (("decoded", decode[0]), *counts.items()):
+        expected = made if name == "decoded" else want[name]
+        if value != expected:
+            raise r.fail(f"its {name} count is {value}", f"{expected}, what its cycles read make",
+                         None, name)
+    _rest(r, body)
+    committed = tuple(cycles.committed)
+    drafts = tuple(Draft(d.call, committed, d.context_length, d.anchor, d.tokens, d.accepted,
+                         d.next_token) for d in cycles.drafts)
+    return SpeculativeLog(drafts, tuple(cycles.output), stats, *decode)
+
+
+@dataclass
+class _Cycle:
+    call: int
+    context_length: int
+    anchor: int
+    tokens: tuple[int, ...]
+    accepted: int
+    next_token: int
+
+
+class _Cycles:
+    """The speculative loop's lines, cycle by cycle: candidates, the draft call, the
+    verification; the committed tokens rebuilt as they come."""
+
+    def __init__(self, r: _Reader, prompt_ids, *, spec_type: str, n_max: int, most: int) -> None:
+        self.r, self.spec_type, self.n_max, self.most = r, spec_type, n_max, most
+        self.committed = list(prompt_ids[:-1])
+        self.anchor = prompt_ids[-1]
+        self.drafts: list[_Cycle] = []
+        self.output: list[int] = []
+        self.rows: dict[int, int] = {}          # pos -> candidate 0 of the draft being read
+        self.called: tuple[int, int] | None = None
+
+    def line(self, kind: _Kind, m: re.Match, start: int, line: bytes) -> None:
+        r = self.r
+        if kind is _PARTIAL:
+            raise r.fail("it restored a checkpoint after a partial acceptance (a target "
+                         "without partial sequence removal)", "the plain loop, which the "
+                         "eval reads", line, "partial acceptance")
+        if kind is _CANDIDATE:
+            seq, k, pos = (_count(m.group(i), 1 << 12, what, r, line)
+                           for i, what in ((1, "seq_id"), (2, "candidate"), (3, "pos")))
+            token = r.token(m.group(4), line, "a draft candidate")
+            r.known(line, start, r.vocab.special[token], f"token {token}'s piece")
+            if seq != 0 or k != 0:
+                return
+            if pos in self.rows:
+                raise r.fail(f"a second candidate 0 at position {pos} of one draft",
+                             "one a position", line, "draft candidate")
+            self.rows[pos] = token
+        elif kind is _CALLED:
+            if m.group(1).decode() != self.spec_type:
+                raise r.fail(f"it drafted with {m.group(1).decode()}, not {self.spec_type}",
+                             self.spec_type, line, "spec type")
+            if self.called is not None:
+                raise r.fail("a second draft call before the verification",
+                             "one draft call a cycle", line, "draft call")
+            hist = int(m.group(2))
+            gen = _count(m.group(4), self.n_max, "the draft's length", r, line)
+            call = len(self.drafts) + 1
+            if hist != len(self.committed):
+                raise r.fail(f"draft {call} was made from {hist} committed tokens; the tokens "
+                             f"read so far make {len(self.committed)}",
+                             f"{len(self.committed)}", line, f"draft {call}")
+            # Both layouts print the draft's own positions 0..G-1 (draft-dflash prints row
+            # i as position i-1: common/speculative.cpp).
+            if gen < 1 or any(p not in self.rows for p in range(gen)):
+                raise r.fail(f"draft {call} holds {gen} tokens but its log names positions "
+                             f"{sorted(self.rows)[:16]}", f"positions 0..{gen - 1}", line,
+                             f"draft {call}")
+            self.called = (hist, gen)
+        else:
+            accepted = int(m.group(1))
+            n_draft = _count(m.group(2), self.n_max, "the verified draft length", r, line)
+            nxt = r.token(m.group(3), line, "the target's token")
+            call = len(self.drafts) + 1
+            tokens = tuple(self.rows[p] for p in range(self.called[1])) if self.called else ()
+            if n_draft != len(tokens) or accepted > len(tokens):
+                raise r.fail(f"cycle {call} verified {n_draft} draft tokens (accepted "
+                             f"{accepted}); its draft read has {len(tokens)}",
+                             f"{len(tokens)}", line, f"draft {call}")
+            self.drafts.append(_Cycle(call, len(self.committed), self.anchor, tokens, accepted,
+                                      nxt))
+            self.committed += [self.anchor, *tokens[:accepted]]
+            self.output += [*tokens[:accepted], nxt]
+            self.anchor = nxt
+            self.rows, self.called = {}, None
+            if len(self.output) > self.most:
+                raise r.fail(f"its cycles made {len(self.output)} tokens",
+                             f"at most {self.most} (-n, a draft and a few over)", line, "cycles")
+
+    def finish(self) -> None:
+        if self.called is not None or self.rows:
+            raise self.r.fail("a draft with no verification before the run's timings",
+                              "every draft verified", None, "cycles")
+        if not self.drafts:
+            raise self.r.fail("no verification line ('accepted A/G draft tokens')",
+                              "one a cycle (was it run with -v?)", None, "cycles")
+
+    def stats(self, m: re.Match, line: bytes) -> Stats:
+        """The statistics line, each number checked against the cycles read."""
+        r = self.r
+        name = m.group(1).decode()
+        if name != self.spec_type:
+            raise r.fail(f"the statistics are of {name}", self.spec_type, line, "statistics")
+        drafted = [d for d in self.drafts if d.tokens]
+        # llama.cpp counts a verification from its first draft on (common_speculative_accept).
+        first = next((i for i, d in enumerate(self.drafts) if d.tokens), len(self.drafts))
+        verified = self.drafts[first:]
+        want = {"#calls(a)": (4, len(verified)), "#gen drafts": (5, len(drafted)),
+                "#acc drafts": (6, sum(d.accepted > 0 for d in drafted)),
+                "#gen tokens": (7, sum(len(d.tokens) for d in drafted)),
+                "#acc tokens": (8, sum(d.accepted for d in drafted))}
+        for what, (group, value) in want.items():
+            if int(m.group(group)) != value:
+                raise r.fail(f"its {what} is {int(m.group(group))}",
+                             f"{value}, what its cycles read make", line, "statistics")
+        mean = float(m.group(9)) if m.group(9) else None
+        rates = tuple(float(x) for x in m.group(10).split(b", ")) if m.group(10) else ()
+        if (mean is None) != bool(not verified):
+            raise r.fail("its acceptance figures are " + ("missing" if mean is None else "there"),
+                         "them exactly when a draft was verified", line, "statistics")
+        if mean is not None:
+            if not 1.0 <= mean <= self.n_max + 1:
+                raise r.fail(f"its mean acceptance length {mean}",
+                             f"within [1, {self.n_max + 1}]", line, "statistics")
+            if abs(mean - (1 + want["#acc tokens"][1] / len(verified))) > 0.006:
+                raise r.fail(f"its mean acceptance length {mean}", "1 + accepted tokens / "
+                             "verifications, from its cycles read", line, "statistics")
+            longest = max(d.accepted for d in verified)
+            expect = [sum(d.accepted > k for d in verified) / len(verified)
+                      for k in range(longest)]
+            if len(rates) != longest or any(abs(a - b) > 0.0006 for a, b in zip(rates, expect)):
+                raise r.fail("its acceptance rates by position", "rates in [0, 1] equal to "
+                             "its cycles read", line, "statistics")
+        text = line[_PREFIX.match(line).end():].decode("ascii", "replace")
+        text = re.sub(r", dur\(b,g,a\).*$", "", text)
+        return Stats(line=re.sub(r"^spec +\w+: statistics +", "", text),
+                     mean_acceptance_length=mean, acceptance_rate_by_position=rates)
+
+
+# --- running ------------------------------------------------------------------------------------
 
 # llama.cpp 0c1e570 logs through a worker thread and never flushes it at exit (common/log.cpp,
 # common_log_main: "logs may be lost if not flushed before the program exits"): without help
 # the last lines of a run, its statistics included, are often missing (measured on a loaded
 # 2-core machine: 16 of 40 runs). Every run gets that help, log_drain (the logger is let
-# finish before the process ends: 0 of 270 runs cut there). A run whose closing line is
-# still missing (no C compiler for the drain, a thread that never rests) is run again: stdout
-# goes through the same queue, in order, so a line printed last proves all before it.
+# finish before the process ends: 0 of 270 runs cut there). A run whose log really looks cut
+# (it exited 0, llama.cpp's own lines came and nothing was wrong in them, but the closing
+# line did not) is run again: stdout goes through the same queue, in order, so a line
+# printed last proves all before it. Empty or foreign output is refused at once.
 ATTEMPTS = 4
 _R = TypeVar("_R")
-_TOTAL_TIME = re.compile(_PREFIX + rb"common_perf_print: +total time =")
 
 
 def rerun_while_cut(run: Callable[[], _R], whole: Callable[[_R], bool], *, attempts: int,
                     cut: Callable[[_R], Exception]) -> _R:
     """``run()`` until ``whole`` says its log is whole, up to ``attempts`` runs; when none
     is, ``cut(the last run)`` is raised. The one retry of llama.cpp's lost log lines (the
-    eval's runs here, the tests' runs in tests/support/llama_cpp.py)."""
+    eval's runs here, the tests' runs in tests/support/llama_cpp.py). ``whole`` decides
+    what may be retried: it raises for what is wrong at once."""
     for _ in range(attempts):
         result = run()
         if whole(result):
@@ -229,19 +890,146 @@ def rerun_while_cut(run: Callable[[], _R], whole: Callable[[_R], bool], *, attem
     raise cut(result)
 
 
-def _run_whole(binary: Path, args: list[str], *, last: re.Pattern, timeout: float) -> Output:
-    def cut(_out: Output) -> EngineOutputError:
-        drain = log_drain.status()
-        without = f"; run without the log drain: {drain.why_not}" if drain.why_not else ""
-        return EngineOutputError(f"{binary.name}: its log lost its last lines at exit in "
-                                 f"{ATTEMPTS} runs (llama.cpp does not flush its logger at exit: "
-                                 f"common/log.cpp){without}; the eval reads only a whole log",
-                                 path=str(binary), field="log",
-                                 expected="the closing timings line", found="missing")
+@dataclass(frozen=True)
+class _Done:
+    parsed: object                     # the parser's result, or a Cut
+    stdout: bytes
+    seconds: float
 
-    return rerun_while_cut(lambda: _run(binary, args, timeout=timeout),
-                           lambda out: last.search(out.stderr) is not None,
-                           attempts=ATTEMPTS, cut=cut)
+
+def _command(cmd: list[str]) -> str:
+    """The command line, exact but shortened: each argument quoted, a long one cut."""
+    parts = [shlex.quote(a if len(a) <= 120 else a[:60] + "…" + a[-40:]) for a in cmd]
+    text = " ".join(parts)
+    return text if len(text) <= 600 else text[:600] + "…"
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _crash(binary: Path, what: str, cmd: list[str], code: int, log: _Log) -> EngineRunError:
+    how = f"killed by {_signal_name(code)}" if code < 0 else f"exit {code}"
+    last = " | ".join(list(log.tail)[-5:]) or "no log line"
+    cause = ("; likely cause: weights repacked for AMX (its log names an AMX buffer); "
+             "llama.cpp's --no-repack (-nr) avoids it") if log.amx else ""
+    return EngineRunError(f"{binary.name} ({what}) failed, {how}{cause}; command: "
+                          f"{_command(cmd)}; its last log lines: {last}", path=str(binary),
+                          field=what, expected="exit 0",
+                          found=_signal_name(code) if code < 0 else code)
+
+
+def _run(binary: Path, args: list[str], what: str, parse: Callable[[_Log], object], *,
+         log_bytes: int, out_limit: int, timeout: float) -> _Done:
+    """``binary args``, its stderr read by ``parse`` as it comes (at most ``log_bytes``) and
+    its stdout kept up to ``out_limit`` bytes, by a thread; the process is stopped (killed:
+    it is ours) when it runs past ``timeout``, writes past a limit or its log is refused."""
+    cmd = [str(binary), *args]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=log_drain.environment())
+    except OSError as exc:
+        raise EngineRunError(f"{binary.name} ({what}): cannot run: "
+                             f"{os.strerror(exc.errno or 0) or exc}", path=str(binary)) from None
+    stopped = threading.Event()         # by us: a timeout, a limit, a refused log
+    timed_out = threading.Event()
+    out = bytearray()
+    over = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        if proc.poll() is None:
+            proc.kill()
+
+    def on_timeout() -> None:
+        timed_out.set()
+        stop()
+
+    def drain_stdout() -> None:
+        while chunk := os.read(proc.stdout.fileno(), _CHUNK):
+            if len(out) + len(chunk) > out_limit:
+                over.set()
+                stop()
+                return
+            out.extend(chunk)
+
+    timer = threading.Timer(timeout, on_timeout)
+    reader = threading.Thread(target=drain_stdout, daemon=True)
+    timer.start()
+    reader.start()
+    log = _Log(lambda n: os.read(proc.stderr.fileno(), n), binary=binary.name, limit=log_bytes)
+    error: EngineOutputError | None = None
+    parsed = None
+    try:
+        parsed = parse(log)
+    except EngineOutputError as exc:
+        error = exc
+        stop()
+    finally:
+        try:
+            code = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
+        except subprocess.TimeoutExpired:
+            on_timeout()
+            code = proc.wait()
+        timer.cancel()
+        reader.join()
+        proc.stdout.close()
+        proc.stderr.close()
+    seconds = time.perf_counter() - t0
+    if timed_out.is_set():
+        raise EngineRunError(f"{binary.name} ({what}): still running after {timeout:g} s; "
+                             f"stopped; its last log lines: {' | '.join(list(log.tail)[-3:])}",
+                             path=str(binary), expected=f"done within {timeout:g} s",
+                             found="timeout")
+    if code != 0 and not stopped.is_set():
+        raise _crash(binary, what, cmd, code, log)
+    if error is not None:
+        raise error
+    if over.is_set():
+        raise EngineOutputError(f"{binary.name} ({what}): its output exceeds {out_limit:,} "
+                                "bytes, more than the prompt and every token -n allows at the "
+                                "longest piece", path=str(binary), field="stdout",
+                                expected=f"at most {out_limit} bytes",
+                                found=f"more than {out_limit} bytes")
+    return _Done(parsed, bytes(out), seconds)
+
+
+def _cut_error(binary: str, what: str, cut: Cut, runs: int) -> EngineOutputError:
+    if cut.entries == 0:
+        return EngineOutputError(f"{binary} ({what}): no line of llama.cpp's log in "
+                                 f"{cut.total:,} bytes of output; expected its prefixed lines "
+                                 f"({' '.join(LOG_ARGS)})", path=binary, field="log",
+                                 expected="llama.cpp's log", found=f"{cut.total} bytes")
+    drain = log_drain.status()
+    without = f"; it ran without the log drain: {drain.why_not}" if drain.why_not else ""
+    return EngineOutputError(f"{binary} ({what}): its log ends after {cut.last!s} in {runs} "
+                             "run(s), before llama.cpp's closing line (common_perf_print's "
+                             f"graphs reused){without}; the eval reads only a whole log",
+                             path=binary, field="log", expected="the closing line",
+                             found=cut.last)
+
+
+def _run_whole(binary: Path, args: list[str], what: str, parse, *, log_bytes: int,
+               out_limit: int, timeout: float) -> _Done:
+    """``_run`` again while the log only looks cut (see ATTEMPTS); a log with no line of
+    llama.cpp's is refused at once."""
+    runs = 0
+
+    def whole(done: _Done) -> bool:
+        nonlocal runs
+        runs += 1
+        if isinstance(done.parsed, Cut) and done.parsed.entries == 0:
+            raise _cut_error(binary.name, what, done.parsed, runs)
+        return not isinstance(done.parsed, Cut)
+
+    return rerun_while_cut(lambda: _run(binary, args, what, parse, log_bytes=log_bytes,
+                                        out_limit=out_limit, timeout=timeout),
+                           whole, attempts=ATTEMPTS,
+                           cut=lambda done: _cut_error(binary.name, what, done.parsed, runs))
 
 
 def _prompt_file(directory: Path, text: str) -> Path:
@@ -252,14 +1040,6 @@ def _prompt_file(directory: Path, text: str) -> Path:
     return path
 
 
-def _need(value, what: str, binary: str):
-    if value is None:
-        raise EngineOutputError(f"{binary}: its output has no {what}; expected the line "
-                                f"{ENGINE} 0c1e570 prints (the eval reads nothing else)",
-                                field=what, expected="present", found="missing")
-    return value
-
-
 @dataclass(frozen=True)
 class TargetRun:
     prompt_ids: tuple[int, ...]        # the prompt as llama.cpp tokenized its text
@@ -268,67 +1048,49 @@ class TargetRun:
     seconds: float                     # the whole process
     decode_tokens: int                 # llama.cpp's own eval timing: tokens, seconds
     decode_seconds: float
+    system_info: str                   # llama.cpp's own system_info line
 
 
-def parse_prompt_ids(stderr: bytes, binary: str = COMPLETION) -> tuple[int, ...]:
-    count = _need(_PROMPT_COUNT.search(stderr), "'number of tokens in prompt' line", binary)
-    n = int(count.group(1))
-    ids = [int(m.group(1)) for m in _PROMPT_TOKEN.finditer(stderr, count.end())][:n]
-    if len(ids) != n:
-        raise EngineOutputError(f"{binary}: --verbose-prompt listed {len(ids)} token ids for a "
-                                f"prompt of {n} tokens", field="prompt tokens", expected=n,
-                                found=len(ids))
-    return tuple(ids)
+def run_target(bins: Binaries, target_gguf: Path, prompt_text: str, *, vocab: Vocabulary,
+               max_new_tokens: int, threads: int = 1, timeout: float = TIMEOUT_SECONDS,
+               what: str = "the target alone") -> TargetRun:
+    """llama-completion on the target alone, greedy. ``what`` names the run in a message."""
+    data = prompt_text.encode("utf-8")
+    sizes = dict(prompt_bytes=len(data), max_new_tokens=max_new_tokens, n_max=0,
+                 longest_piece=vocab.longest)
 
+    def parse(log: _Log):
+        return _read_completion(log, prompt=prompt_text, vocab=vocab,
+                                max_new_tokens=max_new_tokens)
 
-def run_target(bins: Binaries, target_gguf: Path, prompt_text: str, *, max_new_tokens: int,
-               threads: int = 1, timeout: float = TIMEOUT_SECONDS) -> TargetRun:
-    """llama-completion on the target alone, greedy."""
     with tempfile.TemporaryDirectory(prefix="dspark-llama-") as tmp:
         prompt = _prompt_file(Path(tmp), prompt_text)
-        out = _run_whole(bins.completion, ["-m", str(target_gguf), "-f", str(prompt), "-n",
-                                           str(max_new_tokens), "--temp", "0", "-no-cnv",
-                                           "--no-display-prompt", "--verbose-prompt",
-                                           "-t", str(threads), "-v", *LOG_ARGS],
-                         last=_TOTAL_TIME, timeout=timeout)
-    ids = parse_prompt_ids(out.stderr)
-    text = out.stdout
+        done = _run_whole(bins.completion, ["-m", str(target_gguf), "-f", str(prompt), "-n",
+                                            str(max_new_tokens), "--temp", "0", "-no-cnv",
+                                            "--no-display-prompt", "--verbose-prompt",
+                                            "-t", str(threads), *PROMPT_ARGS, *LOG_ARGS],
+                          what, parse, log_bytes=log_limit(**sizes),
+                          out_limit=stdout_limit(**sizes), timeout=timeout)
+    parsed: CompletionLog = done.parsed
+    if parsed.decode_seconds > done.seconds + 1.0:
+        raise EngineOutputError(f"{COMPLETION} ({what}): its eval time {parsed.decode_seconds:.3f}"
+                                f" s is longer than the run ({done.seconds:.3f} s)",
+                                path=COMPLETION, field="eval time",
+                                expected="a time within the run", found=parsed.decode_seconds)
+    text = done.stdout
     # What llama-completion prints after the tokens: " [end of text]\n" at an
     # end-of-generation token, then "\n\n" (tools/completion/completion.cpp).
     if not text.endswith(b"\n\n"):
-        raise EngineOutputError(f"{COMPLETION}: its output does not end with the blank line it "
-                                "prints after the generated text", field="stdout",
+        raise EngineOutputError(f"{COMPLETION} ({what}): its output does not end with the blank "
+                                "line it prints after the generated text", field="stdout",
                                 expected="text + '\\n\\n'", found=shown(text[-40:]))
     text = text[:-2]
     ended = text.endswith(b" [end of text]\n")
     if ended:
         text = text[: -len(b" [end of text]\n")]
-    m = _need(_EVAL_TIME.search(out.stderr), "'eval time' line", COMPLETION)
-    return TargetRun(prompt_ids=ids, text=text, ended=ended, seconds=out.seconds,
-                     decode_tokens=int(m.group(2)), decode_seconds=float(m.group(1)) / 1000.0)
-
-
-# --- speculative runs -----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Draft:
-    """One draft llama.cpp made and its verification."""
-
-    call: int                          # 1, 2, ... in the order llama.cpp drafted
-    context: tuple[int, ...]           # the committed tokens before the anchor
-    anchor: int                        # the last committed token, not yet in the context
-    tokens: tuple[int, ...]            # what llama.cpp proposed after the anchor
-    accepted: int
-    next_token: int                    # the target's token after the accepted drafts
-
-
-@dataclass(frozen=True)
-class Stats:
-    """llama.cpp's own statistics line (common_speculative_print_stats)."""
-
-    line: str                          # as printed, without the timings
-    mean_acceptance_length: float | None
-    acceptance_rate_by_position: tuple[float, ...]
+    return TargetRun(prompt_ids=parsed.prompt_ids, text=text, ended=ended, seconds=done.seconds,
+                     decode_tokens=parsed.decode_tokens, decode_seconds=parsed.decode_seconds,
+                     system_info=parsed.system_info)
 
 
 @dataclass(frozen=True)
@@ -343,102 +1105,63 @@ class SpeculativeRun:
     decode_seconds: float
 
 
-def parse_speculative(stderr: bytes, prompt_ids: tuple[int, ...], *, spec_type: str,
-                      binary: str = SPECULATIVE) -> tuple[tuple[Draft, ...], Stats]:
-    """The drafts of a ``-v`` run of llama-speculative-simple, rebuilt with their context
-    from ``prompt_ids`` (llama.cpp's own tokenization of the prompt)."""
-    if len(prompt_ids) < 2:
-        raise EngineOutputError(f"{binary}: a prompt of {len(prompt_ids)} token(s); llama.cpp's "
-                                "speculative loop needs at least 2 (its first anchor is the last "
-                                "prompt token)", field="prompt", expected=">= 2 tokens",
-                                found=len(prompt_ids))
-    if _PARTIAL.search(stderr):
-        raise EngineOutputError(f"{binary}: it restored a checkpoint after a partial acceptance "
-                                "(a target without partial sequence removal); the eval reads only "
-                                "the plain loop", field="partial acceptance")
-    events = sorted([(m.start(), "cand", m) for m in _CANDIDATE.finditer(stderr)]
-                    + [(m.start(), "called", m) for m in _CALLED.finditer(stderr)]
-                    + [(m.start(), "accepted", m) for m in _ACCEPTED.finditer(stderr)],
-                    key=lambda e: e[0])
-    context, anchor = list(prompt_ids[:-1]), prompt_ids[-1]
-    drafts: list[Draft] = []
-    rows: dict[int, int] = {}          # pos -> candidate 0 of the draft being read
-    called = None
-    for _, kind, m in events:
-        if kind == "cand":
-            if int(m.group(2)) == 0 and int(m.group(1)) == 0:
-                rows.setdefault(int(m.group(3)), int(m.group(4)))
-        elif kind == "called":
-            if m.group(1).decode() != spec_type:
-                raise EngineOutputError(f"{binary}: drafted with {m.group(1).decode()}, not "
-                                        f"{spec_type}", field="spec type", expected=spec_type,
-                                        found=m.group(1).decode())
-            called = (int(m.group(2)), int(m.group(4)))
-        else:
-            accepted, n_draft, nxt = (int(m.group(i)) for i in (1, 2, 3))
-            call = len(drafts) + 1
-            tokens: tuple[int, ...] = ()
-            if called is not None:
-                hist, gen = called
-                if hist != len(context):
-                    raise EngineOutputError(
-                        f"{binary}: draft {call} was made from {hist} committed tokens; the "
-                        f"tokens read so far make {len(context)}", field=f"draft {call}",
-                        expected=len(context), found=hist)
-                # Both layouts print the draft's own positions 0..G-1 (draft-dflash prints
-                # row i as position i-1: common/speculative.cpp).
-                if any(p not in rows for p in range(gen)):
-                    raise EngineOutputError(f"{binary}: draft {call} holds {gen} tokens but its "
-                                            f"log names positions {sorted(rows)}",
-                                            field=f"draft {call}", expected=gen, found=len(rows))
-                tokens = tuple(rows[p] for p in range(gen))
-            if n_draft != len(tokens) or accepted > len(tokens):
-                raise EngineOutputError(f"{binary}: cycle {call} verified {n_draft} draft tokens "
-                                        f"(accepted {accepted}); its draft read has {len(tokens)}",
-                                        field=f"draft {call}", expected=len(tokens), found=n_draft)
-            drafts.append(Draft(call=call, context=tuple(context), anchor=anchor, tokens=tokens,
-                                accepted=accepted, next_token=nxt))
-            context += [anchor, *tokens[:accepted]]
-            anchor = nxt
-            rows, called = {}, None
-    if not drafts:
-        raise EngineOutputError(f"{binary}: no verification line ('accepted A/G draft tokens'); "
-                                "expected one a cycle (was it run with -v?)", field="cycles",
-                                expected="at least one", found=0)
-    stats_m = _need(_STATS.search(stderr), "statistics line", binary)
-    body = stats_m.group(2).decode("utf-8", "replace")
-    mean = re.search(r"#mean acc len = ([0-9.]+)", body)
-    rate = re.search(r"#acc rate/pos = \(([^)]*)\)", body)
-    rates = tuple(float(x) for x in rate.group(1).split(",") if x.strip()) if rate else ()
-    stats = Stats(line=f"{stats_m.group(1).decode()}: {body}",
-                  mean_acceptance_length=float(mean.group(1)) if mean else None,
-                  acceptance_rate_by_position=rates)
-    return tuple(drafts), stats
-
-
 def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind: str,
-                    prompt_text: str, prompt_ids: tuple[int, ...], max_new_tokens: int,
-                    n_max: int, threads: int = 1,
-                    timeout: float = TIMEOUT_SECONDS) -> SpeculativeRun:
+                    prompt_text: str, prompt_ids: tuple[int, ...], vocab: Vocabulary,
+                    max_new_tokens: int, n_max: int, threads: int = 1,
+                    timeout: float = TIMEOUT_SECONDS, what: str | None = None) -> SpeculativeRun:
     """llama-speculative-simple at temperature 0, the confidence cut off (p-min 0), drafts of
     up to ``n_max`` tokens; ``kind`` "dspark" or "dflash" (the --spec-type)."""
     spec_type = SPEC_TYPES[kind]
+    what = what or spec_type
+    sizes = dict(prompt_bytes=len(prompt_text.encode("utf-8")), max_new_tokens=max_new_tokens,
+                 n_max=n_max, longest_piece=vocab.longest)
+
+    def parse(log: _Log):
+        return _read_speculative(log, prompt_ids, spec_type=spec_type, vocab=vocab,
+                                 n_max=n_max, max_new_tokens=max_new_tokens)
+
     with tempfile.TemporaryDirectory(prefix="dspark-llama-") as tmp:
         prompt = _prompt_file(Path(tmp), prompt_text)
-        out = _run_whole(bins.speculative, ["-m", str(target_gguf), "-md", str(draft_gguf),
-                                            "--spec-type", spec_type, "--spec-draft-n-max",
-                                            str(n_max), "--spec-draft-p-min", "0", "--temp", "0",
-                                            "-f", str(prompt), "-n", str(max_new_tokens), "-t",
-                                            str(threads), "-v", *LOG_ARGS],
-                         last=_TOTAL_TIME, timeout=timeout)
-    drafts, stats = parse_speculative(out.stderr, prompt_ids, spec_type=spec_type)
-    output: list[int] = []
-    for d in drafts:
-        output += [*d.tokens[:d.accepted], d.next_token]
-    m = _need(_DECODED.search(out.stderr), "'decoded N tokens' line", SPECULATIVE)
-    return SpeculativeRun(spec_type=spec_type, drafts=drafts, output_ids=tuple(output),
-                          text=out.stdout, stats=stats, seconds=out.seconds,
-                          decode_tokens=int(m.group(1)), decode_seconds=float(m.group(2)))
+        done = _run_whole(bins.speculative, ["-m", str(target_gguf), "-md", str(draft_gguf),
+                                             "--spec-type", spec_type, "--spec-draft-n-max",
+                                             str(n_max), "--spec-draft-p-min", "0", "--temp", "0",
+                                             "-f", str(prompt), "-n", str(max_new_tokens), "-t",
+                                             str(threads), "-v", *PROMPT_ARGS, *LOG_ARGS],
+                          what, parse, log_bytes=log_limit(**sizes),
+                          out_limit=stdout_limit(**sizes), timeout=timeout)
+    parsed: SpeculativeLog = done.parsed
+    if parsed.decode_seconds > done.seconds + 1.0:
+        raise EngineOutputError(f"{SPECULATIVE} ({what}): its decoding time "
+                                f"{parsed.decode_seconds:.3f} s is longer than the run "
+                                f"({done.seconds:.3f} s)", path=SPECULATIVE, field="decoded",
+                                expected="a time within the run", found=parsed.decode_seconds)
+    return SpeculativeRun(spec_type=spec_type, drafts=parsed.drafts, output_ids=parsed.output_ids,
+                          text=done.stdout, stats=parsed.stats, seconds=done.seconds,
+                          decode_tokens=parsed.decode_tokens,
+                          decode_seconds=parsed.decode_seconds)
+
+
+# --- a log given whole (the tests' hostile logs, a log saved by hand) -------------------------
+
+def _whole(parsed, binary: str):
+    if isinstance(parsed, Cut):
+        raise _cut_error(binary, "a log given whole", parsed, 1)
+    return parsed
+
+
+def parse_completion(log: bytes, *, prompt: str, vocab: Vocabulary,
+                     max_new_tokens: int) -> CompletionLog:
+    """read_completion_log on bytes; a cut log is refused."""
+    return _whole(read_completion_log(io.BytesIO(log).read, prompt=prompt, vocab=vocab,
+                                      max_new_tokens=max_new_tokens), COMPLETION)
+
+
+def parse_speculative(log: bytes, prompt_ids: tuple[int, ...], *, spec_type: str,
+                      vocab: Vocabulary, n_max: int, max_new_tokens: int) -> SpeculativeLog:
+    """read_speculative_log on bytes; a cut log is refused."""
+    return _whole(read_speculative_log(io.BytesIO(log).read, prompt_ids, spec_type=spec_type,
+                                       vocab=vocab, n_max=n_max, max_new_tokens=max_new_tokens),
+                  SPECULATIVE)
 
 
 def text_of_prompt_ids(vocab: Vocabulary, ids) -> str | None:

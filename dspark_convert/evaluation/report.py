@@ -145,7 +145,12 @@ class EngineRun(BaseModel):
     tau: float | None
     acceptance_by_position: list[float] | None   # P(accepted > k | proposed > k)
     lossless: bool | None
-    proposals: ProposalCheck | None
+    proposals: ProposalCheck | None    # compared 0: llama.cpp drafted nothing, nothing was
+                                       # compared (never a pass: report.md says so)
+    # llama.cpp's own "system_info: ..." line (threads, backends, CPU features: which code
+    # path ran), as llama-completion of the same build printed it on this machine
+    # (llama-speculative-simple prints none); None in a report written before issue 25.
+    system_info: str | None = None
 
 
 class EngineInfo(BaseModel):
@@ -155,6 +160,7 @@ class EngineInfo(BaseModel):
     binaries: str
     target_gguf: str
     target_gguf_sha256: str
+    system_info: str | None = None     # the line every run of the build printed (EngineRun)
 
 
 class ArtifactReport(BaseModel):
@@ -456,6 +462,9 @@ def _engine_section(report: EvalReport) -> list[str]:
     for r in report.engine_runs:
         lossless = "-" if r.lossless is None else ("yes" if r.lossless else "**NO**")
         p = r.proposals
+        compared = "-" if p is None else f"{p.equal} / {p.compared}"
+        if p is not None and p.compared == 0:
+            compared = "**none: llama.cpp drafted nothing**"
         first = "-"
         if p is not None and p.first_difference is not None:
             d = p.first_difference
@@ -471,8 +480,10 @@ def _engine_section(report: EvalReport) -> list[str]:
         out.append(f"| {'target alone' if r.kind == 'target' else md_cell(r.artifact)} | "
                    f"{r.spec_type or '-'} | {len(r.prompts)} | {_f(r.tau)} | {mean} | "
                    f"{_f(r.tokens_per_second, 0)} | {lossless} | "
-                   f"{'-' if p is None else f'{p.equal} / {p.compared}'} | {first} |")
+                   f"{compared} | {first} |")
     out.append("")
+    if e.system_info:
+        out += [f"llama.cpp's system info: `{md_cell(e.system_info)}`", ""]
     runs = [r for r in report.engine_runs if r.acceptance_by_position]
     if runs:
         B = max(len(r.acceptance_by_position) for r in runs)
