@@ -7,7 +7,8 @@ through the real CLI (tests/support/cli.py), with the twins in util/atomic.py:
   every array the export copies keeps the element type it was read with.
 - A hidden ``.OUT.dspark-tmp-PID-x.header`` (the header gguf-py stages) was left beside
   ``-o`` on a full disk, a file-size limit, SIGINT and SIGTERM: no temporary is left on any
-  failure, and the interrupt is one line with its code (130 / 143).
+  failure, and the interrupt is one line with its code (130 / 143), whether it comes while
+  the header is staged or while the tensors are copied (slow).
 - The writers' other entries beside an output: a writability probe left by a killed run is
   removed; a rename and its record are never split by a signal.
 
@@ -342,3 +343,65 @@ def test_a_failed_replace_keeps_the_old_file_and_leaves_no_sibling(tmp_path, mon
         atomic.atomic_file(out, write, force=True)
     assert out.read_text() == "old"
     assert os.listdir(tmp_path) == ["x.lock"]
+
+
+@pytest.fixture(scope="module")
+def big_export_inputs(big_source, tmp_path_factory):
+    """A ~130 MB artifact and a target GGUF for it: the tensor copy lasts long enough to
+    stop the export in the middle of it."""
+    import json
+
+    from test_export import _big_target
+
+    from dspark_convert.commands.convert import convert
+
+    root = tmp_path_factory.mktemp("big-export")
+    convert(big_source, root / "art")
+    config = json.loads((big_source / "config.json").read_text())
+    return root / "art", _big_target(root / "t.gguf", config)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:     # renamed or removed since it was listed
+        return 0
+
+
+@pytest.mark.slow   # converts 130 MB; the staged-header case above is the fast canary
+@pytest.mark.parametrize("sig, code, word", [
+    (signal.SIGINT, EXIT_INTERRUPTED, "interrupted"),
+    (signal.SIGTERM, EXIT_TERMINATED, "terminated"),
+], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_tensors_are_copied_leaves_no_temporary(big_export_inputs, tmp_path,
+                                                                   sig, code, word):
+    """Stopped once the output's temporary holds more than its header (the tensors are
+    being copied), signalled, let go."""
+    art, target = big_export_inputs
+    out = tmp_path / "d.gguf"
+    proc = subprocess.Popen([str(DSPARK), "export", str(art), "--engine", "llama.cpp",
+                             "--target-gguf", str(target), "-o", str(out), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+    try:
+        deadline = time.monotonic() + APPEAR_TIMEOUT_S
+        size = 0
+        while proc.poll() is None and time.monotonic() < deadline:
+            size = max((_size(tmp_path / n) for n in temp_siblings(out)
+                        if not n.endswith(".header")), default=0)
+            if size > 8 * 1024 * 1024:
+                break
+            time.sleep(POLL_S)
+        proc.send_signal(signal.SIGSTOP)
+        if proc.poll() is not None or size <= 8 * 1024 * 1024:
+            pytest.fail(f"the copy was not caught under way (exit {proc.poll()}, {size} bytes)")
+        proc.send_signal(sig)
+        proc.send_signal(signal.SIGCONT)
+        _stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert_one_error_line((proc.returncode, stderr), code, word)
+    assert not out.exists()
+    assert os.listdir(tmp_path) == []
