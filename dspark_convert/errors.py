@@ -507,7 +507,8 @@ class TargetGGUFError(ExportRefusal):
 class TargetGGUFMismatchError(ExportRefusal):
     """The target GGUF is not the artifact's target: its architecture, hidden size,
     vocabulary, layer count (against the taps), or the embedding / head hash recorded at
-    convert differ (the key or tensor is named)."""
+    convert differ, or a tokenizer key cannot be carried into the drafter file as read (an
+    array of arrays, an empty array); the key or tensor is named."""
     exit_code = 104
 
 
