@@ -51,7 +51,6 @@ alphabet), as llama.cpp's ``common_token_to_piece`` renders it.
 from __future__ import annotations
 
 import io
-import math
 import os
 import re
 import shlex
@@ -293,11 +292,11 @@ class _Log:
         end. Nothing is consumed."""
         while True:
             nl = self._buf.find(b"\n", self._scanned)
-            if nl >= 0:
+            if 0 <= nl <= LINE_LIMIT:
                 return bytes(self._buf[:nl]), True
-            self._scanned = len(self._buf)
-            if len(self._buf) > LINE_LIMIT:
+            if nl > LINE_LIMIT or len(self._buf) > LINE_LIMIT:
                 return bytes(self._buf[:LINE_LIMIT]), False
+            self._scanned = len(self._buf)
             if not self._fill():
                 return (bytes(self._buf), False) if self._buf else None
 
@@ -465,7 +464,8 @@ class _Reader:
                 if not kind.head.match(message):
                     continue
                 if kind not in kinds:
-                    raise self.fail(f"a {kind.name} line where none belongs", "each of "
+                    article = "an" if kind.name[0] in "aeiou" else "a"
+                    raise self.fail(f"{article} {kind.name} line where none belongs", "each of "
                                     "llama.cpp's lines in its place, the singular ones once "
                                     "(free text printed while a model loads may look like one)",
                                     line, kind.name)
@@ -1040,6 +1040,24 @@ def _prompt_file(directory: Path, text: str) -> Path:
     return path
 
 
+def completion_args(target_gguf: Path, prompt_file: Path, *, max_new_tokens: int,
+                    threads: int = 1) -> list[str]:
+    """llama-completion's arguments (without -v: its debug lines echo the prompt and the
+    generated pieces once more, and nothing the eval reads is among them)."""
+    return ["-m", str(target_gguf), "-f", str(prompt_file), "-n", str(max_new_tokens), "--temp",
+            "0", "-no-cnv", "--no-display-prompt", "--verbose-prompt", "-t", str(threads),
+            *PROMPT_ARGS, *LOG_ARGS]
+
+
+def speculative_args(target_gguf: Path, draft_gguf: Path, prompt_file: Path, *, spec_type: str,
+                     n_max: int, max_new_tokens: int, threads: int = 1) -> list[str]:
+    """llama-speculative-simple's arguments (-v: the draft lines are debug lines)."""
+    return ["-m", str(target_gguf), "-md", str(draft_gguf), "--spec-type", spec_type,
+            "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", "0", "--temp", "0",
+            "-f", str(prompt_file), "-n", str(max_new_tokens), "-t", str(threads), "-v",
+            *PROMPT_ARGS, *LOG_ARGS]
+
+
 @dataclass(frozen=True)
 class TargetRun:
     prompt_ids: tuple[int, ...]        # the prompt as llama.cpp tokenized its text
@@ -1065,10 +1083,9 @@ def run_target(bins: Binaries, target_gguf: Path, prompt_text: str, *, vocab: Vo
 
     with tempfile.TemporaryDirectory(prefix="dspark-llama-") as tmp:
         prompt = _prompt_file(Path(tmp), prompt_text)
-        done = _run_whole(bins.completion, ["-m", str(target_gguf), "-f", str(prompt), "-n",
-                                            str(max_new_tokens), "--temp", "0", "-no-cnv",
-                                            "--no-display-prompt", "--verbose-prompt",
-                                            "-t", str(threads), *PROMPT_ARGS, *LOG_ARGS],
+        done = _run_whole(bins.completion, completion_args(target_gguf, prompt,
+                                                           max_new_tokens=max_new_tokens,
+                                                           threads=threads),
                           what, parse, log_bytes=log_limit(**sizes),
                           out_limit=stdout_limit(**sizes), timeout=timeout)
     parsed: CompletionLog = done.parsed
@@ -1122,11 +1139,10 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
 
     with tempfile.TemporaryDirectory(prefix="dspark-llama-") as tmp:
         prompt = _prompt_file(Path(tmp), prompt_text)
-        done = _run_whole(bins.speculative, ["-m", str(target_gguf), "-md", str(draft_gguf),
-                                             "--spec-type", spec_type, "--spec-draft-n-max",
-                                             str(n_max), "--spec-draft-p-min", "0", "--temp", "0",
-                                             "-f", str(prompt), "-n", str(max_new_tokens), "-t",
-                                             str(threads), "-v", *PROMPT_ARGS, *LOG_ARGS],
+        done = _run_whole(bins.speculative,
+                          speculative_args(target_gguf, draft_gguf, prompt, spec_type=spec_type,
+                                           n_max=n_max, max_new_tokens=max_new_tokens,
+                                           threads=threads),
                           what, parse, log_bytes=log_limit(**sizes),
                           out_limit=stdout_limit(**sizes), timeout=timeout)
     parsed: SpeculativeLog = done.parsed
