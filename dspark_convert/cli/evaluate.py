@@ -191,7 +191,9 @@ def _print_summary(report, output: str, written: list[Path]) -> None:
         if r.lossless is not None:
             parts.append("= its target alone" if r.lossless else "DIFFERS from its target alone")
         if r.proposals is not None:
-            parts.append(f"proposals {r.proposals.equal}/{r.proposals.compared} equal to ours")
+            # Nothing compared is never a pass (issue 25): said, not shown as a clean 0/0.
+            parts.append(f"proposals {r.proposals.equal}/{r.proposals.compared} equal to ours"
+                         if r.proposals.compared else "NOTHING COMPARED: llama.cpp drafted nothing")
         what = "target alone" if r.kind == "target" else f"{r.artifact} ({r.spec_type})"
         out.print(escape(f"  {r.engine} {what}: " + ", ".join(parts)))
         d = r.proposals.first_difference if r.proposals else None
