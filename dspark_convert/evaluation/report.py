@@ -475,7 +475,7 @@ def _engine_section(report: EvalReport) -> list[str]:
                      + (f" (our margin {d.reference_margin:.3g})"
                         if d.reference_margin is not None else ""))
         stated = [float(m.group(1)) for x in r.prompts if x.statistics
-                  for m in [re.search(r"#mean acc len = ([0-9.]+)", x.statistics)] if m]
+                  for m in [re.search(r"#mean acc len = (\d{1,10}\.\d\d)\b", x.statistics)] if m]
         mean = _f(sum(stated) / len(stated)) if stated else "-"
         out.append(f"| {'target alone' if r.kind == 'target' else md_cell(r.artifact)} | "
                    f"{r.spec_type or '-'} | {len(r.prompts)} | {_f(r.tau)} | {mean} | "

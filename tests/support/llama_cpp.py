@@ -78,7 +78,7 @@ class Run:
 
     @property
     def mean_acceptance(self) -> float | None:
-        match = re.search(r"#mean acc len = ([0-9.]+)", self.stderr)
+        match = re.search(r"#mean acc len = (\d{1,10}\.\d\d)\b", self.stderr)
         return float(match.group(1)) if match else None
 
 
