@@ -305,8 +305,6 @@ class _Log:
         self._scanned = 0
         self.lines += 1
         self.tail.append(_seen(shown_line))
-        if b"AMX" in shown_line and b"buffer" in shown_line:
-            self.amx = True
 
     def skip(self) -> None:
         """Consume the line peek() returned (and its newline)."""
@@ -319,6 +317,10 @@ class _Log:
                                     expected=f"at most {LINE_LIMIT} bytes",
                                     found=f"more than {LINE_LIMIT} bytes")
         self._consumed(len(line) + whole, line)
+        # Only a line of llama.cpp's own (never known free text, read by expect: a prompt
+        # that says "AMX buffer" is not a cause).
+        if _AMX_BUFFER.search(line):
+            self.amx = True
 
     def expect(self, data: bytes) -> int | None:
         """Consume exactly ``data`` when the log holds it next (one entry whose free text is
@@ -342,6 +344,9 @@ class _Log:
         self._consumed(len(data), data.rstrip(b"\n"))
         return None
 
+
+# load_tensors' line for weights ggml repacked into AMX tiles (ggml-cpu/amx: buffer "AMX").
+_AMX_BUFFER = re.compile(rb"^\d{1,7}\.\d\d\.\d{3}\.\d{3} [IWED] \w+: +AMX model buffer size")
 
 # One entry's prefix: M.SS.mmm.uuu (minutes, seconds, ms, us since start) and a level.
 _PREFIX = re.compile(rb"(\d{1,7})\.(\d\d)\.(\d\d\d)\.(\d\d\d) ([IWED]) ")
