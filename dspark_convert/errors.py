@@ -532,15 +532,19 @@ class EngineBinaryError(EngineError):
 
 
 class EngineRunError(EngineError):
-    """An engine binary failed: a non-zero exit, a signal or a timeout (its last error
-    line is named)."""
+    """An engine binary failed: a non-zero exit, a signal or a timeout. Named in one line:
+    the binary and which run (artifact, --spec-type, prompt), the signal by name, the
+    command line, the engine's last log lines and, where its log shows one, the likely
+    cause (weights repacked for AMX: --no-repack avoids it)."""
     exit_code = 112
 
 
 class EngineOutputError(EngineError):
     """The engine's output cannot be read as expected: a line the parser needs is missing,
-    or what it printed contradicts itself (a draft's context length, the prompt's token
-    count); the eval refuses rather than guess."""
+    a field is malformed or out of range (a token id outside the vocabulary, a count or a
+    rate out of bounds, a timing not in printf's form), a line is not where llama.cpp
+    writes it, the log exceeds its bound, or what it printed contradicts itself (a draft's
+    context length, the prompt's token count); the eval refuses rather than guess."""
     exit_code = 113
 
 
