@@ -118,15 +118,10 @@ def check_target_gguf(spec: EngineSpec, arts) -> None:
     from dspark_convert.formats.gguf_reader import read_gguf
 
     label = str(spec.target_gguf)
-    gguf = X._read_target(spec.target_gguf)
+    gguf = X.read_target_gguf(spec.target_gguf)
     for art in arts:
         kv = read_metadata(read_gguf(art.path / GGUF_FILE), path=str(art.path / GGUF_FILE))
-        checks: list = []
-        target = X._check_target(gguf, art.contract, label, checks)
-        X._check_hash(target, target.embedding, kv, "dflash.target.embed_sha256", "embedding",
-                      "target.embedding", label, checks)
-        X._check_hash(target, target.head or target.embedding, kv,
-                      "dflash.target.lm_head_sha256", "head", "target.lm_head", label, checks)
+        X.check_target_gguf(gguf, art.contract, kv, label, [])
 
 
 def _system_info(lines: list[str], binary: str) -> str | None:

@@ -394,6 +394,28 @@ class _Writer:
                 handle.close()
 
 
+def read_target_gguf(path: str | os.PathLike) -> GGUFFile:
+    """The target GGUF, read as export reads it (one line for a missing, special or
+    unreadable file: 103/104)."""
+    return _read_target(Path(path))
+
+
+def check_target_gguf(target_file: GGUFFile, contract: FeatureContract, kv: dict, label: str,
+                      checks: list[Check]) -> tuple[_Target, str | None]:
+    """``target_file`` against an artifact's contract and the hashes it recorded at convert:
+    the architecture, hidden size, layer count against the taps, vocabulary, tokenizer
+    arrays, then the embedding's and the head's bytes. The one check of a target GGUF:
+    export's and eval's (--engine ... --target-gguf). A GGUF of another target is refused
+    (104); returns the target read and the embedding's digest (None where not comparable)."""
+    target = _check_target(target_file, contract, label, checks)
+    embed_sha = _check_hash(target, target.embedding, kv, "dflash.target.embed_sha256",
+                            "embedding", "target.embedding", label, checks)
+    # A tied target has no output.weight: its head is token_embd.
+    _check_hash(target, target.head or target.embedding, kv, "dflash.target.lm_head_sha256",
+                "head", "target.lm_head", label, checks)
+    return target, embed_sha
+
+
 def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike,
                      output: str | os.PathLike, *, force: bool = False,
                      keep_embedding: bool = False,
@@ -441,13 +463,8 @@ def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike
     # Again against the contract validate read (the artifact could have changed since the
     # peek); the target file is read once.
     checks: list[Check] = []
-    target = _check_target(target_file or _read_target(target_path), contract, target_label,
-                           checks)
-    embed_sha = _check_hash(target, target.embedding, kv, "dflash.target.embed_sha256",
-                            "embedding", "target.embedding", target_label, checks)
-    # A tied target has no output.weight: its head is token_embd.
-    _check_hash(target, target.head or target.embedding, kv, "dflash.target.lm_head_sha256",
-                "head", "target.lm_head", target_label, checks)
+    target, embed_sha = check_target_gguf(target_file or _read_target(target_path), contract, kv,
+                                          target_label, checks)
 
     plan = _plan(gguf, contract, target, keep_embedding=keep_embedding)
     entries = metadata(kv, contract, target, artifact_sha)
