@@ -1094,11 +1094,8 @@ def run_target(bins: Binaries, target_gguf: Path, prompt_text: str, *, vocab: Vo
                           what, parse, log_bytes=log_limit(**sizes),
                           out_limit=stdout_limit(**sizes), timeout=timeout)
     parsed: CompletionLog = done.parsed
-    if parsed.decode_seconds > done.seconds + 1.0:
-        raise EngineOutputError(f"{COMPLETION} ({what}): its eval time {parsed.decode_seconds:.3f}"
-                                f" s is longer than the run ({done.seconds:.3f} s)",
-                                path=COMPLETION, field="eval time",
-                                expected="a time within the run", found=parsed.decode_seconds)
+    _within_the_run(parsed.decode_seconds, done.seconds, binary=COMPLETION, what=what,
+                    field="eval time")
     text = done.stdout
     # What llama-completion prints after the tokens: " [end of text]\n" at an
     # end-of-generation token, then "\n\n" (tools/completion/completion.cpp).
@@ -1113,6 +1110,16 @@ def run_target(bins: Binaries, target_gguf: Path, prompt_text: str, *, vocab: Vo
     return TargetRun(prompt_ids=parsed.prompt_ids, text=text, ended=ended, seconds=done.seconds,
                      decode_tokens=parsed.decode_tokens, decode_seconds=parsed.decode_seconds,
                      system_info=parsed.system_info)
+
+
+def _within_the_run(seconds: float, run_seconds: float, *, binary: str, what: str,
+                    field: str) -> None:
+    """A time llama.cpp reports for part of a run is at most the whole run we timed (and a
+    second of clock slack): a longer one is a garbled log, not a measurement."""
+    if seconds > run_seconds + 1.0:
+        raise EngineOutputError(f"{binary} ({what}): its {field} time {seconds:.3f} s is longer "
+                                f"than the run ({run_seconds:.3f} s)", path=binary, field=field,
+                                expected="a time within the run", found=seconds)
 
 
 @dataclass(frozen=True)
@@ -1151,11 +1158,8 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
                           what, parse, log_bytes=log_limit(**sizes),
                           out_limit=stdout_limit(**sizes), timeout=timeout)
     parsed: SpeculativeLog = done.parsed
-    if parsed.decode_seconds > done.seconds + 1.0:
-        raise EngineOutputError(f"{SPECULATIVE} ({what}): its decoding time "
-                                f"{parsed.decode_seconds:.3f} s is longer than the run "
-                                f"({done.seconds:.3f} s)", path=SPECULATIVE, field="decoded",
-                                expected="a time within the run", found=parsed.decode_seconds)
+    _within_the_run(parsed.decode_seconds, done.seconds, binary=SPECULATIVE, what=what,
+                    field="decoded")
     return SpeculativeRun(spec_type=spec_type, drafts=parsed.drafts, output_ids=parsed.output_ids,
                           text=done.stdout, stats=parsed.stats, seconds=done.seconds,
                           decode_tokens=parsed.decode_tokens,
