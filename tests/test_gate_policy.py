@@ -17,7 +17,9 @@ from conftest import ROOT
 from support.cli import assert_refused, run_cli, temp_siblings
 from dspark_convert.commands.gate_policy import (
     Defaults,
+    RESERVED_NAMES,
     Drafter,
+    check_updatable,
     load_policy,
     parse_policy,
     updated_path,
@@ -112,8 +114,9 @@ def test_a_missing_or_non_utf8_policy_is_refused(tmp_path):
 
 # --- the parser, as a property -----------------------------------------------------------
 
+# valid names: not the gate's own files (RESERVED_NAMES, in any case)
 _names = st.text(string.ascii_letters + string.digits + "._-", min_size=1, max_size=12).filter(
-    lambda s: s[0].isalnum())
+    lambda s: s[0].isalnum() and s.casefold() not in RESERVED_NAMES)
 _keys = st.text(string.ascii_lowercase + "_", min_size=1, max_size=12)
 
 
@@ -151,7 +154,8 @@ _defaults = st.fixed_dictionaries({}, optional={
 
 
 @settings(max_examples=150, deadline=None)
-@given(_defaults, st.lists(_drafter, min_size=1, max_size=4, unique_by=lambda d: d["name"]))
+@given(_defaults, st.lists(_drafter, min_size=1, max_size=4,
+                           unique_by=lambda d: d["name"].casefold()))   # one directory each
 def test_a_valid_policy_reads_back_every_value(defaults, drafters):
     policy = parse_policy(_render(defaults, drafters), "p.toml")
     assert policy.defaults == Defaults(**defaults)
@@ -159,7 +163,7 @@ def test_a_valid_policy_reads_back_every_value(defaults, drafters):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(_drafter, min_size=1, max_size=3, unique_by=lambda d: d["name"]),
+@given(st.lists(_drafter, min_size=1, max_size=3, unique_by=lambda d: d["name"].casefold()),
        st.data())
 def test_an_unknown_key_is_refused_naming_it_and_its_entry(drafters, data):
     i = data.draw(st.integers(0, len(drafters) - 1))
@@ -207,3 +211,45 @@ def test_update_keeps_a_trailing_comment_and_refuses_a_layout_it_cannot_edit():
     with pytest.raises(GatePolicyError, match="cannot write the measured hashes"):
         with_hashes(inline, {0: "9" * 64}, "p")
     assert updated_path(GOLDEN_POLICY).name == "golden.updated.toml"
+
+
+def test_update_keeps_crlf_line_endings_and_splits_lines_only_where_toml_does():
+    text = (MINIMAL.replace("\n", "\r\n")
+            + 'changed_because = "a\u2028[[drafter]] inside a string"\r\n')
+    text = text.replace("changed_because", 'sha256 = "' + "0" * 64 + '"\r\nchanged_because')
+    new = with_hashes(text.replace('sha256 = "' + "0" * 64 + '"\r\n', ""), {0: "9" * 64}, "p")
+    assert new.count("\n") == new.count("\r\n") == text.count("\r\n")
+    assert f'name = "a"\r\nsha256 = "{"9" * 64}"\r\n' in new
+    # a last line without its line ending gets the file's before the line added after it
+    last = with_hashes('[[drafter]]\r\nsource = "s"\r\ntarget = "t"\r\nname = "a"', {0: "9" * 64}, "p")
+    assert last.endswith(f'name = "a"\r\nsha256 = "{"9" * 64}"\r\n')
+
+
+def test_update_is_checked_on_the_policy_before_anything_runs(tmp_path):
+    check_updatable(load_policy(_write(tmp_path, MINIMAL)))           # editable: no refusal
+    inline = _write(tmp_path, 'drafter = [{name = "a", source = "s", target = "t"}]\n', "i.toml")
+    with pytest.raises(GatePolicyError, match="cannot write the measured hashes"):
+        check_updatable(load_policy(inline))
+
+
+@pytest.mark.parametrize("text", [
+    MINIMAL + 'changed_because = "' + "[" * 40 + '"\nsha256 = "' + "0" * 64 + '"\n',
+    MINIMAL + "# " + "{" * 40 + "\n",
+    MINIMAL + 'changed_because = """' + "[" * 40 + '\n' + "a.b." * 40 + '"""\nsha256 = "' + "0" * 64 + '"\n',
+    MINIMAL + "changed_because = '''" + "[" * 40 + "'''\nsha256 = \"" + "0" * 64 + '"\n',
+    MINIMAL + 'prompts = "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.jsonl"\n',
+])
+def test_brackets_and_dots_in_strings_and_comments_are_not_nesting(text):
+    assert parse_policy(text, "p").drafter[0].name == "a"
+
+
+def test_nesting_at_the_bound_is_read_and_one_more_is_refused():
+    from dspark_convert.commands.gate_policy import MAX_NESTING
+
+    def text(depth):        # an unknown key (refused by name) nested ``depth`` deep
+        return "x = " + "[" * depth + "]" * depth + "\n" + MINIMAL
+
+    with pytest.raises(GatePolicyError, match="key 'x': unknown key"):
+        parse_policy(text(MAX_NESTING), "p")
+    with pytest.raises(GatePolicyError, match=f"nested {MAX_NESTING + 1} deep"):
+        parse_policy(text(MAX_NESTING + 1), "p")

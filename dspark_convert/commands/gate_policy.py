@@ -43,6 +43,14 @@ else:  # pragma: no cover - Python 3.10: the same parser, from PyPI (pyproject's
 
 # A drafter's name is a directory of the gate's output and a JUnit test suite.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# The gate's own files in OUT_DIR (gate_report.GATE_JSON, GATE_MD, JUNIT_XML): a drafter
+# named so would take the name first and leave the reports nowhere to go. Compared without
+# case, as a case-insensitive file system (macOS, Windows) compares them.
+RESERVED_NAMES = ("gate.json", "gate.md", "junit.xml")
+# How deep a policy may nest ([[drafter]] > a table > a list is 3). tomllib recurses once a
+# level: a few hundred brackets (about 1 KB) exhaust Python's stack, so deeper text is
+# refused before it is parsed, with one line.
+MAX_NESTING = 16
 QuantName = Literal["q8_0", "q5_0", "q4_0"]      # `dspark quantize --type`
 DEFAULT_MAX_NEW_TOKENS = 32
 
@@ -104,6 +112,14 @@ class Drafter(_Strict):
     max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS_LIMIT,
                                        description="this drafter's new tokens per prompt")
 
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.casefold() in RESERVED_NAMES:
+            raise ValueError(f"a name other than the gate's own files ({', '.join(RESERVED_NAMES)}, "
+                             "in any case)")
+        return name
+
     @field_validator("require", "quantize")
     @classmethod
     def _once_each(cls, values: list[str]) -> list[str]:
@@ -123,11 +139,14 @@ class Policy(_Strict):
     def _unique_names(self) -> "Policy":
         seen: dict[str, int] = {}
         for i, entry in enumerate(self.drafter):
-            if entry.name in seen:
+            # Each name is a directory of OUT_DIR: names that differ only in case are one
+            # directory on a case-insensitive file system.
+            key = entry.name.casefold()
+            if key in seen:
                 # Raised by load_policy with its own wording (a ValueError here would
                 # name the whole list, not the entry).
-                raise ValueError(f"duplicate:{i}:{seen[entry.name]}")
-            seen[entry.name] = i
+                raise ValueError(f"duplicate:{i}:{seen[key]}")
+            seen[key] = i
         return self
 
 
@@ -213,8 +232,12 @@ def _policy_error(label: str, raw: object, exc: ValidationError) -> GatePolicyEr
     if err.get("type") == "value_error" and str(err.get("msg", "")).startswith("Value error, duplicate:"):
         _, i, first = str(err["msg"]).removeprefix("Value error, ").split(":")
         name = raw["drafter"][int(i)]["name"]
+        other = raw["drafter"][int(first)]["name"]
+        # each name is a directory of OUT_DIR
+        case = "" if other == name else (f" ({shown(other)!r}: one directory on a "
+                                         "case-insensitive file system)")
         return GatePolicyError(f"{label}: drafter[{i}] {shown(name)!r}: key 'name': the name of "
-                               f"drafter[{first}] too; expected each drafter's name once",
+                               f"drafter[{first}] too{case}; expected each drafter's name once",
                                path=label, field=f"drafter[{i}].name", expected="a unique name",
                                found=shown(name))
     table, key = _where(raw, loc)
@@ -249,8 +272,62 @@ def read_policy_text(path: str | os.PathLike) -> tuple[Path, str, bytes]:
     return path, text, data
 
 
+# TOML text as the nesting bound sees it. A key part or a value: a bare word, or one of the
+# four kinds of string (a multi-line one may close with one or two more quotes); each string
+# is matched to its end or, unclosed, to where it would end, never failing once opened (no
+# backtracking: linear in the text). A comment, a dot, a bracket; anything else (=, a
+# comma, a line's end) ends a dotted key.
+_TOML_TOKEN = re.compile("|".join([
+    r"(?P<comment>#[^\n]*)",
+    r'(?P<part>"""(?:[^"\\]|\\[\s\S]|"(?!""))*(?:"""(?:""?)?)?'
+    r"|'''(?:[^']|'(?!''))*(?:'''(?:''?)?)?"
+    r'|"(?:[^"\\\n]|\\.)*"?'
+    r"|'[^'\n]*'?"
+    r"|[A-Za-z0-9_+-]+)",
+    r"(?P<dot>\.)",
+    r"(?P<open>[\[{])",
+    r"(?P<close>[\]}])",
+    r"(?P<space>[ \t]+)",
+    r"(?P<other>[\s\S])",
+]))
+
+
+def _nesting(text: str) -> tuple[int, int]:
+    """(how deep ``text`` nests, the offset where that depth is first reached): the
+    deepest of arrays and inline tables (brackets and braces outside strings and
+    comments), and the most parts of a dotted key (``a.b.c``: 3; tomllib's time grows with
+    the square of a key's parts). In text that is not TOML (an unclosed string) the count
+    may be off; tomllib refuses such text."""
+    depth = deepest = where = 0
+    parts = 1
+    for m in _TOML_TOKEN.finditer(text):
+        kind = m.lastgroup
+        if kind == "dot":
+            parts += 1
+            if parts > deepest:
+                deepest, where = parts, m.start()
+        elif kind in ("part", "space"):
+            continue
+        else:
+            parts = 1
+            if kind == "open":
+                depth += 1
+                if depth > deepest:
+                    deepest, where = depth, m.start()
+            elif kind == "close":
+                depth = max(0, depth - 1)
+    return deepest, where
+
+
 def parse_policy(text: str, label: str) -> Policy:
     """The text as a Policy, or one GatePolicyError naming the drafter and the key."""
+    deepest, where = _nesting(text)
+    if deepest > MAX_NESTING:
+        line = text.count("\n", 0, where) + 1
+        raise GatePolicyError(f"{label}: line {line}: nested {deepest} deep (arrays, inline "
+                              f"tables or the parts of a dotted key); expected at most "
+                              f"{MAX_NESTING} (a policy nests 3)", path=label,
+                              expected=f"nesting <= {MAX_NESTING}", found=deepest)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -264,10 +341,37 @@ def parse_policy(text: str, label: str) -> Policy:
         why = (f"an integer of {digits[1]} digits; expected at most {MAX_INT_DIGITS}" if digits
                else " ".join(str(exc).split()))
         raise GatePolicyError(f"{label}: not TOML: {why}", path=label, expected="TOML") from None
+    except RecursionError:
+        # _nesting's bound keeps the parser far from the stack's end; this is its backstop.
+        raise GatePolicyError(f"{label}: nested too deep; expected at most {MAX_NESTING} levels",
+                              path=label, expected=f"nesting <= {MAX_NESTING}") from None
+    deep = _too_deep(raw)
+    if deep is not None:
+        raise GatePolicyError(f"{label}: key {deep!r}: nested more than {MAX_NESTING} deep "
+                              f"(dotted keys or tables); expected at most {MAX_NESTING} (a policy "
+                              "nests 3)", path=label, field=deep,
+                              expected=f"nesting <= {MAX_NESTING}", found="deeper")
     try:
         return Policy.model_validate(raw)
     except ValidationError as exc:
         raise _policy_error(label, raw, exc) from None
+
+
+def _too_deep(raw: object) -> str | None:
+    """The key path (shortened) of the first value nested deeper than MAX_NESTING in
+    tomllib's result, or None. Dotted keys (``a.b.c = 1``) nest without brackets, which
+    _nesting cannot see; pydantic and repr would recurse through them. Walked without
+    recursion."""
+    stack: list[tuple[object, str, int]] = [(raw, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return where if len(where) <= 60 else where[:57] + "..."
+        if isinstance(value, dict):
+            stack += [(v, f"{where}.{k}" if where else str(k), depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    return None
 
 
 def _relative(base: Path, text: str) -> Path:
@@ -345,10 +449,14 @@ def updated_path(policy: Path) -> Path:
 
 def with_hashes(text: str, hashes: dict[int, str], label: str) -> str:
     """``text`` with drafter ``i``'s ``sha256`` set to ``hashes[i]``: its ``sha256 = "..."``
-    line rewritten (a trailing comment kept), or one added after its ``name`` line. The
-    result is parsed again and must hold exactly those hashes, every other value the same;
-    a layout this edit cannot follow (an inline table, a multi-line value) is refused."""
-    lines = text.splitlines(keepends=True)
+    line rewritten (a trailing comment kept), or one added after its ``name`` line, with
+    the line ending of the text (CRLF kept). The result is parsed again and must hold
+    exactly those hashes, every other value the same; a layout this edit cannot follow (an
+    inline table, a multi-line value) is refused."""
+    # Lines as TOML ends them (LF or CRLF): str.splitlines would also split inside a string
+    # holding U+2028 or a form feed.
+    lines = [line for line in re.split(r"(?<=\n)", text) if line]
+    eol = _ending(lines[0], "\n") if lines else "\n"
     out: list[str] = []
     seen = index = -1                # drafter tables seen; the one we are in (-1: none)
     pending = None                   # where a missing sha256 line goes (after its name)
@@ -357,13 +465,14 @@ def with_hashes(text: str, hashes: dict[int, str], label: str) -> str:
     def close() -> None:
         if index in hashes and index not in done:
             at = pending if pending is not None else len(out)
-            if at and not out[at - 1].endswith("\n"):
-                out[at - 1] += "\n"
-            out.insert(at, f'sha256 = "{hashes[index]}"\n')
+            if at and not _ending(out[at - 1], ""):
+                out[at - 1] += eol
+            ending = _ending(out[at - 1], eol) if at else eol
+            out.insert(at, f'sha256 = "{hashes[index]}"{ending}')
             done.add(index)
 
     for line in lines:
-        body = line.rstrip("\r\n")
+        body = line.rstrip("\n").rstrip("\r")
         if _DRAFTER_HEADER.match(body) or _OTHER_HEADER.match(body):
             close()
             if _DRAFTER_HEADER.match(body):
@@ -384,6 +493,19 @@ def with_hashes(text: str, hashes: dict[int, str], label: str) -> str:
     result = "".join(out)
     _check_update(text, result, hashes, label)
     return result
+
+
+def _ending(line: str, default: str) -> str:
+    """``line``'s line ending ("\\r\\n" or "\\n"), or ``default`` when it has none."""
+    return "\r\n" if line.endswith("\r\n") else "\n" if line.endswith("\n") else default
+
+
+def check_updatable(policy: LoadedPolicy) -> None:
+    """--update before anything runs: the edit ``with_hashes`` makes must be possible in
+    this policy's layout (each drafter a [[drafter]] table with single-line values), proved
+    by making it with a placeholder hash for every drafter; else the one GatePolicyError
+    it raises (120), before the gate has run or written anything."""
+    with_hashes(policy.text, {e.index: "0" * 64 for e in policy.entries}, shown(policy.path))
 
 
 def _check_update(before: str, after: str, hashes: dict[int, str], label: str) -> None:
