@@ -15,17 +15,20 @@ A stage ends in one of five states:
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from dspark_convert.errors import GateBaselineError
+from dspark_convert.evaluation.options import MAX_NEW_TOKENS_LIMIT
 from dspark_convert.util.json_out import dumps
 from dspark_convert.util.models import VersionOne, validated
 from dspark_convert.util.paths import check_input_file, check_path
-from dspark_convert.util.strict_json import parse_json_strict, read_capped
+from dspark_convert.util.patterns import SHA256_PATTERN
+from dspark_convert.util.strict_json import NotVerbatimError, check_verbatim, parse_json_strict, read_capped
 from dspark_convert.util.text import shown
 
 REPORT_FORMAT = "dspark-gate-report"
@@ -41,7 +44,31 @@ OK_STATUSES = ("passed", "recorded")
 class _Model(BaseModel):
     # strict: a --baseline is read back with these models, and a tau of "2.5" or a prompt
     # count of true is a wrong file, not a number (as every other file the tool reads).
+    # Every number has its range too (a tau of -100 or an acceptance rate of 7.0 would be
+    # compared as data), and none may be infinite (1e999 parses to inf).
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def _sha256(text: str) -> str:
+    if re.fullmatch(SHA256_PATTERN.strip("^$"), text) is None:
+        raise ValueError("a SHA-256 (64 lowercase hex digits)")
+    return text
+
+
+# The schema says the pattern; the check says it in words.
+Sha256 = Annotated[str, AfterValidator(_sha256), Field(json_schema_extra={"pattern": SHA256_PATTERN})]
+# The fraction of drafts accepted at a draft position.
+Rate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+
+class EngineRunRecord(_Model):
+    """One run of another engine (llama.cpp) in the llama.cpp stage: what it ran, and the
+    engine's own system-info line (None: its log had none)."""
+    kind: Literal["target", "drafter"]
+    artifact: str | None = Field(description="the artifact (bf16, a variant); None: the target alone")
+    spec_type: str | None
+    system_info: str | None = Field(description="the engine's own system_info line: its "
+                                    "backends and the CPU features it was built for and uses")
 
 
 class StageReport(_Model):
@@ -50,10 +77,14 @@ class StageReport(_Model):
     status: StageStatus
     detail: str = Field(description="one line: what was found, or the refusal")
     error: str | None = Field(None, description="a failure's error class")
-    exit_code: int | None = Field(None, description="a failure's exit code (`dspark` command's)")
-    seconds: float = 0.0
+    exit_code: int | None = Field(None, ge=1, le=255,
+                                  description="a failure's exit code (`dspark` command's)")
+    seconds: float = Field(0.0, ge=0, allow_inf_nan=False)
     files: list[str] = Field(default_factory=list, description="what it wrote, relative "
                              "to the output directory")
+    engine_runs: list[EngineRunRecord] = Field(default_factory=list, description=(
+        "the llama.cpp stage: each run of the engine, with the system-info line it printed "
+        "(its backends and CPU features: which code path ran)"))
 
     @property
     def ok(self) -> bool:
@@ -67,23 +98,24 @@ class StageReport(_Model):
 
 class ArtifactSummary(_Model):
     path: str = Field(description="relative to the output directory")
-    size: int
-    sha256: str
+    size: int = Field(ge=0)
+    sha256: Sha256
 
 
 class Measured(_Model):
     """One artifact's acceptance at temperature 0 on the prompts (eval's threshold-0 run)."""
-    tau: float | None
-    acceptance_by_position: list[float | None]
+    tau: float | None = Field(ge=1, allow_inf_nan=False, description=(
+        "the mean acceptance length (accepted + 1 per verify step: at least 1)"))
+    acceptance_by_position: list[Rate | None]
     lossless: bool | None
 
 
 class Measurement(_Model):
     """The eval's settings and, per artifact (bf16 and each variant), its acceptance: what
     a later gate's --baseline compares with."""
-    prompt_set_sha256: str
-    prompts: int
-    max_new_tokens: int
+    prompt_set_sha256: Sha256
+    prompts: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=1, le=MAX_NEW_TOKENS_LIMIT)
     dtype: str
     device: str
     artifacts: dict[str, Measured]
@@ -99,7 +131,7 @@ class EntryReport(_Model):
     target: str
     passed: bool = Field(description="every stage passed, recorded or had nothing to do")
     stages: list[StageReport]
-    expected_sha256: str | None = Field(description="drafter.gguf's SHA-256 the policy names")
+    expected_sha256: Sha256 | None = Field(description="drafter.gguf's SHA-256 the policy names")
     artifacts: dict[str, ArtifactSummary] = Field(
         description="bf16 (the converted artifact) and each quantized variant built")
     measurement: Measurement | None
@@ -120,7 +152,7 @@ class GateReport(_Model):
     incomplete_reason: str | None
     converter: str
     policy: str
-    policy_sha256: str
+    policy_sha256: Sha256
     baseline: str | None = Field(description="the --baseline directory, as given")
     only: list[str]
     passed: bool = Field(description="complete, and every entry passed")
@@ -149,13 +181,32 @@ def read_gate_report(directory: str | os.PathLike) -> GateReport:
     label = f"--baseline {path}"
     raw = parse_json_strict(read_capped(path, error=GateBaselineError, label=label),
                             error=GateBaselineError, label=label, path=str(path))
+    try:
+        # 1e999 parses to inf (the JSON reader refuses only the constants NaN, Infinity)
+        check_verbatim(raw)
+    except NotVerbatimError as exc:
+        expected = "a finite number" if "number" in exc.why else "what JSON holds unchanged"
+        raise GateBaselineError(f"{label}: field '{exc.where}': {exc.why}; expected {expected}",
+                                path=str(path), field=exc.where, expected=expected,
+                                found=exc.why) from None
     report = validated(GateReport, raw, error=GateBaselineError, label=label, path=str(path),
                        hint=f" (a {REPORT_FORMAT} v1 file)")
     if not report.complete:
         raise GateBaselineError(f"{label}: the gate it records did not finish "
-                                f"({report.incomplete_reason}); expected a complete gate",
+                                f"({_unfinished(report)}); expected a complete gate",
                                 path=str(path), field="complete", expected=True, found=False)
     return report
+
+
+def _unfinished(report: GateReport) -> str:
+    """What an incomplete gate lacks: its reason, and the stages that never ran."""
+    why = report.incomplete_reason or "complete is false, no reason recorded"
+    missing = [f"{e.name} {s.name}" for e in report.entries for s in e.stages
+               if s.status == "not_run" and s.detail == report.incomplete_reason]
+    if not missing:
+        return why
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    return f"{why}: {len(missing)} stage(s) never ran, {', '.join(missing[:3])}{more}"
 
 
 # --- gate.md ----------------------------------------------------------------------------------
@@ -195,6 +246,12 @@ def render_markdown(report: GateReport) -> str:
     for e in report.entries:
         out += [f"## {_cell(e.name)}", "", f"source `{_cell(e.source)}`, target `{_cell(e.target)}`", ""]
         out += [f"- {_MARK[s.status]} **{_cell(s.name)}**: {_cell(s.line)}" for s in e.stages]
+        # which code path the engine ran (one line per distinct system info: every run of
+        # one machine prints the same)
+        out += [f"- {_cell(s.name)} system info: "
+                + (_cell(info.removeprefix("system_info: ")) if info is not None
+                   else "none in the engine's log")
+                for s in e.stages for info in dict.fromkeys(r.system_info for r in s.engine_runs)]
         if e.measurement is not None:
             m = e.measurement
             out += ["", f"Acceptance at temperature 0 ({m.prompts} prompts, {m.max_new_tokens} new "
