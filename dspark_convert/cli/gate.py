@@ -1,11 +1,13 @@
 """`dspark gate POLICY -o OUT_DIR`: the pre-release gate (docs/GATE.md).
 
 Thin: call ``run_gate``, print one line per stage as it ends (the library's own progress
-bars on a terminal), append gate.md to ``$GITHUB_STEP_SUMMARY`` when it is set, and map
-the verdict to an exit code: 0 every drafter passed; 121 one failed (its stage named on
-the one error line); 130 Ctrl-C (gate.json written, ``complete: false``); a refusal before
+bars on a terminal), pass ``$GITHUB_STEP_SUMMARY`` on (the library checks it under the
+output rules before anything runs and appends gate.md to it, never waiting), and map the
+verdict to an exit code: 0 every drafter passed; 121 one failed (its stage named on the
+one error line); 130 Ctrl-C (gate.json written, ``complete: false``); a refusal before
 anything ran (a bad policy 120, a bad --baseline 122, --only naming no drafter 123, an
-existing OUT_DIR without --force 30): its one line, nothing written.
+existing OUT_DIR without --force 30): its one line, nothing written. An interrupt once
+OUT_DIR is published says so (where the reports are), never "nothing was written".
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_convert.cli.app import STATUS_STYLE, DebugOpt, JsonOpt, QuietOpt, _out, app, escape
-from dspark_convert.cli.errors import EXIT_INTERRUPTED, emit_error, run
+from dspark_convert.cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, emit_error, run
 from dspark_convert.util.text import shown
 
 # The stage statuses as the lines show them, and their style.
@@ -54,8 +56,6 @@ def gate(
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
         from dspark_convert.commands.gate import GateInterrupted, run_gate
-        from dspark_convert.commands.gate_report import GATE_MD, as_json_document
-        from dspark_convert.errors import GateFailedError
 
         out = _out()
 
@@ -67,16 +67,34 @@ def gate(
                       f"{escape(stage.name)}: {escape(stage.line)}")
 
         interrupted = False
+        # The runner's file; unset or empty: no summary.
+        summary = os.environ.get("GITHUB_STEP_SUMMARY") or None
         try:
             result = run_gate(policy, output, baseline=baseline, only=only or [], update=update,
-                              force=force, on_stage=line,
+                              force=force, on_stage=line, step_summary=summary,
                               progress=RichProgress(enabled=not quiet and not as_json))
         except GateInterrupted as stop:
             result, interrupted = stop.result, True
+        except (KeyboardInterrupt, Terminated) as stop:
+            published = getattr(stop, "gate_output", None)
+            if published is None:
+                raise                      # before OUT_DIR: nothing was written (cli/errors)
+            return _stopped_after(stop, published)
+        try:
+            return _finish(result, interrupted, summary)
+        except (KeyboardInterrupt, Terminated) as stop:
+            return _stopped_after(stop, result.output)
+
+    def _finish(result, interrupted: bool, summary: str | None) -> int:
+        from dspark_convert.commands.gate_report import as_json_document
+        from dspark_convert.errors import GateFailedError
+
+        out = _out()
         report = result.report
-        summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if summary:
-            _append(Path(summary), (result.output / GATE_MD).read_text())
+        if result.summary_warning is not None:
+            sys.stderr.write(f"warning: GITHUB_STEP_SUMMARY {shown(summary)}: cannot append "
+                             f"the summary: {shown(result.summary_warning)}; the verdict "
+                             "stands\n")
         if as_json:
             print(as_json_document(report))
         else:
@@ -108,12 +126,9 @@ def _first(entry) -> str:
     return f"({stage.name}: {stage.line})" if stage is not None else "(failed)"
 
 
-def _append(path: Path, text: str) -> None:
-    """$GITHUB_STEP_SUMMARY is the runner's file: appended to, never replaced. A summary
-    that cannot be written costs the summary, not the verdict: said on stderr."""
-    try:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    except OSError as exc:
-        sys.stderr.write(f"warning: GITHUB_STEP_SUMMARY {shown(path)}: cannot append the "
-                         f"summary: {shown(exc.strerror or exc)}\n")
+def _stopped_after(stop: BaseException, output: Path) -> int:
+    """Ctrl-C or SIGTERM once OUT_DIR was published: what is true then."""
+    what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated"
+    sys.stderr.write(f"error: {what} after the gate finished; its reports are in "
+                     f"{shown(output)} (--update's copy and the step summary may be missing)\n")
+    return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_TERMINATED

@@ -16,7 +16,8 @@ the library function its command runs (nothing re-implemented, nothing in a subp
 7. ``eval`` on the prompts (the target alone, the artifact and each variant built): the
    acceptance measured, losslessness checked again;
 8. ``llama.cpp``: llama.cpp's own run beside the reference runtime, for a drafter that
-   requires llama.cpp when ``[defaults] llama_cpp`` names a build;
+   requires llama.cpp when ``[defaults] llama_cpp`` names a build (each engine run recorded
+   with the engine's system-info line; nothing compared is never a pass);
 9. ``regression``: ``min_tau``, and against ``--baseline`` (a previous gate's gate.json)
    ``max_tau_drop`` and ``max_acceptance_drop`` at any draft position.
 
@@ -29,25 +30,36 @@ and raises ``GateInterrupted`` carrying the result.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dspark_convert import CONVERTER_NAME, __version__
-from dspark_convert.commands.gate_policy import Entry, LoadedPolicy, load_policy, updated_path, with_hashes
+from dspark_convert.commands.gate_policy import (
+    Entry,
+    LoadedPolicy,
+    check_updatable,
+    load_policy,
+    updated_path,
+    with_hashes,
+)
 from dspark_convert.commands.gate_report import (
     STAGES,
     ArtifactSummary,
+    EngineRunRecord,
     EntryReport,
     GateReport,
     Measured,
     Measurement,
     StageReport,
     read_gate_report,
+    render_markdown,
     write_reports,
 )
 from dspark_convert.errors import (
@@ -55,12 +67,22 @@ from dspark_convert.errors import (
     DSparkError,
     GateEngineError,
     GateSelectionError,
+    OutputExistsError,
+    OutputWriteError,
     ReproducibilityError,
     SourceNotFoundError,
     StrataRuleError,
 )
 from dspark_convert.util.json_out import dumps
-from dspark_convert.util.atomic import Output, atomic_directory, atomic_file, check_outputs
+from dspark_convert.util.atomic import (
+    PACKAGE_READ,
+    Output,
+    _relation,   # the one overlap rule (links, hard links, bind mounts), for the summary
+    atomic_directory,
+    atomic_file,
+    check_outputs,
+)
+from dspark_convert.util.paths import check_path, file_kind
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
 
@@ -91,6 +113,7 @@ class GateResult:
     output: Path
     files: tuple[str, ...]             # gate.json, gate.md, junit.xml
     updated_policy: Path | None        # --update's copy
+    summary_warning: str | None = None  # why the step summary could not be appended
 
 
 class _Stop(Exception):
@@ -121,6 +144,7 @@ class _EntryRun:
         self.target = None
         self.variants: list[str] = []          # variant names that validated
         self.prompt_set = None
+        self.engine_runs: list[EngineRunRecord] = []   # the running stage's engine runs
 
     # -- the bookkeeping ------------------------------------------------------------------
 
@@ -141,6 +165,7 @@ class _EntryRun:
                                       detail=f"needs {need}, which {why}"))
                 return
         start = time.perf_counter()
+        self.engine_runs = []
         try:
             detail, files = body()
             report = StageReport(name=name, status="passed", detail=detail, files=files)
@@ -149,7 +174,8 @@ class _EntryRun:
         except DSparkError as exc:
             report = StageReport(name=name, status="failed", detail=shown(exc.message),
                                  error=type(exc).__name__, exit_code=exc.exit_code)
-        self._add(report.model_copy(update={"seconds": round(time.perf_counter() - start, 3)}))
+        self._add(report.model_copy(update={"seconds": round(time.perf_counter() - start, 3),
+                                            "engine_runs": list(self.engine_runs)}))
 
     def _add(self, report: StageReport) -> None:
         report = report.model_copy(update={"detail": _relocated(report.detail, self.gate.tmp,
@@ -396,6 +422,7 @@ class _EntryRun:
         report = self._run_eval(names, engine=f"llama.cpp={e.llama_cpp}",
                                 target_gguf=e.target_gguf)
         written = [self.rel(p) for p in write_report(report, self.dir / "eval-llama.cpp")]
+        self.engine_runs = engine_records(report)
         return engine_verdict(report, names), written
 
     def regression(self):
@@ -433,10 +460,20 @@ def _misread(run) -> str | None:
     return None
 
 
+def engine_records(report) -> list[EngineRunRecord]:
+    """Each engine run of an eval report as gate.json records it: what ran, and the
+    engine's own system-info line (which code path: backends, CPU features)."""
+    return [EngineRunRecord(kind=r.kind, artifact=r.artifact, spec_type=r.spec_type,
+                            system_info=r.system_info)
+            for r in report.engine_runs]
+
+
 def engine_verdict(report, names: Sequence[str]) -> str:
     """The llama.cpp stage's line from an eval report with llama.cpp's runs. Each artifact
     is judged by its run with the --spec-type `dspark export` advises: run on at least one
-    prompt, lossless, and (the BF16 artifact) every draft the reference runtime's, near
+    prompt, lossless, at least one draft compared with the reference runtime's (a run that
+    drafted nothing, or whose text was compared with nothing, fails: nothing compared is
+    never a pass), and (the BF16 artifact) every draft the reference runtime's, near
     ties aside; a quantized variant's drafts are compared and reported, not held to that
     (ggml computes a quantized matrix product with the activations quantized too). Else
     the first problem, as GateEngineError."""
@@ -455,21 +492,32 @@ def engine_verdict(report, names: Sequence[str]) -> str:
             problems.append(f"{name}: llama.cpp ran no prompt"
                             + (f" (prompt {skipped.id}: {skipped.reason})" if skipped else ""))
             continue
+        if run.lossless is None:
+            problems.append(f"{name}: llama.cpp's {run.spec_type} output of no prompt could be "
+                            "compared with its own target alone; expected each prompt's text "
+                            "equal to the target's (nothing compared is never a pass)")
+            continue
         if run.lossless is not True:
             bad = next((p.id for p in run.prompts if p.lossless is False), "?")
             problems.append(f"{name}: llama.cpp's {run.spec_type} output of prompt {bad} differs "
                             "from its own target alone at temperature 0")
             continue
         c = run.proposals
+        if c is None or c.compared == 0:
+            problems.append(f"{name}: llama.cpp's {run.spec_type} run on {len(run.prompts)} "
+                            "prompt(s) made no draft compared with the reference runtime's "
+                            f"({'no draft check' if c is None else '0 compared'}); expected at "
+                            "least one (nothing compared is never a pass)")
+            continue
         misread = _misread(run)
         if misread is not None and name == BF16:
             problems.append(f"{name}: llama.cpp's ({run.spec_type}) {misread}; "
                             f"{c.equal} of {c.compared} drafts equal")
             continue
-        agree = f"{c.equal} of {c.compared} drafts the reference's" if c else "no draft compared"
+        agree = f"{c.equal} of {c.compared} drafts the reference's"
         if misread is not None:
             agree += " (a quantized variant: compared, not required equal)"
-        elif c is not None and c.equal < c.compared:
+        elif c.equal < c.compared:
             agree += f" (each first difference a near tie, our margin < {NEAR_TIE:g})"
         ours = _tau_on(report, name, {p.id for p in run.prompts})
         line = (f"{name}: {run.spec_type} on {len(run.prompts)} prompt(s), lossless, {agree}; "
@@ -606,15 +654,23 @@ def _reads(policy: LoadedPolicy, baseline: str | os.PathLike | None) -> list[tup
 def run_gate(policy: str | os.PathLike, output: str | os.PathLike, *,
              baseline: str | os.PathLike | None = None, only: Sequence[str] = (),
              update: bool = False, force: bool = False, progress: Progress | None = None,
-             on_stage: StageCallback | None = None) -> GateResult:
+             on_stage: StageCallback | None = None,
+             step_summary: str | os.PathLike | None = None) -> GateResult:
     """Run the gate (see the module docstring) and return its result; the verdict is
     ``result.report.passed``. Raises a DSparkError before anything runs for a bad policy
     (120), --only naming no drafter (123), a bad --baseline (122), an existing OUT_DIR
-    without ``force`` (30) or one overlapping what the gate reads; GateInterrupted on
-    Ctrl-C once the drafters have begun (OUT_DIR then holds an incomplete gate.json)."""
+    without ``force`` (30) or one overlapping what the gate reads, and, with ``update``, a
+    policy whose layout the copy's edit cannot follow (120); ``step_summary`` (the CLI's
+    $GITHUB_STEP_SUMMARY) is checked then too (check_step_summary) and appended to once
+    OUT_DIR is published, never waited on (``result.summary_warning`` says why it was not).
+    GateInterrupted on Ctrl-C once the drafters have begun (OUT_DIR then holds an
+    incomplete gate.json). A refusal after OUT_DIR is published (--update's copy) says
+    where the reports are; an interrupt then carries ``gate_output``."""
     progress = progress or NoProgress()
     on_stage = on_stage or (lambda entry, stage: None)
     loaded = load_policy(policy)
+    if update:
+        check_updatable(loaded)        # the copy's edit proved possible before any work
     for name in only:
         if loaded.entry(name) is None:
             raise GateSelectionError(f"--only {shown(name)}: no drafter of {shown(loaded.path)} has "
@@ -631,8 +687,13 @@ def run_gate(policy: str | os.PathLike, output: str | os.PathLike, *,
     if update:
         outputs.append(Output(updated_path(loaded.path), "--update's copy of the policy",
                               directory=False))
-    checked = check_outputs(outputs, _reads(loaded, baseline), force=force)
+    reads = _reads(loaded, baseline)
+    checked = check_outputs(outputs, reads, force=force)
     out, updated = checked[0], (checked[1] if update else None)
+    summary = None
+    if step_summary is not None:
+        summary = check_step_summary(step_summary, [*reads, PACKAGE_READ,
+                                                    *((p, o.what) for p, o in zip(checked, outputs))])
 
     runs: list[_EntryRun] = []
     interrupted = False
@@ -647,13 +708,97 @@ def run_gate(policy: str | os.PathLike, output: str | os.PathLike, *,
             interrupted = True
         report = _report(loaded, entries, runs, baseline, list(only), interrupted)
         files = write_reports(report, tmp, _write)
+    result = GateResult(report, out, tuple(files), None)
+    # OUT_DIR is published: whatever happens now must not say that nothing was written.
+    try:
+        if updated is not None and not interrupted:
+            hashes = {r.entry.index: r.artifacts[BF16].sha256 for r in runs if BF16 in r.artifacts}
+            text = with_hashes(loaded.text, hashes, shown(loaded.path)).encode()
+            atomic_file(updated, lambda fh: fh.write(text), force=force)
+            result = replace(result, updated_policy=updated)
+        if summary is not None:
+            result = replace(result, summary_warning=append_step_summary(
+                summary, render_markdown(report) + "\n"))
+    except DSparkError as exc:
+        raise type(exc)(f"{exc.message} (the gate ran: its reports are in {shown(out)})",
+                        path=exc.path, field=exc.field, tensor=exc.tensor,
+                        expected=exc.expected, found=exc.found) from None
+    except BaseException as exc:
+        # Ctrl-C or SIGTERM here: the CLI says where the reports are, not "nothing written"
+        exc.gate_output = out
+        raise
     if interrupted:
-        raise GateInterrupted(GateResult(report, out, tuple(files), None))
-    if updated is not None:
-        hashes = {r.entry.index: r.artifacts[BF16].sha256 for r in runs if BF16 in r.artifacts}
-        text = with_hashes(loaded.text, hashes, shown(loaded.path)).encode()
-        atomic_file(updated, lambda fh: fh.write(text), force=force)
-    return GateResult(report, out, tuple(files), updated)
+        raise GateInterrupted(result)
+    return result
+
+
+def check_step_summary(path: str | os.PathLike, others: Sequence[tuple[object, str]]) -> Path:
+    """The step summary file ($GITHUB_STEP_SUMMARY) under the output rules, before any
+    work: a name a file system can hold; not, not holding and not inside anything the gate
+    reads or writes (``others``: (path, what) pairs, through links); and a regular file or
+    a device (``/dev/null``, a terminal), existing, or new in an existing directory. A
+    FIFO, a socket or a directory is refused: it would be waited on or cannot be appended
+    to. Returns the absolute path."""
+    label = f"GITHUB_STEP_SUMMARY {shown(os.fspath(path))}"
+    summary = Path(os.path.abspath(check_path(path, what=label, error=OutputWriteError)))
+    for other, what in others:
+        if other is None:
+            continue
+        # a path not there yet counts too: OUT_DIR is created by this run
+        relation = _relation(summary, Path(other))
+        if relation is not None:
+            raise OutputExistsError(f"{label}: {relation} {what} ({shown(os.fspath(other))}), which "
+                                    "this gate reads or writes; expected a file of its own to "
+                                    "append the summary to",
+                                    path=str(summary), field="GITHUB_STEP_SUMMARY",
+                                    expected=f"a path outside {shown(os.fspath(other))}",
+                                    found=relation)
+    try:
+        mode = os.stat(summary).st_mode
+    except FileNotFoundError:
+        if not summary.parent.is_dir():
+            raise OutputWriteError(f"{label}: cannot append the summary: the directory "
+                                   f"{shown(str(summary.parent))} does not exist",
+                                   path=str(summary), field="GITHUB_STEP_SUMMARY",
+                                   expected="an existing directory", found="nothing") from None
+        return summary
+    except OSError as exc:
+        raise OutputWriteError(f"{label}: cannot append the summary: "
+                               f"{os.strerror(exc.errno or 0) or exc}", path=str(summary),
+                               field="GITHUB_STEP_SUMMARY") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+        raise OutputWriteError(f"{label}: is {file_kind(mode)}; expected a regular file to append "
+                               "the summary to (never waited on)", path=str(summary),
+                               field="GITHUB_STEP_SUMMARY", expected="a regular file",
+                               found=file_kind(mode))
+    return summary
+
+
+def append_step_summary(path: Path, text: str) -> str | None:
+    """Append ``text`` to the step summary, never waiting: opened non-blocking and checked
+    on the open descriptor (a file swapped for a FIFO since check_step_summary is not
+    written to), each write taken as it comes. The runner's file is appended to, never
+    replaced. Returns None, or why it could not be (the verdict stands without it)."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        return os.strerror(exc.errno or 0) or str(exc)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+            return f"it is now {file_kind(mode)}; nothing appended"
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as exc:
+        if exc.errno == errno.EAGAIN:
+            return "it would have to be waited on; the summary is cut short"
+        return os.strerror(exc.errno or 0) or str(exc)
+    finally:
+        os.close(fd)
+    return None
 
 
 # The stages a drafter has, in order (gate_report.STAGES, "quantize" one per variant), for
