@@ -96,7 +96,7 @@ def write_checkpoint(directory: str | os.PathLike, config: dict, tensors: dict[s
     torch_dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[dtype]
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     converted = {name: torch.from_numpy(np.ascontiguousarray(v)).to(torch_dtype)
                  for name, v in tensors.items()}
     if shards == 1:
@@ -112,7 +112,7 @@ def write_checkpoint(directory: str | os.PathLike, config: dict, tensors: dict[s
             weight_map[n] = shard
             total += converted[n].numel() * converted[n].element_size()
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return directory
 
 

@@ -61,3 +61,26 @@ def test_source_given_as_dot_is_named_after_its_directory(tmp_path):
     assert run.returncode == 0, run.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["source"]["name"] == "my_drafter"
+
+
+def test_an_ascii_locale_neither_fails_a_command_nor_changes_its_files(tmp_path, converted):
+    """LC_ALL=C with PYTHONUTF8=0 makes stdout ASCII: convert's summary ('…' after a
+    fingerprint) ended the command with UnicodeEncodeError, exit 1, after the artifact was
+    published (issue 25, in the gate's convert stage). Now the line is escaped, the exit is
+    0, and the artifact is byte for byte the one made under UTF-8; quantize the same."""
+    from support.paths import GOLDEN_TARGET
+
+    ascii_env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": None}
+    out = tmp_path / "a"
+    proc = run_process("convert", str(REFERENCE_DRAFTER), "-o", str(out), "--target",
+                       str(GOLDEN_TARGET), env=ascii_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "\\u2026" in proc.stdout                   # escaped, not an error
+    utf8 = tmp_path / "u"
+    assert run_process("convert", str(REFERENCE_DRAFTER), "-o", str(utf8), "--target",
+                       str(GOLDEN_TARGET)).returncode == 0
+    for name in ("drafter.gguf", "manifest.json"):
+        assert (out / name).read_bytes() == (utf8 / name).read_bytes()
+    q = run_process("quantize", str(out), "-o", str(tmp_path / "q"), "--type", "q8_0",
+                    env=ascii_env)
+    assert q.returncode == 0, q.stdout + q.stderr

@@ -9,6 +9,7 @@ does not pay for numpy, gguf or torch.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -177,6 +178,18 @@ def one_blas_thread() -> None:
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
+def printable_anywhere() -> None:
+    """Under a locale whose encoding cannot hold every character (LC_ALL=C with
+    PYTHONUTF8=0: ASCII), a line naming a path or a value with a non-ASCII character, or
+    our own '…', would end the command with UnicodeEncodeError (exit 1) after its work was
+    done (issue 25: the gate's convert stage). Such characters are written as backslash
+    escapes there instead; files are always written as UTF-8, whatever the locale."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
@@ -184,6 +197,7 @@ def main(
                                                     help="Print the version and exit.")] = None,
 ) -> None:
     """Exit codes: 0 success, 2 usage, one per kind of refusal (docs/EXIT_CODES.md)."""
+    printable_anywhere()
     if ctx.invoked_subcommand in NO_BLAS_COMMANDS:
         one_blas_thread()
 

@@ -397,7 +397,7 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
         manifest = _manifest(source, identity, passed, prov, stripped, records, size, gguf_sha,
                              target_rec, hub_source.record(progress) if hub_source else None)
         try:
-            (tmp / MANIFEST_FILE).write_text(manifest_json(manifest))
+            (tmp / MANIFEST_FILE).write_text(manifest_json(manifest), encoding="utf-8")
         except OSError as exc:
             raise write_error(exc, Path(output) / MANIFEST_FILE) from None
     return ConvertResult(output=Path(output), manifest=manifest, gguf_size=size, gguf_sha256=gguf_sha)

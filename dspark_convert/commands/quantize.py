@@ -363,7 +363,7 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
         manifest = _manifest(parent_manifest, out_kv, plan, passed.errors, size, sha, digests,
                              parent_files, qtype, heads, len(report.checks))
         try:
-            (tmp / MANIFEST_FILE).write_text(manifest_json(manifest))
+            (tmp / MANIFEST_FILE).write_text(manifest_json(manifest), encoding="utf-8")
         except OSError as exc:
             raise write_error(exc, out / MANIFEST_FILE) from None
     return QuantizeResult(output=out, manifest=manifest, gguf_size=size, gguf_sha256=sha)

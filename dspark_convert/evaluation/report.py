@@ -539,4 +539,4 @@ def read_report(path: str | os.PathLike) -> EvalReport:
     ValueError or pydantic's ValidationError on a file that is not one."""
     from dspark_convert.util.strict_json import loads_strict
 
-    return EvalReport.model_validate(loads_strict(Path(path).read_text()))
+    return EvalReport.model_validate(loads_strict(Path(path).read_text(encoding="utf-8")))

@@ -48,7 +48,7 @@ def cached_ref(storage: Path, repo: str, revision: str) -> str:
     """The commit a branch or tag was last resolved to (offline ``--resolve``)."""
     ref = storage / "refs" / revision
     try:
-        commit = ref.read_text().strip()
+        commit = ref.read_text(encoding="utf-8").strip()
     except OSError:
         raise HubOfflineError(f"{repo}@{revision}: offline and '{revision}' was never resolved "
                               "in the local cache; expected a cached ref (or pin the commit)",
@@ -114,7 +114,7 @@ def undo_foreign_commit(snap_dir: Path, local: Path, commit: str) -> None:
         if local.is_symlink():
             local.unlink()
         ref = snap_dir.parent.parent / "refs" / commit
-        if ref.is_file() and ref.read_text().strip() != commit:
+        if ref.is_file() and ref.read_text(encoding="utf-8").strip() != commit:
             ref.unlink()
     except OSError:
         pass
