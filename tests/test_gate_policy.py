@@ -83,6 +83,7 @@ def test_a_hub_source_must_be_pinned_to_a_commit(tmp_path):
     (MINIMAL + 'quantize = ["q8_0", "q8_0"]\n', ["key 'quantize'", "listed twice"]),
     (MINIMAL + 'max_acceptance_drop = 1.5\n', ["key 'max_acceptance_drop'"]),
     (MINIMAL + 'min_tau = nan\n', ["key 'min_tau'"]),
+    (MINIMAL + 'min_tau = 0.5\n', ["key 'min_tau'", "greater than or equal to 1"]),
     (MINIMAL + 'sha256 = "abc"\n', ["key 'sha256'"]),
     (MINIMAL + 'changed_because = "new converter"\n', ["key 'changed_because'", "'sha256'"]),
     (MINIMAL + 'lock = "x.lock"\n', ["key 'lock'", "Hub source"]),
@@ -93,7 +94,7 @@ def test_a_hub_source_must_be_pinned_to_a_commit(tmp_path):
     ('[defaults]\nmax_new_tokens = 8\n', ["key 'drafter' is missing"]),
     ('[defaults]\ndevice = "gpu"\n' + MINIMAL, ["[defaults]: key 'device'", "'cuda'"]),
 ], ids=["toml", "unknown-key", "unknown-default", "unknown-root", "type", "engine", "twice",
-        "range", "nan", "sha256", "reason-alone", "local-lock", "duplicate", "missing",
+        "range", "nan", "tau-below-1", "sha256", "reason-alone", "local-lock", "duplicate", "missing",
         "name", "table", "no-drafter", "device"])
 def test_each_policy_error_is_one_line_naming_the_entry_and_the_key(tmp_path, text, needles):
     _refused(tmp_path, text, *needles)
@@ -146,7 +147,7 @@ _drafter = st.fixed_dictionaries(
               "require": st.lists(st.sampled_from(["strata.open", "strata.run", "llama.cpp"]),
                                   unique=True),
               "quantize": st.lists(st.sampled_from(["q8_0", "q5_0", "q4_0"]), unique=True),
-              "min_tau": st.floats(0, 10), "max_tau_drop": st.floats(0, 1),
+              "min_tau": st.floats(1, 10), "max_tau_drop": st.floats(0, 1),
               "max_acceptance_drop": st.floats(0, 1), "max_new_tokens": st.integers(1, 512)})
 _defaults = st.fixed_dictionaries({}, optional={
     "max_new_tokens": st.integers(1, 512), "device": st.sampled_from(["auto", "cpu", "cuda"]),

@@ -97,9 +97,11 @@ class Drafter(_Strict):
                                       "accept the artifact and each variant (`validate --require`)")
     quantize: list[QuantName] = Field(default_factory=list,
                                       description="variants to build and validate")
-    min_tau: float | None = Field(None, ge=0, allow_inf_nan=False, description=(
+    # At least 1: every draft commits at least one token, so tau >= 1 and a floor below it
+    # would pass everything while looking like a policy.
+    min_tau: float | None = Field(None, ge=1, allow_inf_nan=False, description=(
         "the lowest mean acceptance length at temperature 0 on the prompts, for the "
-        "artifact and each variant"))
+        "artifact and each variant (at least 1: tau always is)"))
     max_tau_drop: float | None = Field(None, ge=0, allow_inf_nan=False,
                                        description="the largest drop of tau against --baseline")
     max_acceptance_drop: float | None = Field(None, ge=0, le=1, allow_inf_nan=False, description=(
