@@ -77,10 +77,10 @@ from dspark_convert.util.json_out import dumps
 from dspark_convert.util.atomic import (
     PACKAGE_READ,
     Output,
-    _relation,   # the one overlap rule (links, hard links, bind mounts), for the summary
     atomic_directory,
     atomic_file,
     check_outputs,
+    overlap,     # the one overlap rule (links, hard links, bind mounts), for the summary
 )
 from dspark_convert.util.paths import check_path, file_kind
 from dspark_convert.util.progress import NoProgress, Progress
@@ -745,7 +745,7 @@ def check_step_summary(path: str | os.PathLike, others: Sequence[tuple[object, s
         if other is None:
             continue
         # a path not there yet counts too: OUT_DIR is created by this run
-        relation = _relation(summary, Path(other))
+        relation = overlap(summary, Path(other))
         if relation is not None:
             raise OutputExistsError(f"{label}: {relation} {what} ({shown(os.fspath(other))}), which "
                                     "this gate reads or writes; expected a file of its own to "

@@ -273,7 +273,7 @@ def _chain(real: Path) -> list[tuple[int, int]]:
     return ids
 
 
-def _relation(out: Path, read: Path) -> str | None:
+def overlap(out: Path, read: Path) -> str | None:
     """How the output ``out`` stands to ``read`` ("is", "holds", "lies inside" or None),
     by path once links are resolved and by device and inode (hard links, bind mounts)."""
     out_real, read_real = _real(out), _real(read)
@@ -297,7 +297,7 @@ def refuse_overlap(output: str | os.PathLike, reads: Iterable[tuple[str | os.Pat
     for path, what in reads:
         if path is None or not os.path.exists(path):
             continue
-        relation = _relation(Path(output), Path(path))
+        relation = overlap(Path(output), Path(path))
         if relation is not None:
             read = _real(Path(path))
             raise OutputExistsError(f"{shown(os.fspath(output))}: {relation} {what} ({shown(str(read))}) "
@@ -337,7 +337,7 @@ def _names_no_new_entry(out: Output) -> str | None:
         cwd = Path.cwd()
     except OSError:          # the working directory was removed: nothing there to wipe
         return None
-    relation = _relation(Path(text), cwd)
+    relation = overlap(Path(text), cwd)
     if relation == "is":
         return "it is the working directory"
     if relation == "holds":
@@ -420,7 +420,7 @@ def check_outputs(outputs: Sequence[Output], reads: Iterable[tuple[str | os.Path
                                        found="removed") from None
         refuse_overlap(spec.path, reads)
         for other in outputs[:i]:
-            relation = _relation(Path(other.path), Path(spec.path))
+            relation = overlap(Path(other.path), Path(spec.path))
             if relation is not None:
                 relation = "is the same path as" if relation == "is" else relation
                 raise OutputExistsError(
