@@ -98,7 +98,8 @@ class ConfigError(ContractViolation):
 
 
 class UnsupportedArchitectureError(ContractViolation):
-    """An architecture other than Qwen3DSparkModel."""
+    """An architecture that is no family of contract/families.py (Qwen3DSparkModel,
+    Gemma4DSparkModel)."""
     exit_code = 14
 
 
@@ -127,6 +128,39 @@ class MaskTokenError(ContractViolation):
 class HeadConfigMismatchError(ContractViolation):
     """Markov / confidence-head fields that disagree with each other or with the tensors."""
     exit_code = 19
+
+
+# --- the Gemma4 family's own contract rules (exit codes 25-29; contract/gemma4.py) ----------
+
+class MoEBlockError(ContractViolation):
+    """A Gemma4 drafter config with enable_moe_block true: DeepSpec's Gemma4 drafter has
+    dense MLPs only (it asserts so), and so does the format."""
+    exit_code = 25
+
+
+class PerLayerInputError(ContractViolation):
+    """A Gemma4 drafter config with hidden_size_per_layer_input other than 0: per-layer
+    input embeddings, which DeepSpec's Gemma4 drafter refuses."""
+    exit_code = 26
+
+
+class FinalLayerTapError(TargetLayerError):
+    """A Gemma4 drafter tapping the target's final layer: transformers replaces that
+    hidden state by the final-normed one, so DeepSpec's evaluator refuses it."""
+    exit_code = 27
+
+
+class RopeTypeError(ContractViolation):
+    """A Gemma4 drafter's rope_parameters["full_attention"] with a RoPE type other than
+    'proportional' or 'default' (the only ones the drafter's rotary computes here), or
+    without that entry."""
+    exit_code = 28
+
+
+class KEqVMismatchError(ContractViolation):
+    """A Gemma4 drafter whose attention_k_eq_v disagrees with its tensors: v_proj present
+    under k_eq_v (V is then k_proj's output, normed), or missing without it."""
+    exit_code = 29
 
 
 # --- the tensor inventory against the contract ---------------------------------------------
@@ -234,6 +268,12 @@ class QuantizedTensorError(ArtifactError):
     name, a norm or head tensor that must stay BF16, a block scale that is NaN or
     infinite."""
     exit_code = 48
+
+
+class FamilyFormatError(ArtifactError):
+    """A known drafter family the artifact format does not define yet (Gemma4DSparkModel:
+    dspark inspect shows its contract; convert refuses it, nothing written)."""
+    exit_code = 49
 
 
 # --- the Hugging Face Hub and pins (exit codes 50-59; dspark_convert/hub.py) ---------------

@@ -41,17 +41,16 @@ def inspect(
 
 def _print_inspect(result) -> None:
     c = result.contract
-    g = c.geometry
     out = _out()
     out.print(escape(f"{result.kind}: {result.path}"))
     out.print(f"  family        {c.family} ({c.architecture})")
-    out.print(f"  geometry      H={g.hidden_size} I={g.intermediate_size} layers={g.num_draft_layers} "
-              f"heads={g.num_attention_heads}/{g.num_key_value_heads}x{g.head_dim} V={g.vocab_size} "
-              f"eps={g.rms_norm_eps:g} theta={g.rope_theta:g}")
+    summary = dict(c.summary())
+    out.print(f"  geometry      {escape(summary.pop('geometry'))}")
     out.print(f"  taps          {c.taps.target_layer_ids} of {c.taps.num_target_layers} target layers "
               f"(hidden_states {c.taps.hidden_state_indices}), feature width {c.taps.feature_width}")
     out.print(f"  block         size {c.block.block_size}, mask token {c.block.mask_token_id}, anchor first")
-    out.print("  attention     non-causal, no bias")
+    for label, text in summary.items():        # the family's own lines: attention, ...
+        out.print(f"  {label:<13} {escape(text)}")
     out.print(f"  markov head   {c.markov_head.type}" + (f", rank {c.markov_head.rank}" if c.markov_head.rank else ""))
     conf = "none"
     if c.confidence_head.enabled:

@@ -20,17 +20,19 @@ from dspark_convert.artifact.quantized import (
     type_ok,
 )
 from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.contract.gemma4 import Gemma4Contract
 from dspark_convert.contract.inventory import TensorRow, check_gguf_inventory, gguf_found, inventory_rows
 from dspark_convert.errors import (
     HeadConfigMismatchError,
     InventoryError,
+    KEqVMismatchError,
     QuantizedTensorError,
     SourceNotFoundError,
 )
 from dspark_convert.util.paths import check_path
 from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.formats.safetensors import read_checkpoint
-from dspark_convert.source.checkpoint import check_checkpoint_inventory, load_config
+from dspark_convert.source.checkpoint import check_checkpoint_inventory, read_contract
 
 MAX_UNEXPECTED_ROWS = 50
 
@@ -39,7 +41,7 @@ class InspectResult(BaseModel):
 
     kind: Literal["checkpoint", "artifact"]
     path: str
-    contract: FeatureContract
+    contract: FeatureContract | Gemma4Contract
     rows: list[TensorRow]
     problem: dict | None            # the error convert/validate would raise, as a dict
     problem_exit_code: int | None
@@ -53,7 +55,7 @@ def _result(kind, path: Path, contract: FeatureContract, rows, left_out: int,
     problem = None
     try:
         check()
-    except (InventoryError, HeadConfigMismatchError, QuantizedTensorError) as exc:
+    except (InventoryError, HeadConfigMismatchError, KEqVMismatchError, QuantizedTensorError) as exc:
         problem = exc
     return InspectResult(kind=kind, path=str(path), contract=contract, rows=rows,
                          problem=problem.to_dict() if problem else None,
@@ -63,7 +65,7 @@ def _result(kind, path: Path, contract: FeatureContract, rows, left_out: int,
 
 def _inspect_checkpoint(directory: Path) -> InspectResult:
     checkpoint = read_checkpoint(directory)
-    _raw, cfg, contract = load_config(directory)
+    _raw, _family, cfg, contract = read_contract(directory)
     found = {name: (e.dtype, list(e.shape)) for name, e in checkpoint.tensors.items()}
     rows, left_out = inventory_rows(contract, found, "checkpoint",
                                     unexpected_limit=MAX_UNEXPECTED_ROWS)

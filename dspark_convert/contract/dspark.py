@@ -135,7 +135,7 @@ class TensorSpec(_Contract):
     shape: list[int]                  # torch order [out, in]
     gguf_shape: list[int]             # GGUF order [ne0 = in, ne1 = out]
     shape_expr: list[str]             # the table's expressions, for messages and docs
-    kind: Literal["matrix", "norm", "bias", "embedding"]
+    kind: Literal["matrix", "norm", "bias", "embedding", "scalar"]
     required: bool
 
 
@@ -159,6 +159,25 @@ class FeatureContract(_Contract):
             "m": len(self.taps.target_layer_ids), "r": rank,
             "rc": rank if self.confidence_head.with_markov else 0,
         }
+
+    def summary(self) -> list[tuple[str, str]]:
+        """(label, text) lines that say this family's geometry and attention (inspect)."""
+        g = self.geometry
+        return [("geometry", f"H={g.hidden_size} I={g.intermediate_size} layers={g.num_draft_layers} "
+                             f"heads={g.num_attention_heads}/{g.num_key_value_heads}x{g.head_dim} "
+                             f"V={g.vocab_size} eps={g.rms_norm_eps:g} theta={g.rope_theta:g}"),
+                ("attention", "non-causal, no bias")]
+
+    def rule_applies(self, when: str) -> bool:
+        """Whether a tensor-table rule with this condition names a tensor of this contract."""
+        return {
+            "always": True,
+            "embedding": True,
+            "markov": self.markov_head.rank > 0,
+            "gated": self.markov_head.type == "gated",
+            "rnn": self.markov_head.type == "rnn",
+            "confidence": self.confidence_head.enabled,
+        }[when]
 
     def tensor(self, source_name: str) -> TensorSpec | None:
         for spec in self.tensors:
@@ -301,23 +320,13 @@ def build_contract(cfg: DSparkConfig, *, path: str = "config.json") -> FeatureCo
     return contract_with_tensors(partial)
 
 
-def _rule_applies(rule: TensorRule, markov: MarkovHead, conf: ConfidenceHead) -> bool:
-    return {
-        "always": True,
-        "embedding": True,
-        "markov": markov.rank > 0,
-        "gated": markov.type == "gated",
-        "rnn": markov.type == "rnn",
-        "confidence": conf.enabled,
-    }[rule.when]
-
-
-def contract_with_tensors(parts: dict) -> FeatureContract:
-    """Complete a contract's parts with the tensor inventory the table implies."""
-    skeleton = FeatureContract(**parts, tensors=[])
+def contract_with_tensors(parts: dict, *, model: type[BaseModel] = FeatureContract,
+                          table: tuple[TensorRule, ...] = TENSOR_RULES):
+    """Complete a contract's parts with the tensor inventory its family's table implies
+    (``model`` has ``symbols()`` and ``rule_applies(when)``)."""
+    skeleton = model(**parts, tensors=[])
     values = skeleton.symbols()
-    rules = [r for r in TENSOR_RULES
-             if _rule_applies(r, skeleton.markov_head, skeleton.confidence_head)]
+    rules = [r for r in table if skeleton.rule_applies(r.when)]
     # File order: the table's order, with the per-layer rules grouped layer by layer
     # (blk.0.* then blk.1.* ...) where the first per-layer rule stands.
     layer_rules = [r for r in rules if r.per_layer]

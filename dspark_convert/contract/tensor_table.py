@@ -29,8 +29,10 @@ SYMBOLS: dict[str, str] = {
 }
 
 # Which heads a tensor belongs to. "embedding": optional in the source, hashed, never written.
-Condition = Literal["always", "embedding", "markov", "gated", "rnn", "confidence"]
-Kind = Literal["matrix", "norm", "bias", "embedding"]
+# "v_proj": a Gemma4 drafter's value projection, present only without attention_k_eq_v.
+Condition = Literal["always", "embedding", "markov", "gated", "rnn", "confidence", "v_proj"]
+# "scalar": a Gemma4 layer's layer_scalar [1], which multiplies the residual stream.
+Kind = Literal["matrix", "norm", "bias", "embedding", "scalar"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,36 @@ TENSOR_RULES: tuple[TensorRule, ...] = (
     TensorRule("confidence_head.proj.weight", "conf_proj.weight", ("1", "H+rc"), "matrix", "confidence"),
     TensorRule("confidence_head.proj.bias", "conf_proj.bias", ("1",), "bias", "confidence"),
 )
+
+# The Gemma4DSparkModel table (docs/REFERENCE_GEMMA4 facts: DeepSpec's
+# deepspec/modeling/dspark/gemma4/modeling.py): the drafter's attention has the target's
+# *global* geometry (d = global_head_dim, nkv = num_global_key_value_heads under
+# attention_k_eq_v), no v_proj under k_eq_v, four norms per layer (Gemma's sandwich) and a
+# saved layer_scalar buffer. Per-layer rules follow the source's own key order. GGUF names
+# follow llama.cpp's Gemma 3 names for the extra norms and its layer_output_scale; the
+# artifact format does not define the family yet (FamilyFormatError), so none is written.
+GEMMA4_TENSOR_RULES: tuple[TensorRule, ...] = (
+    TensorRule("embed_tokens.weight", None, ("V", "H"), "embedding", "embedding"),
+    TensorRule("lm_head.weight", None, ("V", "H"), "embedding", "embedding"),
+    TensorRule("fc.weight", "fc.weight", ("H", "m*H"), "matrix"),
+    TensorRule("hidden_norm.weight", "enc.output_norm.weight", ("H",), "norm"),
+    TensorRule("norm.weight", "output_norm.weight", ("H",), "norm"),
+    _layer("layer_scalar", "layer_output_scale.weight", ("1",), "scalar"),
+    _layer("self_attn.q_proj.weight", "attn_q.weight", ("nh*d", "H"), "matrix"),
+    _layer("self_attn.k_proj.weight", "attn_k.weight", ("nkv*d", "H"), "matrix"),
+    TensorRule("layers.{i}.self_attn.v_proj.weight", "blk.{i}.attn_v.weight", ("nkv*d", "H"),
+               "matrix", "v_proj"),
+    _layer("self_attn.o_proj.weight", "attn_output.weight", ("H", "nh*d"), "matrix"),
+    _layer("self_attn.q_norm.weight", "attn_q_norm.weight", ("d",), "norm"),
+    _layer("self_attn.k_norm.weight", "attn_k_norm.weight", ("d",), "norm"),
+    _layer("mlp.gate_proj.weight", "ffn_gate.weight", ("I", "H"), "matrix"),
+    _layer("mlp.up_proj.weight", "ffn_up.weight", ("I", "H"), "matrix"),
+    _layer("mlp.down_proj.weight", "ffn_down.weight", ("H", "I"), "matrix"),
+    _layer("input_layernorm.weight", "attn_norm.weight", ("H",), "norm"),
+    _layer("post_attention_layernorm.weight", "post_attention_norm.weight", ("H",), "norm"),
+    _layer("pre_feedforward_layernorm.weight", "ffn_norm.weight", ("H",), "norm"),
+    _layer("post_feedforward_layernorm.weight", "post_ffw_norm.weight", ("H",), "norm"),
+) + TENSOR_RULES[-8:]       # the Markov and confidence heads: the same as Qwen3's
 
 # GGUF names Strata refuses outright: the embedding and head are bound from the target.
 FORBIDDEN_GGUF_NAMES: tuple[str, ...] = ("token_embd.weight", "output.weight")

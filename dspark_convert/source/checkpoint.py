@@ -11,14 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_convert.contract.families import Family, family_named, family_of, require_artifact_format
 from dspark_convert.contract.inventory import check_inventory
-from dspark_convert.contract.dspark import (
-    DSparkConfig,
-    FeatureContract,
-    build_contract,
-    config_dtype,
-    parse_config,
-)
+from dspark_convert.contract.dspark import DSparkConfig, FeatureContract, config_dtype
 from dspark_convert.errors import ConfigError, SourceNotFoundError
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.artifact.format import check_storable
@@ -42,7 +37,10 @@ class Source:
         return shown(Path(os.path.abspath(self.directory)).name)
 
 
-def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
+def read_contract(directory: Path) -> tuple[dict, Family, object, object]:
+    """config.json read strictly by the reader of the family its ``architectures`` names
+    (contract/families.py), and the contract the family's rules derive: (raw, family,
+    config, contract). Every family; ``dspark inspect`` shows what it returns."""
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise SourceNotFoundError(f"{directory}: config.json not found", path=str(config_path),
@@ -57,10 +55,21 @@ def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
         raise ConfigError(f"{config_path}: field '{exc.where}': {exc.why}; expected JSON that "
                           "manifest.json can keep verbatim", path=str(config_path),
                           field=exc.where, expected="verbatim JSON", found=exc.why) from None
-    cfg = parse_config(raw, path=str(config_path))
-    contract = build_contract(cfg, path=str(config_path))
-    # Every value the metadata will hold, against its GGUF type (u32, f32 ...).
-    check_storable(contract, path=str(config_path))
+    family = family_of(raw, path=str(config_path))
+    cfg = family.parse_config(raw, path=str(config_path))
+    contract = family.build_contract(cfg, path=str(config_path))
+    if family.in_artifact_format:
+        # Every value the metadata will hold, against its GGUF type (u32, f32 ...).
+        check_storable(contract, path=str(config_path))
+    return raw, family, cfg, contract
+
+
+def load_config(directory: Path, *, command: str = "convert"
+                ) -> tuple[dict, DSparkConfig, FeatureContract]:
+    """read_contract for a command that makes an artifact: a family the artifact format
+    does not define yet is refused (49) once its config has been checked."""
+    raw, family, cfg, contract = read_contract(directory)
+    require_artifact_format(family, path=str(directory / "config.json"), command=command)
     return raw, cfg, contract
 
 
@@ -70,6 +79,7 @@ def check_checkpoint_inventory(checkpoint: Checkpoint, cfg: DSparkConfig,
     the index or weights file; returns the common source dtype."""
     label = str(checkpoint.files.index or checkpoint.files.weights[0])
     tensors = {name: (entry.dtype, list(entry.shape)) for name, entry in checkpoint.tensors.items()}
+    family_named(contract.family).check_tensors(contract, set(tensors), path=label)
     return check_inventory(contract, tensors, path=label,
                            expected_dtype=config_dtype(cfg, path=str(checkpoint.files.config)))
 

@@ -508,8 +508,11 @@ CASES: list[Case] = [
     Case("cfg-head-fields-disagree", "config", "convert", E.HeadConfigMismatchError,
          "confidence head with Markov features but markov_rank 0",
          edit_config(_rank_zero_with_conf_markov, base=DSPARK)),
-    Case("cfg-architecture-gemma4", "config", "convert", E.UnsupportedArchitectureError,
-         "architectures [Gemma4DSparkModel]", set_field("architectures", ["Gemma4DSparkModel"])),
+    Case("cfg-architecture-gemma4", "config", "convert", E.ConfigError,
+         "a Qwen3 config labelled architectures [Gemma4DSparkModel]: the Gemma4 family's "
+         "reader names its first missing field", set_field("architectures", ["Gemma4DSparkModel"])),
+    Case("cfg-architecture-unknown", "config", "convert", E.UnsupportedArchitectureError,
+         "architectures [Llama4DSparkModel], no family", set_field("architectures", ["Llama4DSparkModel"])),
     Case("cfg-attention-bias", "config", "convert", E.UnsupportedFeatureError,
          "attention_bias true", set_field("attention_bias", True)),
     Case("cfg-mask-out-of-vocab", "config", "convert", E.MaskTokenError,

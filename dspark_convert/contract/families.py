@@ -1,0 +1,86 @@
+"""The drafter families, as data: one row per checkpoint ``architectures`` entry.
+
+A checkpoint's family is chosen here, by its config.json's ``architectures`` (never by
+``model_type``: a Gemma4 drafter's says gemma4_text or gemma4_unified_text depending on
+how it was saved), and everything family-specific is reached through its row: the config
+reader, the contract builder, the tensor table, the check of the tensors against the
+attention the config names, and what the rest of the tool can do with it yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dspark_convert.contract import dspark, gemma4
+from dspark_convert.contract.inventory import check_head_tensors
+from dspark_convert.contract.tensor_table import GEMMA4_TENSOR_RULES, TENSOR_RULES, TensorRule
+from dspark_convert.errors import FamilyFormatError, UnsupportedArchitectureError
+
+
+def _no_more_checks(_contract, _names: set[str], *, path: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str                                   # the contract's ``family``
+    architecture: str                           # config.json's ``architectures`` entry
+    parse_config: Callable[..., object]         # (raw, *, path) -> the family's config model
+    build_contract: Callable[..., object]       # (cfg, *, path) -> the family's contract
+    tensor_rules: tuple[TensorRule, ...]
+    # Family-specific checks of the tensor names against the contract, run before the
+    # inventory (the Markov / confidence head checks are every family's, inventory.py).
+    check_tensors: Callable[..., None]
+    # Whether the artifact format defines the family (convert, validate, and every command
+    # reading an artifact); a family without it is read and inspected only.
+    in_artifact_format: bool
+
+
+QWEN3 = Family(name=dspark.FAMILY, architecture=dspark.ARCHITECTURE,
+               parse_config=dspark.parse_config, build_contract=dspark.build_contract,
+               tensor_rules=TENSOR_RULES, check_tensors=_no_more_checks,
+               in_artifact_format=True)
+
+GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
+                parse_config=gemma4.parse_config,
+                build_contract=lambda cfg, *, path, raw=None: gemma4.build_contract(
+                    cfg, path=path, raw=raw),
+                tensor_rules=GEMMA4_TENSOR_RULES, check_tensors=gemma4.check_tensors,
+                in_artifact_format=False)
+
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (QWEN3, GEMMA4)}
+BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES.values()}
+
+
+def family_of(raw: object, *, path: str) -> Family:
+    """The family config.json's ``architectures`` names. A well-formed list naming no
+    family is refused here (14), naming the ones there are; a missing or mistyped
+    ``architectures`` is left to the Qwen3 reader, whose strict model names the field (13),
+    as it always has."""
+    archs = raw.get("architectures") if isinstance(raw, dict) else None
+    if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
+        return QWEN3
+    if len(archs) == 1 and archs[0] in FAMILIES:
+        return FAMILIES[archs[0]]
+    known = " or ".join(f"['{a}']" for a in FAMILIES)
+    raise UnsupportedArchitectureError(
+        f"{path}: field 'architectures': expected {known}, found {archs}", path=path,
+        field="architectures", expected=[[a] for a in FAMILIES], found=archs)
+
+
+def family_named(name: str) -> Family:
+    """The family of a contract (its ``family`` field)."""
+    return BY_NAME[name]
+
+
+def require_artifact_format(family: Family, *, path: str, command: str) -> None:
+    """Refuse, in one line naming the family, a command that needs the artifact format for a
+    family the format does not define yet (FamilyFormatError, 49)."""
+    if not family.in_artifact_format:
+        raise FamilyFormatError(
+            f"{path}: architectures ['{family.architecture}'] (the {family.name} family) is "
+            f"read and checked, but the artifact format does not define it yet, so {command} "
+            f"cannot make one; 'dspark inspect' shows its contract and tensor table",
+            path=path, field="architectures", expected="a family the artifact format defines",
+            found=family.architecture)
