@@ -359,6 +359,13 @@ class TargetFormatError(TargetError):
     exit_code = 61
 
 
+class TargetFamilyError(TargetError):
+    """The target's config.json is a model of a drafter family whose targets the target
+    reader does not read yet (a Gemma4 target: model_type gemma4 / gemma4_unified, its text
+    config nested), named by its model_type and family."""
+    exit_code = 68
+
+
 class TargetGeometryError(TargetError):
     """Drafter and target disagree on the model family, hidden size, rope theta or RMS eps."""
     exit_code = 62

@@ -35,19 +35,28 @@ class Family:
     # Whether the artifact format defines the family (convert, validate, and every command
     # reading an artifact); a family without it is read and inspected only.
     in_artifact_format: bool
+    # The model_type values of this family's targets (top level of their config.json), and
+    # whether the target reader (target/model.py) reads them yet.
+    target_model_types: tuple[str, ...]
+    target_readable: bool
 
 
 QWEN3 = Family(name=dspark.FAMILY, architecture=dspark.ARCHITECTURE,
                parse_config=dspark.parse_config, build_contract=dspark.build_contract,
                tensor_rules=TENSOR_RULES, check_tensors=_no_more_checks,
-               in_artifact_format=True)
+               in_artifact_format=True, target_model_types=("qwen3",), target_readable=True)
 
 GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
                 parse_config=gemma4.parse_config,
                 build_contract=lambda cfg, *, path, raw=None: gemma4.build_contract(
                     cfg, path=path, raw=raw),
                 tensor_rules=GEMMA4_TENSOR_RULES, check_tensors=gemma4.check_tensors,
-                in_artifact_format=False)
+                in_artifact_format=False,
+                # DeepSpec's builder accepts gemma4 and gemma4_unified targets; the text
+                # model types are their nested text_config's.
+                target_model_types=("gemma4", "gemma4_unified", "gemma4_text",
+                                    "gemma4_unified_text"),
+                target_readable=False)
 
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (QWEN3, GEMMA4)}
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES.values()}
@@ -67,6 +76,12 @@ def family_of(raw: object, *, path: str) -> Family:
     raise UnsupportedArchitectureError(
         f"{path}: field 'architectures': expected {known}, found {archs}", path=path,
         field="architectures", expected=[[a] for a in FAMILIES], found=archs)
+
+
+def target_family_of(raw: object) -> Family | None:
+    """The family whose targets have this config.json's model_type, if any is known."""
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    return next((f for f in FAMILIES.values() if model_type in f.target_model_types), None)
 
 
 def family_named(name: str) -> Family:
