@@ -291,3 +291,15 @@ def test_convert_refuses_the_family_the_format_does_not_define_yet(tmp_path):
     proc = run_cli("convert", str(DSPARK), "-o", str(out))
     assert_refused(proc, E.FamilyFormatError, ["Gemma4DSparkModel", "gemma4-dspark", "dspark inspect"])
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_canary_as_a_real_process(tmp_path):
+    """The real `dspark` console script: inspect exits 0 with the family, convert refuses
+    in one line with 49 and no traceback, nothing written."""
+    from support.cli import run_process
+
+    shown = run_process("inspect", str(DSPARK))
+    assert shown.returncode == 0 and "gemma4-dspark" in shown.stdout, shown.stderr
+    refused = run_process("convert", str(DSPARK), "-o", str(tmp_path / "out"))
+    assert_refused(refused, E.FamilyFormatError, ["Gemma4DSparkModel"])
+    assert list(tmp_path.iterdir()) == []
