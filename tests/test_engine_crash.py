@@ -146,16 +146,8 @@ def test_the_gate_fails_its_llama_cpp_stage_naming_the_crash(tmp_path, crash_lib
 
 # --- the AMX crash itself: a CPU with AMX and a native build --------------------------------
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
-HAS_AMX = {"amx_tile", "amx_int8"} <= _cpu_flags()
+# AMX on every processor of the machine (/proc/cpuinfo), as tools/llama_cpp.py reads it.
+HAS_AMX = build.cpu_has_amx()
 needs_amx = pytest.mark.skipif(
     not HAS_AMX, reason="this CPU has no AMX (amx_tile and amx_int8 not in /proc/cpuinfo): only "
                         "there does a native llama.cpp build repack Q8_0 weights into AMX "

@@ -140,9 +140,10 @@ class LlamaCpp:
 
 def engine() -> LlamaCpp:
     """The cached build, or a skip (a failure under CI=true) naming how to build it."""
-    if not build.is_built():
-        message = (f"llama.cpp {build.COMMIT} is not built in {build.build_dir()}: run "
-                   "`make llama-cpp` (make test builds it)")
+    problem = build.build_problem()
+    if problem is not None:
+        message = (f"llama.cpp {build.COMMIT} is not built in {build.build_dir()} ({problem}): "
+                   "run `make llama-cpp` (make test builds it)")
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
