@@ -270,12 +270,6 @@ class QuantizedTensorError(ArtifactError):
     exit_code = 48
 
 
-class FamilyFormatError(ArtifactError):
-    """A known drafter family the artifact format does not define yet (Gemma4DSparkModel:
-    dspark inspect shows its contract; convert refuses it, nothing written)."""
-    exit_code = 49
-
-
 # --- the Hugging Face Hub and pins (exit codes 50-59; dspark_convert/hub.py) ---------------
 
 # (hub errors go here)
@@ -451,6 +445,12 @@ class MemoryBudgetError(RuntimeRefusal):
     exit_code = 78
 
 
+class FamilyRuntimeError(RuntimeRefusal):
+    """An artifact of a drafter family the reference runtime does not run yet
+    (gemma4-dspark): smoke and eval refuse it before the target is read."""
+    exit_code = 79
+
+
 class NumericOverflowError(RuntimeRefusal):
     """A model's forward pass gave NaN or infinity (its logits or confidence logits): the
     weights are finite but too large for the compute dtype (runtime/sampling.py). (The
@@ -489,6 +489,12 @@ class QuantizedParentError(QuantizeError):
 class QuantTypeError(QuantizeError):
     """--type or --heads names a type other than q8_0, q5_0, q4_0."""
     exit_code = 84
+
+
+class FamilyQuantizeError(QuantizeError):
+    """A parent artifact of a drafter family the quantized format does not define yet
+    (gemma4-dspark)."""
+    exit_code = 85
 
 
 # --- `dspark eval`: prompt sets, options, calibration (exit codes 90-95) --------------------
@@ -557,6 +563,12 @@ class TargetGGUFMismatchError(ExportRefusal):
     convert differ, or a tokenizer key cannot be carried into the drafter file as read (an
     array of arrays, an empty array); the key or tensor is named."""
     exit_code = 104
+
+
+class FamilyExportError(ExportRefusal):
+    """An artifact of a drafter family the engine cannot load (llama.cpp 0c1e570 has no
+    Gemma4 DSpark drafter): nothing written."""
+    exit_code = 105
 
 
 # --- another engine's own runs beside ours: `dspark eval --engine` (exit codes 110-119;

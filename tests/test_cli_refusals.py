@@ -184,7 +184,7 @@ CASES = [
     # A Qwen3 config relabelled Gemma4 is read by the Gemma4 family's reader (by its
     # architectures), which names its own first missing field and the family.
     Case("architecture-gemma4", lambda s: build(s, cfg=set_("architectures", ["Gemma4DSparkModel"])),
-         ConfigError, ["config.json", "global_head_dim", "Gemma4DSparkModel", "gemma4-dspark"]),
+         ConfigError, ["config.json", "required field", "Gemma4DSparkModel", "gemma4-dspark"]),
     Case("architecture-unknown", lambda s: build(s, cfg=set_("architectures", ["Llama4DSparkModel"])),
          UnsupportedArchitectureError, ["config.json", "architectures", "Llama4DSparkModel",
                                         "Qwen3DSparkModel", "Gemma4DSparkModel"]),

@@ -24,7 +24,8 @@ def test_the_table():
     assert (QWEN3.parse_config, QWEN3.build_contract, QWEN3.tensor_rules) == \
         (dspark.parse_config, dspark.build_contract, TENSOR_RULES)
     assert GEMMA4.parse_config is gemma4.parse_config and GEMMA4.tensor_rules is GEMMA4_TENSOR_RULES
-    assert QWEN3.in_artifact_format and not GEMMA4.in_artifact_format
+    assert QWEN3.artifact_commands == {"smoke", "eval", "quantize", "export"}
+    assert GEMMA4.artifact_commands == frozenset() and not GEMMA4.target_readable
 
 
 @pytest.mark.parametrize("cfg,family", [(QWEN3_CFG, QWEN3), (GEMMA4_CFG, GEMMA4)])

@@ -248,7 +248,8 @@ def test_refused_with_its_own_code_nothing_written(tmp_path, name, edit, error, 
 
 def test_own_codes_are_distinct():
     codes = [E.MoEBlockError, E.PerLayerInputError, E.FinalLayerTapError, E.RopeTypeError,
-             E.KEqVMismatchError, E.FamilyFormatError]
+             E.KEqVMismatchError, E.TargetFamilyError, E.FamilyRuntimeError,
+             E.FamilyQuantizeError, E.FamilyExportError]
     assert len({c.exit_code for c in codes}) == len(codes)
     assert all(c.__name__ == E.EXIT_CODES[c.exit_code] for c in codes)
 
@@ -286,20 +287,23 @@ def test_a_dropped_layer_scalar_is_missing(tmp_path):
     assert_refused(run_cli("inspect", str(src)), E.MissingTensorError, ["layers.0.layer_scalar", "[1]"])
 
 
-def test_convert_refuses_the_family_the_format_does_not_define_yet(tmp_path):
+def test_convert_writes_the_family(tmp_path):
     out = tmp_path / "out"
     proc = run_cli("convert", str(DSPARK), "-o", str(out))
-    assert_refused(proc, E.FamilyFormatError, ["Gemma4DSparkModel", "gemma4-dspark", "dspark inspect"])
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["drafter.gguf", "manifest.json"]
 
 
 def test_canary_as_a_real_process(tmp_path):
-    """The real `dspark` console script: inspect exits 0 with the family, convert refuses
-    in one line with 49 and no traceback, nothing written."""
+    """The real `dspark` console script: inspect exits 0 with the family; a refusal is
+    one line with its own code and no traceback, nothing written."""
     from support.cli import run_process
 
     shown = run_process("inspect", str(DSPARK))
     assert shown.returncode == 0 and "gemma4-dspark" in shown.stdout, shown.stderr
-    refused = run_process("convert", str(DSPARK), "-o", str(tmp_path / "out"))
-    assert_refused(refused, E.FamilyFormatError, ["Gemma4DSparkModel"])
-    assert list(tmp_path.iterdir()) == []
+    src = tmp_path / "src"
+    shutil.copytree(DSPARK, src)
+    (src / "config.json").write_text(json.dumps(dict(_config(), enable_moe_block=True)))
+    refused = run_process("convert", str(src), "-o", str(tmp_path / "out"))
+    assert_refused(refused, E.MoEBlockError, ["enable_moe_block"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -19,14 +19,16 @@ from dspark_convert.errors import concrete_errors
 import cli_docs  # tools/cli_docs.py, beside this script
 import raisers  # tools/raisers.py, beside this script
 from generated import generator_main  # tools/generated.py, beside this script
-from dspark_convert.contract.tensor_table import SYMBOLS, TENSOR_RULES, pretty_dim
+from dspark_convert.contract.tensor_table import GEMMA4_TENSOR_RULES, SYMBOLS, TENSOR_RULES, pretty_dim
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEN_TEXT = {"always": "always", "hub": "Hub source only", "markov": "markov_rank > 0",
              "confidence": "with a confidence head", "embed": "source has embed_tokens",
              "lm_head": "source has lm_head", "embedding": "optional; hashed, never written",
              "gated": "gated Markov head", "rnn": "rnn Markov head",
-             "quantized": "quantized artifacts only (`dspark quantize`)"}
+             "quantized": "quantized artifacts only (`dspark quantize`)",
+             "gemma4": "gemma4-dspark artifacts only", "softcap": "gemma4-dspark, softcap not null",
+             "v_proj": "without attention_k_eq_v"}
 
 
 def metadata_table() -> str:
@@ -37,10 +39,10 @@ def metadata_table() -> str:
     return "\n".join(rows)
 
 
-def tensor_table() -> str:
+def tensor_table(rules=TENSOR_RULES) -> str:
     rows = ["| GGUF name | source name | torch shape | GGUF shape | kind | present |",
             "|---|---|---|---|---|---|"]
-    for rule in TENSOR_RULES:
+    for rule in rules:
         torch_shape = ", ".join(pretty_dim(e) for e in rule.shape)
         gguf_shape = ", ".join(pretty_dim(e) for e in reversed(rule.shape))
         gguf = f"`{rule.gguf.replace('{i}', 'N')}`" if rule.gguf else "(not written)"
@@ -133,7 +135,8 @@ def llama_cpp_export_table() -> str:
 
 
 SECTIONS = {
-    "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table},
+    "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table,
+                                "gemma4-tensors": lambda: tensor_table(GEMMA4_TENSOR_RULES)},
     "docs/EXIT_CODES.md": {"exit-codes": exit_code_table},
     "docs/BAD_INPUTS.md": {"limits": limits_table},
     "docs/ENGINES.md": {"llama-cpp-export": llama_cpp_export_table},

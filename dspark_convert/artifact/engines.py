@@ -113,6 +113,7 @@ class Rule:
     kind: Kind
     check: Callable[[_View], str | None]
     needs: tuple[str, ...] = ()
+    final: bool = False     # a refusal of this rule is the whole report (no rule after it)
 
 
 def _run(engine: str, rules: Sequence[Rule], view: _View) -> tuple[Refusal, ...]:
@@ -123,7 +124,24 @@ def _run(engine: str, rules: Sequence[Rule], view: _View) -> tuple[Refusal, ...]
         message = rule.check(view)
         if message is not None:
             out.append(Refusal(f"{engine}/{rule.id}", rule.kind, message))
+            if rule.final:
+                break
     return tuple(out)
+
+
+def _family(view: _View) -> str | None:
+    """One of our own artifacts of a drafter family other than Qwen3's (format version 2's
+    dspark.family, artifact/format.py): a drafter no engine here implements, which is worth
+    knowing, not a broken file; the engine's own first words, then why."""
+    family = view.kv.get("dspark.family")
+    if family is None:
+        return None
+    arch = view.kv.get("general.architecture")
+    return (f"general.architecture is '{arch}': a {family} drafter (dspark.family), which "
+            "this engine does not implement (its DFlash/DSpark loader is Qwen3's)")
+
+
+FAMILY_RULE = Rule("family", "unsupported", _family, final=True)
 
 
 # --- strata.open: DFlashArtifact::open (src/core/dflash.cpp) ----------------------------------
@@ -405,6 +423,7 @@ def _strata_architecture(view: _View) -> str | None:
 
 
 STRATA_OPEN_RULES: tuple[Rule, ...] = (
+    FAMILY_RULE,
     Rule("architecture", "load_error", _strata_architecture),
     Rule("metadata_numbers", "load_error", _strata_parse_numbers),
     Rule("head_dim", "load_error", _strata_head_dim, ("numbers",)),
@@ -683,6 +702,7 @@ def _llama_embedding_as_head(view: _View) -> str | None:
 
 
 LLAMA_RULES: tuple[Rule, ...] = (
+    FAMILY_RULE,
     Rule("architecture", "load_error", _llama_arch),
     *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[:3]),
     Rule("max_layers", "load_error", _llama_max_layers),
@@ -714,6 +734,8 @@ def strata_run(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iter
     geometry gate and the fixed eps, evaluated on what open could parse."""
     view = _view(kv, types, tensors, path)
     opened = _run("strata.open", STRATA_OPEN_RULES, view)
+    if opened and opened[0].rule == "strata.open/family":
+        return EngineReport("strata.run", opened)
     return EngineReport("strata.run", opened + _run("strata.run", STRATA_RUN_RULES, view))
 
 
@@ -723,7 +745,7 @@ def llama_cpp(kv: Mapping[str, object], types: Mapping[str, str], tensors: Itera
     first one also names the file llama.cpp does load, `dspark export`'s."""
     view = _view(kv, types, tensors, path)
     refusals = _run("llama.cpp", LLAMA_RULES, view)
-    if refusals and "dspark.format_version" in kv:
+    if refusals and "dspark.format_version" in kv and refusals[0].rule != "llama.cpp/family":
         first = refusals[0]
         refusals = (Refusal(first.rule, first.kind, first.message + LLAMA_EXPORT_HINT),
                     *refusals[1:])

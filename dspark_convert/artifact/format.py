@@ -16,11 +16,19 @@ from typing import Literal
 from gguf.constants import GGUFValueType
 
 from dspark_convert import CONVERTER_NAME, __version__
-from dspark_convert.contract.dspark import ARCHITECTURE, FeatureContract, build_contract, parse_config
+from dspark_convert.contract import gemma4
+from dspark_convert.contract.dspark import ARCHITECTURE, MAX_DRAFT_LAYERS, FeatureContract
+from dspark_convert.contract.families import GEMMA4, QWEN3, Family
 from dspark_convert.errors import ConfigError, ContractViolation, DSparkError, GeometryLimitError, MetadataError
 
 FORMAT_VERSION = 1
 ARCHITECTURE_NAME = "dflash"
+# Format version 2 adds the drafter families beside Qwen3 (docs/ARTIFACT_FORMAT.md, "Drafter
+# families"): its files name their family (dspark.family) and architecture, and carry the
+# family's own keys. A Qwen3 artifact is still version 1, byte for byte as before; a
+# version-1 reader refuses a version-2 file at dspark.format_version, never misreads it.
+FAMILY_FORMAT_VERSION = 2
+GEMMA4_ARCHITECTURE_NAME = "dspark-gemma4"
 ALIGNMENT = 32
 GGUF_FILE = "drafter.gguf"
 MANIFEST_FILE = "manifest.json"
@@ -32,7 +40,8 @@ def padded(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-When = Literal["always", "hub", "markov", "confidence", "embed", "lm_head", "quantized"]
+When = Literal["always", "hub", "markov", "confidence", "embed", "lm_head", "quantized",
+               "gemma4", "softcap"]
 
 T = GGUFValueType
 
@@ -80,7 +89,24 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("dflash.source.revision", T.STRING, "40-hex commit, or `local`"),
     MetadataKey("dflash.source.sha256", T.STRING,
                 "SHA-256 of the weights file (sharded: of the sorted `\"<file> <sha256>\\n\"` lines)"),
-    MetadataKey("dspark.format_version", T.UINT32, "1"),
+    MetadataKey("dspark.family", T.STRING, "`gemma4-dspark`: the drafter family (absent: "
+                "`qwen3-dspark`, format version 1)", "gemma4"),
+    MetadataKey("dspark.gemma4.source.model_type", T.STRING,
+                "config.json `model_type` (`gemma4_text` or `gemma4_unified_text`)", "gemma4"),
+    MetadataKey("dspark.gemma4.source.target_model_type", T.STRING,
+                "config.json `target_model_type`", "gemma4"),
+    MetadataKey("dspark.gemma4.source.target_text_model_type", T.STRING,
+                "config.json `target_text_model_type`", "gemma4"),
+    MetadataKey("dspark.gemma4.attention.k_eq_v", T.STRING,
+                "`true` / `false`: `attention_k_eq_v` (no v_proj; V = RMS norm of k_proj)", "gemma4"),
+    MetadataKey("dspark.gemma4.rope.type", T.STRING,
+                "`rope_parameters.full_attention.rope_type` (`proportional` or `default`)", "gemma4"),
+    MetadataKey("dspark.gemma4.rope.partial_rotary_factor", T.FLOAT64,
+                "`rope_parameters.full_attention.partial_rotary_factor` (1.0 for `default`)", "gemma4"),
+    MetadataKey("dspark.gemma4.hidden_activation", T.STRING, "`gelu_pytorch_tanh`", "gemma4"),
+    MetadataKey("dspark.gemma4.final_logit_softcapping", T.FLOAT64,
+                "`final_logit_softcapping`; absent when null", "softcap"),
+    MetadataKey("dspark.format_version", T.UINT32, "1; 2 with `dspark.family`"),
     MetadataKey("dspark.converter", T.STRING, "`dspark-convert <version>`"),
     # Written by `dspark quantize` only, after every key of the BF16 parent, as Strata's
     # tools/dflash_quantize.py (export) appends them.
@@ -120,14 +146,46 @@ def _applies(key: MetadataKey, contract: FeatureContract, prov: Provenance) -> b
         "embed": prov.embed_sha256 is not None,
         "lm_head": prov.lm_head_sha256 is not None,
         "quantized": prov.quantization is not None,
+        "gemma4": contract.family == GEMMA4.name,
+        "softcap": (contract.family == GEMMA4.name
+                    and contract.blocks.final_logit_softcapping is not None),
     }[key.when]
+
+
+def _qwen3_values(contract: FeatureContract) -> dict[str, object]:
+    return {"general.architecture": ARCHITECTURE_NAME,
+            "dflash.rope.frequency_base": contract.geometry.rope_theta,
+            "dspark.format_version": FORMAT_VERSION}
+
+
+def _gemma4_values(contract) -> dict[str, object]:
+    """The Gemma4 family's values: its architecture (not `dflash`: a DFlash loader must not
+    read it as one), the full-attention RoPE, k_eq_v, the activation, the softcap and the
+    config form; the shared keys hold the geometry the drafter uses (key_length =
+    global_head_dim, head_count_kv = the global KV heads under k_eq_v)."""
+    form, rope = contract.config_form, contract.rope
+    return {"general.architecture": GEMMA4_ARCHITECTURE_NAME,
+            "dflash.rope.frequency_base": rope.theta,
+            "dspark.family": contract.family,
+            "dspark.gemma4.source.model_type": form.model_type,
+            "dspark.gemma4.source.target_model_type": form.target_model_type,
+            "dspark.gemma4.source.target_text_model_type": form.target_text_model_type,
+            "dspark.gemma4.attention.k_eq_v": _flag(contract.attention.k_eq_v),
+            "dspark.gemma4.rope.type": rope.type,
+            "dspark.gemma4.rope.partial_rotary_factor": rope.partial_rotary_factor,
+            "dspark.gemma4.hidden_activation": contract.blocks.activation,
+            "dspark.gemma4.final_logit_softcapping": contract.blocks.final_logit_softcapping,
+            "dspark.format_version": FAMILY_FORMAT_VERSION}
+
+
+# The family's own values, by contract family: one row per family of contract/families.py.
+_FAMILY_VALUES = {QWEN3.name: _qwen3_values, GEMMA4.name: _gemma4_values}
 
 
 def expected_metadata(contract: FeatureContract, prov: Provenance) -> dict[str, object]:
     """Every key's value, in file order, for a contract and its provenance."""
     g = contract.geometry
     values: dict[str, object] = {
-        "general.architecture": ARCHITECTURE_NAME,
         "general.alignment": ALIGNMENT,
         "general.name": prov.name,
         "general.source.huggingface.repository": prov.repository,
@@ -141,7 +199,6 @@ def expected_metadata(contract: FeatureContract, prov: Provenance) -> dict[str, 
         "dflash.block_size": contract.block.block_size,
         "dflash.mask_token_id": contract.block.mask_token_id,
         "dflash.target_layers": list(contract.taps.target_layer_ids),
-        "dflash.rope.frequency_base": g.rope_theta,
         "dflash.attention.layer_norm_rms_epsilon": g.rms_norm_eps,
         "dflash.sample_from_anchor": _flag(contract.block.anchor_first),
         "dflash.attention.causal": _flag(contract.attention.causal),
@@ -154,10 +211,10 @@ def expected_metadata(contract: FeatureContract, prov: Provenance) -> dict[str, 
         "dflash.target.lm_head_sha256": prov.lm_head_sha256,
         "dflash.source.revision": prov.revision,
         "dflash.source.sha256": prov.source_sha256,
-        "dspark.format_version": FORMAT_VERSION,
         "dspark.converter": prov.converter,
         "strata.dflash.quantization": prov.quantization,
         "strata.dflash.source_sha256": prov.parent_sha256,
+        **_FAMILY_VALUES[contract.family](contract),
     }
     return {k.key: values[k.key] for k in METADATA_KEYS if _applies(k, contract, prov)}
 
@@ -264,12 +321,53 @@ CONFIG_FIELD_KEYS = {
     "enable_confidence_head": "dflash.has_confidence_head",
     "confidence_head_with_markov": "dflash.confidence_head_with_markov",
     "rope_parameters.rope_theta": "dflash.rope.frequency_base",
+    # The Gemma4 family's fields (its reader's names) and their keys.
+    "global_head_dim": "dflash.attention.key_length",
+    "num_global_key_value_heads": "dflash.attention.head_count_kv",
+    "rope_parameters.full_attention.rope_theta": "dflash.rope.frequency_base",
+    "rope_parameters.full_attention.rope_type": "dspark.gemma4.rope.type",
+    "rope_parameters.full_attention.partial_rotary_factor": "dspark.gemma4.rope.partial_rotary_factor",
+    "rope_parameters.full_attention": "dspark.gemma4.rope.type",
+    "attention_k_eq_v": "dspark.gemma4.attention.k_eq_v",
+    "hidden_activation": "dspark.gemma4.hidden_activation",
+    "final_logit_softcapping": "dspark.gemma4.final_logit_softcapping",
+    "model_type": "dspark.gemma4.source.model_type",
+    "target_model_type": "dspark.gemma4.source.target_model_type",
+    "target_text_model_type": "dspark.gemma4.source.target_text_model_type",
 }
+# The keys of CONFIG_FIELD_KEYS that stand for a Qwen3 config's fields (its view).
+_QWEN3_VIEW_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers",
+                      "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                      "rms_norm_eps", "num_target_layers", "target_layer_ids", "block_size",
+                      "mask_token_id", "markov_rank")
 
 
-def metadata_config_view(kv: dict[str, object], *, path: str) -> dict:
-    """The metadata as the config.json it stands for, so that the very rules applied at
-    conversion can be applied to an artifact (types already checked)."""
+def metadata_family(kv: dict[str, object], *, path: str) -> Family:
+    """The family a file's metadata names (types already checked): version 1 is Qwen3 and
+    has no dspark.family; version 2 names its family. Anything else is refused."""
+    version = _get(kv, "dspark.format_version", path)
+    name = kv.get("dspark.family")
+    families = {GEMMA4.name: GEMMA4}
+    if version == FORMAT_VERSION and name is None:
+        return QWEN3
+    if version == FAMILY_FORMAT_VERSION and name in families:
+        return families[name]
+    if version not in (FORMAT_VERSION, FAMILY_FORMAT_VERSION):
+        raise MetadataError(f"{path}: metadata key 'dspark.format_version': expected "
+                            f"{FORMAT_VERSION} or {FAMILY_FORMAT_VERSION}, found {version}",
+                            path=path, field="dspark.format_version",
+                            expected=[FORMAT_VERSION, FAMILY_FORMAT_VERSION], found=version)
+    want = (f"absent with 'dspark.format_version' {FORMAT_VERSION}" if version == FORMAT_VERSION
+            else f"one of {', '.join(families)} with 'dspark.format_version' "
+                 f"{FAMILY_FORMAT_VERSION}")
+    raise MetadataError(f"{path}: metadata key 'dspark.family': expected {want}, found "
+                        f"{'nothing' if name is None else repr(name)}", path=path, field="dspark.family", expected=want,
+                        found="missing" if name is None else name)
+
+
+def _common_checks(kv: dict[str, object], path: str) -> None:
+    """The anchor and causality flags every family's artifact holds, and the conditional
+    Markov / confidence keys."""
     if not _flag_value(kv, "dflash.sample_from_anchor", path):
         raise MetadataError(f"{path}: metadata key 'dflash.sample_from_anchor': expected 'true' "
                             "(the format is anchor-first; Strata refuses false), found 'false'",
@@ -281,18 +379,60 @@ def metadata_config_view(kv: dict[str, object], *, path: str) -> dict:
                             path=path, field="dflash.attention.causal", expected="false",
                             found="true")
     _check_conditional_keys(kv, path)
-    view = {field: _get(kv, key, path) for field, key in CONFIG_FIELD_KEYS.items()
-            if key not in ("dflash.markov_head_type", "dflash.has_confidence_head",
-                           "dflash.confidence_head_with_markov", "dflash.rope.frequency_base")}
-    view.update(architectures=[ARCHITECTURE], attention_bias=False, hidden_act="silu",
-                rope_parameters={"rope_theta": _get(kv, "dflash.rope.frequency_base", path),
-                                 "rope_type": "default"},
-                enable_confidence_head=_flag_value(kv, "dflash.has_confidence_head", path))
-    view["target_layer_ids"] = list(view["target_layer_ids"])
+
+
+def _heads_view(kv: dict[str, object], path: str) -> dict:
+    """The Markov and confidence fields, as config.json has them."""
+    view: dict = {"enable_confidence_head": _flag_value(kv, "dflash.has_confidence_head", path)}
     if "dflash.markov_head_type" in kv:
         view["markov_head_type"] = kv["dflash.markov_head_type"]
     if "dflash.confidence_head_with_markov" in kv:
         view["confidence_head_with_markov"] = _flag_value(kv, "dflash.confidence_head_with_markov", path)
+    return view
+
+
+def metadata_config_view(kv: dict[str, object], *, path: str) -> dict:
+    """The metadata as the Qwen3 config.json it stands for, so that the very rules applied
+    at conversion can be applied to an artifact (types already checked)."""
+    _common_checks(kv, path)
+    view = {field: _get(kv, CONFIG_FIELD_KEYS[field], path) for field in _QWEN3_VIEW_FIELDS}
+    view.update(architectures=[ARCHITECTURE], attention_bias=False, hidden_act="silu",
+                rope_parameters={"rope_theta": _get(kv, "dflash.rope.frequency_base", path),
+                                 "rope_type": "default"}, **_heads_view(kv, path))
+    view["target_layer_ids"] = list(view["target_layer_ids"])
+    return view
+
+
+def gemma4_config_view(kv: dict[str, object], *, path: str) -> dict:
+    """The metadata as the Gemma4 config.json it stands for (the fields the drafter uses;
+    the inherited-but-unused ones are the manifest's record, not the file's)."""
+    _common_checks(kv, path)
+    g = {field: _get(kv, CONFIG_FIELD_KEYS[field], path)
+         for field in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                       "num_attention_heads", "vocab_size", "rms_norm_eps", "num_target_layers",
+                       "target_layer_ids", "block_size", "mask_token_id", "markov_rank",
+                       "global_head_dim", "model_type", "target_model_type",
+                       "target_text_model_type", "hidden_activation")}
+    k_eq_v = _flag_value(kv, "dspark.gemma4.attention.k_eq_v", path)
+    kv_heads = _get(kv, "dflash.attention.head_count_kv", path)
+    rope_type = _get(kv, "dspark.gemma4.rope.type", path)
+    full = {"rope_type": rope_type, "rope_theta": _get(kv, "dflash.rope.frequency_base", path)}
+    if rope_type != "default":
+        full["partial_rotary_factor"] = _get(kv, "dspark.gemma4.rope.partial_rotary_factor", path)
+    layers = g["num_hidden_layers"]
+    view = dict(
+        g, architectures=[gemma4.ARCHITECTURE], attention_bias=False,
+        attention_k_eq_v=k_eq_v, rope_parameters={"full_attention": full},
+        final_logit_softcapping=kv.get("dspark.gemma4.final_logit_softcapping"),
+        enable_moe_block=False, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+        use_double_wide_mlp=False,
+        # Built only within the bound the contract checks first (a hostile block count).
+        layer_types=["full_attention"] * layers if 0 < layers <= MAX_DRAFT_LAYERS else [],
+        **{"num_global_key_value_heads" if k_eq_v else "num_key_value_heads": kv_heads},
+        **_heads_view(kv, path))
+    if not k_eq_v:
+        view["num_global_key_value_heads"] = None
+    view["target_layer_ids"] = list(view["target_layer_ids"])
     return view
 
 
@@ -342,12 +482,17 @@ def contract_from_metadata(kv: dict[str, object], *, path: str) -> FeatureContra
     refused before it costs memory. rms_norm_eps comes back as the FLOAT32 the file holds.
     A broken rule keeps its own error class; its message names the metadata key.
     """
-    view = metadata_config_view(kv, path=path)
+    family = metadata_family(kv, path=path)
     label = f"{path} (as config.json)"
     try:
-        return build_contract(parse_config(view, path=label), path=label)
+        view = _CONFIG_VIEWS[family.name](kv, path=path)
+        return family.build_contract(family.parse_config(view, path=label), path=label)
     except ContractViolation as exc:
         raise _name_metadata_keys(exc, path) from None
+
+
+# The metadata as each family's config.json: one row per family of contract/families.py.
+_CONFIG_VIEWS = {QWEN3.name: metadata_config_view, GEMMA4.name: gemma4_config_view}
 
 
 def provenance_from_metadata(kv: dict[str, object], *, path: str) -> Provenance:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from dspark_convert.artifact.engine_names import EngineName
 from dspark_convert.checks import Check
-from dspark_convert.contract.dspark import FeatureContract
+from dspark_convert.contract.families import BY_NAME as FAMILIES_BY_NAME, AnyContract
 from dspark_convert.errors import ManifestError
 from dspark_convert.util.models import VersionOne, validated
 from dspark_convert.util.patterns import COMMIT_PATTERN, SHA256_PATTERN
@@ -24,6 +24,8 @@ from dspark_convert.util.strict_json import (
 )
 
 MANIFEST_FORMAT = "strata-dspark-artifact"
+# The contract's family names: the tags of its union, never part of a field's name.
+FAMILY_NAMES = tuple(FAMILIES_BY_NAME)
 Sha256 = Field(pattern=SHA256_PATTERN)
 
 
@@ -222,7 +224,7 @@ class Manifest(_Record):
     source: SourceRecord
     target: TargetRecord | None = Field(description="the target the drafter was checked "
                                         "against; null when none was given")
-    contract: FeatureContract
+    contract: AnyContract
     artifact: ArtifactRecord
     checks: list[Check]
     engines: dict[EngineName, EngineRecord] = Field(
@@ -268,4 +270,5 @@ def _validated(raw: object, path: Path) -> Manifest:
         raise ManifestError(f"manifest.json: field '{exc.where}': {exc.why}; expected JSON "
                             "that can be written back unchanged", path=str(path),
                             field=exc.where) from None
-    return validated(Manifest, raw, error=ManifestError, label="manifest.json", path=str(path))
+    return validated(Manifest, raw, error=ManifestError, label="manifest.json", path=str(path),
+                     tags=FAMILY_NAMES)

@@ -19,7 +19,8 @@ import re
 from collections.abc import Callable
 
 from dspark_convert.artifact.format import padded
-from dspark_convert.contract.tensor_table import TENSOR_RULES, expand_rule
+from dspark_convert.contract.families import family_named
+from dspark_convert.contract.tensor_table import expand_rule
 from dspark_convert.errors import QuantizedTensorError
 from dspark_convert.formats.quants import QUANT_TYPES
 
@@ -54,9 +55,9 @@ def is_head(when: str) -> bool:
 
 def rule_whens(contract) -> dict[str, str]:
     """GGUF name -> the tensor table's condition ("always", "markov", "gated", ...) for a
-    FeatureContract's tensors."""
+    contract's tensors, from its family's table (contract/families.py)."""
     layers = contract.geometry.num_draft_layers
-    return {gguf: rule.when for rule in TENSOR_RULES if rule.gguf
+    return {gguf: rule.when for rule in family_named(contract.family).tensor_rules if rule.gguf
             for _s, gguf, _i in expand_rule(rule, layers)}
 
 

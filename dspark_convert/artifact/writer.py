@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
 
-from dspark_convert.artifact.format import ARCHITECTURE_NAME, KEYS_BY_NAME, padded
+from dspark_convert.artifact.format import KEYS_BY_NAME, padded
 from dspark_convert.artifact.manifest import Manifest
 from dspark_convert.errors import InternalError
 from dspark_convert.util.atomic import write_error
@@ -84,7 +84,8 @@ def gguf_header(values: dict[str, object], tensors: Iterable, scratch: Path) -> 
     says."""
     entries = ((key, value, KEYS_BY_NAME[key].type, KEYS_BY_NAME[key].sub_type)
                for key, value in values.items())
-    return header_of(ARCHITECTURE_NAME, entries, tensors, scratch)
+    # The family's architecture (artifact/format.py): `dflash`, or a family's own name.
+    return header_of(values["general.architecture"], entries, tensors, scratch)
 
 
 def pwrite_all(fd: int, data, offset: int) -> None:

@@ -13,7 +13,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_convert.artifact.format import GGUF_FILE, metadata_family, read_metadata
 from dspark_convert.commands.validate import ValidationReport, validate_artifact
+from dspark_convert.errors import (
+    DSparkError,
+    FamilyExportError,
+    FamilyQuantizeError,
+    FamilyRuntimeError,
+)
+from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.target.model import Target, open_target
 from dspark_convert.util.progress import NoProgress, Progress
 
@@ -63,3 +71,34 @@ def bind(artifact: str | os.PathLike, target: Target, *, progress: Progress | No
                    target_plan=target_plan or plan_target(target.directory, config=target.qwen3,
                                                           checkpoint=target.checkpoint),
                    drafter_plan=plan_drafter(artifact, gguf=report.gguf))
+
+
+# Why a command cannot take an artifact of a family that lacks it (contract/families.py's
+# artifact_commands), and its error class.
+_FAMILY_REFUSALS = {
+    "smoke": (FamilyRuntimeError, "the reference runtime does not run the {family} family yet"),
+    "eval": (FamilyRuntimeError, "the reference runtime does not run the {family} family yet"),
+    "quantize": (FamilyQuantizeError, "the quantized format does not define the {family} "
+                                      "family yet"),
+    "export": (FamilyExportError, "llama.cpp 0c1e570 has no {family} drafter (its DFlash/DSpark "
+                                  "loader is Qwen3's), so there is no file to write for it"),
+}
+
+
+def refuse_family(artifact: str | os.PathLike, command: str) -> None:
+    """Refuse, in one line naming the family, an artifact whose family ``command`` does not
+    handle yet, from drafter.gguf's header alone (before a target, a weight or a long
+    validation is read). A file that does not parse is left to validate, which names what
+    is wrong."""
+    label = str(Path(artifact) / GGUF_FILE)
+    try:
+        family = metadata_family(read_metadata(read_gguf(label), path=label), path=label)
+    except DSparkError:
+        return
+    if command in family.artifact_commands:
+        return
+    error, why = _FAMILY_REFUSALS[command]
+    raise error(f"{label}: a {family.name} artifact ({family.architecture}): {command}: "
+                f"{why.format(family=family.name)}; convert, validate and inspect handle it",
+                path=label, field="dspark.family", expected="a family this command handles",
+                found=family.name)

@@ -463,6 +463,9 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     from dspark_convert.commands.evaluate_engine import check_target_gguf, parse_engine, run_engine
 
     engine_spec = parse_engine(engine, target_gguf)
+    from dspark_convert.commands.binding import refuse_family
+    for artifact in artifacts:
+        refuse_family(artifact, "eval")
     # Each --calibration is read (its schema checked) before torch is imported, the
     # artifacts are validated and the target is hashed: a missing, FIFO or malformed file is
     # one line at once. Matched with its artifact and the target's identity after those.

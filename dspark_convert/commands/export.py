@@ -436,6 +436,8 @@ def export_llama_cpp(artifact: str | os.PathLike, target_gguf: str | os.PathLike
     [out] = check_outputs([Output(output, "the output", directory=False)],
                           [(artifact, "the artifact"), (target_path, "the target GGUF")], force=force)
     label = str(artifact / GGUF_FILE)
+    from dspark_convert.commands.binding import refuse_family
+    refuse_family(artifact, "export")
 
     # The heads first, from the header alone: a refusal costs no read of the weights. A
     # header that does not parse is left to validate, which names what is wrong.

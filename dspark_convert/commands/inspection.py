@@ -20,7 +20,7 @@ from dspark_convert.artifact.quantized import (
     type_ok,
 )
 from dspark_convert.contract.dspark import FeatureContract
-from dspark_convert.contract.gemma4 import Gemma4Contract
+from dspark_convert.contract.families import AnyContract
 from dspark_convert.contract.inventory import TensorRow, check_gguf_inventory, gguf_found, inventory_rows
 from dspark_convert.errors import (
     HeadConfigMismatchError,
@@ -41,7 +41,7 @@ class InspectResult(BaseModel):
 
     kind: Literal["checkpoint", "artifact"]
     path: str
-    contract: FeatureContract | Gemma4Contract
+    contract: AnyContract
     rows: list[TensorRow]
     problem: dict | None            # the error convert/validate would raise, as a dict
     problem_exit_code: int | None

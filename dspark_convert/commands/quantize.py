@@ -309,6 +309,8 @@ def quantize_artifact(parent: str | os.PathLike, output: str | os.PathLike, qtyp
     # directory, absent without --force, writable, never the parent or around it.
     check_outputs([Output(output)], [(parent, "the parent artifact")], force=force)
     parent, out = Path(parent), Path(output)
+    from dspark_convert.commands.binding import refuse_family
+    refuse_family(parent, "quantize")
     report = _validated_parent(parent, progress)
 
     label = str(parent / GGUF_FILE)

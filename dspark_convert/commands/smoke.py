@@ -257,6 +257,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
                    confidence_threshold=confidence_threshold, min_tau=min_tau, seed=seed,
                    max_memory=max_memory)
     check_path(artifact, what="the artifact", error=InvalidArtifactError)
+    from dspark_convert.commands.binding import refuse_family
+    refuse_family(artifact, "smoke")
     if reference is not None:
         check_path(reference, what="--reference", error=ReferenceTraceError)
     if calibration is not None:

@@ -37,7 +37,8 @@ from dspark_convert.artifact.format import (
     provenance_from_metadata,
     read_metadata,
 )
-from dspark_convert.contract.dspark import FeatureContract, build_contract, config_dtype, parse_config
+from dspark_convert.contract.dspark import FeatureContract, config_dtype
+from dspark_convert.contract.families import family_of
 from dspark_convert.checks import Check
 from dspark_convert.contract.inventory import check_gguf_inventory
 from dspark_convert.errors import (
@@ -421,8 +422,9 @@ def _check_manifest_record(manifest: Manifest, kv: dict, engines: dict[str, Engi
     record and the target's geometry."""
     label_cfg = f"{MANIFEST_FILE} source.config"
     try:
-        source_cfg = parse_config(manifest.source.config, path=label_cfg)
-        rebuilt = build_contract(source_cfg, path=label_cfg)
+        family = family_of(manifest.source.config, path=label_cfg)
+        source_cfg = family.parse_config(manifest.source.config, path=label_cfg)
+        rebuilt = family.build_contract(source_cfg, path=label_cfg)
     except ContractViolation as exc:
         raise ManifestMismatchError(f"{exc.message} (the manifest's source.config no longer passes "
                                     "the conversion rules)", path=MANIFEST_FILE,

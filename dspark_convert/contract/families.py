@@ -11,11 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated, Union
+
+from pydantic import Field
 
 from dspark_convert.contract import dspark, gemma4
 from dspark_convert.contract.inventory import check_head_tensors
 from dspark_convert.contract.tensor_table import GEMMA4_TENSOR_RULES, TENSOR_RULES, TensorRule
-from dspark_convert.errors import FamilyFormatError, UnsupportedArchitectureError
+from dspark_convert.errors import UnsupportedArchitectureError
+
+
+# A contract of any family, told apart by its ``family`` field (manifest.json, inspect).
+AnyContract = Annotated[Union[dspark.FeatureContract, gemma4.Gemma4Contract],
+                        Field(discriminator="family")]
 
 
 def _no_more_checks(_contract, _names: set[str], *, path: str) -> None:
@@ -32,31 +40,33 @@ class Family:
     # Family-specific checks of the tensor names against the contract, run before the
     # inventory (the Markov / confidence head checks are every family's, inventory.py).
     check_tensors: Callable[..., None]
-    # Whether the artifact format defines the family (convert, validate, and every command
-    # reading an artifact); a family without it is read and inspected only.
-    in_artifact_format: bool
     # The model_type values of this family's targets (top level of their config.json), and
     # whether the target reader (target/model.py) reads them yet.
     target_model_types: tuple[str, ...]
     target_readable: bool
+    # The commands past convert / validate / inspect that handle this family's artifacts
+    # (smoke, eval: the reference runtime; quantize; export): the others refuse them.
+    artifact_commands: frozenset[str]
 
 
 QWEN3 = Family(name=dspark.FAMILY, architecture=dspark.ARCHITECTURE,
                parse_config=dspark.parse_config, build_contract=dspark.build_contract,
                tensor_rules=TENSOR_RULES, check_tensors=_no_more_checks,
-               in_artifact_format=True, target_model_types=("qwen3",), target_readable=True)
+               target_model_types=("qwen3",), target_readable=True,
+               artifact_commands=frozenset({"smoke", "eval", "quantize", "export"}))
 
 GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
                 parse_config=gemma4.parse_config,
                 build_contract=lambda cfg, *, path, raw=None: gemma4.build_contract(
                     cfg, path=path, raw=raw),
                 tensor_rules=GEMMA4_TENSOR_RULES, check_tensors=gemma4.check_tensors,
-                in_artifact_format=False,
                 # DeepSpec's builder accepts gemma4 and gemma4_unified targets; the text
                 # model types are their nested text_config's.
                 target_model_types=("gemma4", "gemma4_unified", "gemma4_text",
                                     "gemma4_unified_text"),
-                target_readable=False)
+                target_readable=False,
+                # Its runtime, quantized form and llama.cpp file are still to come (issue 26).
+                artifact_commands=frozenset())
 
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (QWEN3, GEMMA4)}
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES.values()}
@@ -87,15 +97,3 @@ def target_family_of(raw: object) -> Family | None:
 def family_named(name: str) -> Family:
     """The family of a contract (its ``family`` field)."""
     return BY_NAME[name]
-
-
-def require_artifact_format(family: Family, *, path: str, command: str) -> None:
-    """Refuse, in one line naming the family, a command that needs the artifact format for a
-    family the format does not define yet (FamilyFormatError, 49)."""
-    if not family.in_artifact_format:
-        raise FamilyFormatError(
-            f"{path}: architectures ['{family.architecture}'] (the {family.name} family) is "
-            f"read and checked, but the artifact format does not define it yet, so {command} "
-            f"cannot make one; 'dspark inspect' shows its contract and tensor table",
-            path=path, field="architectures", expected="a family the artifact format defines",
-            found=family.architecture)

@@ -90,15 +90,17 @@ class Gemma4DSparkConfig(_Strict):
 
     architectures: list[str]
     model_type: str
-    target_model_type: str | None = None
-    target_text_model_type: str | None = None
+    target_model_type: str
+    target_text_model_type: str
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
-    head_dim: int
+    # The target's sliding geometry: unused (recorded); num_key_value_heads is used only
+    # without attention_k_eq_v, where it is then required.
+    head_dim: int | None = None
     global_head_dim: int
-    num_key_value_heads: int
+    num_key_value_heads: int | None = None
     num_global_key_value_heads: int | None
     attention_k_eq_v: bool
     attention_bias: bool
@@ -112,7 +114,7 @@ class Gemma4DSparkConfig(_Strict):
     num_kv_shared_layers: int
     use_double_wide_mlp: bool
     layer_types: list[str]
-    max_position_embeddings: int
+    max_position_embeddings: int | None = None      # rotary cache length only: recorded
     tie_word_embeddings: bool = False
     dtype: str | None = None
     torch_dtype: str | None = None
@@ -221,7 +223,9 @@ class Gemma4Contract(_Contract):
                        f"embedding x sqrt(H), softcap {softcap} before the Markov bias"),
             ("config form", f"model_type {self.config_form.model_type}, target "
                             f"{self.config_form.target_model_type}"),
-            ("not used", unused or "-"),
+            # An artifact's contract (rebuilt from the GGUF) has none: the manifest keeps them.
+            ("not used", unused or "- (recorded in the checkpoint's config.json and the "
+                                   "manifest, not in the GGUF)"),
         ]
 
     def rule_applies(self, when: str) -> bool:
@@ -295,6 +299,10 @@ def _refuse_unsupported_blocks(cfg: Gemma4DSparkConfig, path: str) -> None:
 def _global_kv_heads(cfg: Gemma4DSparkConfig, path: str) -> tuple[int, str]:
     """The KV heads of the drafter's attention: the target's global ones under k_eq_v."""
     if not cfg.attention_k_eq_v:
+        if cfg.num_key_value_heads is None:
+            raise ConfigError(f"{path}: required field 'num_key_value_heads' is missing "
+                              "(attention_k_eq_v is false)" + _HINT, path=path,
+                              field="num_key_value_heads", expected="> 0", found="nothing")
         return cfg.num_key_value_heads, "num_key_value_heads"
     if cfg.num_global_key_value_heads is None:
         raise ConfigError(f"{path}: field 'num_global_key_value_heads': expected a positive "
@@ -361,6 +369,8 @@ def _inherited_unused(cfg: Gemma4DSparkConfig, raw: dict) -> dict:
     found = {
         "head_dim": cfg.head_dim,
         "num_key_value_heads": cfg.num_key_value_heads if cfg.attention_k_eq_v else None,
+        "num_global_key_value_heads": (None if cfg.attention_k_eq_v
+                                       else cfg.num_global_key_value_heads),
         "sliding_window": raw.get("sliding_window"),
         "rope_sliding_attention": rope.get("sliding_attention"),
         "rope_top_level": {k: v for k, v in rope.items()
@@ -387,6 +397,9 @@ def build_contract(cfg: Gemma4DSparkConfig, *, path: str = "config.json",
                           f"{', '.join(CONFIG_MODEL_TYPES)}, found {cfg.model_type!r}{_HINT}",
                           path=path, field="model_type", expected=list(CONFIG_MODEL_TYPES),
                           found=cfg.model_type)
+    # The draft layer count first: layer_types is compared with it, and a metadata view
+    # (artifact/format.py) builds layer_types from it only once it is within bounds.
+    _positive(path, "num_hidden_layers", cfg.num_hidden_layers, MAX_DRAFT_LAYERS)
     _refuse_unsupported_blocks(cfg, path)
     nkv, nkv_field = _global_kv_heads(cfg, path)
     for field, value in (("hidden_size", cfg.hidden_size),
@@ -396,7 +409,6 @@ def build_contract(cfg: Gemma4DSparkConfig, *, path: str = "config.json",
                          ("vocab_size", cfg.vocab_size),
                          ("num_target_layers", cfg.num_target_layers)):
         _positive(path, field, value)
-    _positive(path, "num_hidden_layers", cfg.num_hidden_layers, MAX_DRAFT_LAYERS)
     _positive(path, "block_size", cfg.block_size, MAX_BLOCK_SIZE)
     if cfg.global_head_dim % 2:
         raise GeometryLimitError(f"{path}: field 'global_head_dim': expected an even number "

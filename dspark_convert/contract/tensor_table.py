@@ -85,8 +85,8 @@ TENSOR_RULES: tuple[TensorRule, ...] = (
 # *global* geometry (d = global_head_dim, nkv = num_global_key_value_heads under
 # attention_k_eq_v), no v_proj under k_eq_v, four norms per layer (Gemma's sandwich) and a
 # saved layer_scalar buffer. Per-layer rules follow the source's own key order. GGUF names
-# follow llama.cpp's Gemma 3 names for the extra norms and its layer_output_scale; the
-# artifact format does not define the family yet (FamilyFormatError), so none is written.
+# follow llama.cpp's Gemma 3 names for the extra norms and its layer_output_scale (format
+# version 2, docs/ARTIFACT_FORMAT.md "Drafter families").
 GEMMA4_TENSOR_RULES: tuple[TensorRule, ...] = (
     TensorRule("embed_tokens.weight", None, ("V", "H"), "embedding", "embedding"),
     TensorRule("lm_head.weight", None, ("V", "H"), "embedding", "embedding"),

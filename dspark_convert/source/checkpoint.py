@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_convert.contract.families import Family, family_named, family_of, require_artifact_format
+from dspark_convert.contract.families import Family, family_named, family_of
 from dspark_convert.contract.inventory import check_inventory
 from dspark_convert.contract.dspark import DSparkConfig, FeatureContract, config_dtype
 from dspark_convert.errors import ConfigError, SourceNotFoundError
@@ -58,18 +58,14 @@ def read_contract(directory: Path) -> tuple[dict, Family, object, object]:
     family = family_of(raw, path=str(config_path))
     cfg = family.parse_config(raw, path=str(config_path))
     contract = family.build_contract(cfg, path=str(config_path))
-    if family.in_artifact_format:
-        # Every value the metadata will hold, against its GGUF type (u32, f32 ...).
-        check_storable(contract, path=str(config_path))
+    # Every value the metadata will hold, against its GGUF type (u32, f32 ...).
+    check_storable(contract, path=str(config_path))
     return raw, family, cfg, contract
 
 
-def load_config(directory: Path, *, command: str = "convert"
-                ) -> tuple[dict, DSparkConfig, FeatureContract]:
-    """read_contract for a command that makes an artifact: a family the artifact format
-    does not define yet is refused (49) once its config has been checked."""
-    raw, family, cfg, contract = read_contract(directory)
-    require_artifact_format(family, path=str(directory / "config.json"), command=command)
+def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
+    """read_contract's config and contract: (raw, config, contract)."""
+    raw, _family, cfg, contract = read_contract(directory)
     return raw, cfg, contract
 
 

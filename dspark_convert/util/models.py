@@ -8,6 +8,8 @@ own error class with ``problem.message`` (``validated`` does both for a whole do
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from dataclasses import dataclass
 from typing import Annotated, Literal, TypeVar
 
@@ -60,10 +62,12 @@ class FieldProblem:
         return f"field '{self.field}': expected {self.expected}, found {self.found}"
 
 
-def first_problem(exc: ValidationError) -> FieldProblem:
-    """The first problem of a ValidationError."""
+def first_problem(exc: ValidationError, tags: Collection[str] = ()) -> FieldProblem:
+    """The first problem of a ValidationError. ``tags``: the tags of the model's tagged
+    unions (a manifest's contract family), which pydantic puts in the location but are no
+    field: left out of the field's name."""
     err = exc.errors()[0]
-    loc = tuple(str(p) for p in err.get("loc", ()))
+    loc = tuple(str(p) for p in err.get("loc", ()) if str(p) not in tags)
     field = ".".join(loc) or "<root>"
     kind = err.get("type", "")
     if kind == "missing":
@@ -77,13 +81,13 @@ def first_problem(exc: ValidationError) -> FieldProblem:
 
 
 def validated(model: type[M], raw: object, *, error, label: str, path: str,
-              hint: str = "") -> M:
+              hint: str = "", tags: Collection[str] = ()) -> M:
     """``model.model_validate(raw)``; its first problem raised as one ``error`` line
     (``error`` a DSparkError class): "{label}: {problem}{hint}", with the field, what was
     expected and what was found as the error's context."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        problem = first_problem(exc)
+        problem = first_problem(exc, tags)
         raise error(f"{label}: {problem.message}{hint}", path=path, field=problem.field,
                     expected=problem.expected, found=problem.found) from None
