@@ -654,7 +654,9 @@ class AcceptanceRegressionError(GateError):
 class GateEngineError(GateError):
     """The gate's llama.cpp stage: for a drafter that requires llama.cpp, llama.cpp's own
     run of the exported artifact is not lossless, its drafts differ from the reference
-    runtime's (the first difference named), or it could run no artifact or no prompt."""
+    runtime's (the first difference named), it could run no artifact or no prompt, or it
+    compared nothing (no draft, or no text compared with the target alone): nothing
+    compared is never a pass."""
     exit_code = 126
 
 
