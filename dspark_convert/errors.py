@@ -354,9 +354,10 @@ class TargetFormatError(TargetError):
 
 
 class TargetFamilyError(TargetError):
-    """The target's config.json is a model of a drafter family whose targets the target
-    reader does not read yet (a Gemma4 target: model_type gemma4 / gemma4_unified, its text
-    config nested), named by its model_type and family."""
+    """The target is of another drafter family than the drafter (a Gemma4 drafter on a
+    Qwen3 target), or of a family whose targets the target reader does not read yet (a
+    Gemma4 target: model_type gemma4 / gemma4_unified, its text config nested); named by
+    its model_type and both families."""
     exit_code = 68
 
 

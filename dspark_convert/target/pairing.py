@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING
 
 from dspark_convert.artifact.format import CONFIG_FIELD_KEYS, as_float32
 from dspark_convert.contract.dspark import FeatureContract, tap_problem
+from dspark_convert.contract.families import family_named, target_family_of
 from dspark_convert.errors import (
     EmbeddingIdentityError,
     MaskTokenCollisionError,
     TargetGeometryError,
+    TargetFamilyError,
     TargetLayerMismatchError,
     TargetVocabError,
     TokenizerMismatchError,
@@ -97,6 +99,15 @@ def check_geometry(drafter: Drafter, target: Target) -> list[Check]:
     where = f"target {target.checkpoint.files.config}"
     checks = []
 
+    family, theirs = family_named(drafter.contract.family), target_family_of(target.raw_config)
+    if theirs is not None and theirs is not family:
+        # A target of another known family (a Gemma4 drafter on a Qwen3 target): named by
+        # both families, not as a geometry detail.
+        raise TargetFamilyError(
+            f"{where}: model_type {tcfg.model_type!r} is a target of the {theirs.name} family; "
+            f"the drafter ({drafter.contract.architecture}, {family.name}) pairs with a "
+            f"{' / '.join(family.target_model_types)} target", path=where, field="model_type",
+            expected=list(family.target_model_types), found=tcfg.model_type)
     if tcfg.model_type != TARGET_MODEL_TYPE or (drafter.model_type not in (None, tcfg.model_type)):
         expected = drafter.model_type or TARGET_MODEL_TYPE
         raise TargetGeometryError(
