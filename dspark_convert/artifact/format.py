@@ -18,7 +18,7 @@ from gguf.constants import GGUFValueType
 from dspark_convert import CONVERTER_NAME, __version__
 from dspark_convert.contract import gemma4
 from dspark_convert.contract.dspark import ARCHITECTURE, MAX_DRAFT_LAYERS, FeatureContract
-from dspark_convert.contract.families import GEMMA4, QWEN3, Family
+from dspark_convert.contract.families import FAMILIES, GEMMA4, QWEN3, Family
 from dspark_convert.errors import ConfigError, ContractViolation, DSparkError, GeometryLimitError, MetadataError
 
 FORMAT_VERSION = 1
@@ -347,7 +347,7 @@ def metadata_family(kv: dict[str, object], *, path: str) -> Family:
     has no dspark.family; version 2 names its family. Anything else is refused."""
     version = _get(kv, "dspark.format_version", path)
     name = kv.get("dspark.family")
-    families = {GEMMA4.name: GEMMA4}
+    families = {f.name: f for f in FAMILIES.values() if f is not QWEN3}
     if version == FORMAT_VERSION and name is None:
         return QWEN3
     if version == FAMILY_FORMAT_VERSION and name in families:
