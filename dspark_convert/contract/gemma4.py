@@ -62,8 +62,11 @@ ACTIVATION = "gelu_pytorch_tanh"
 # RoPE types the full-attention rotary can be here (transformers' ROPE_INIT_FUNCTIONS):
 # 'proportional' (what every Gemma4 config says) and 'default' (no partial factor).
 ROPE_TYPES = ("proportional", "default")
-# model_type values DeepSpec writes for the two config forms, and the target's.
+# model_type values DeepSpec writes for the two config forms, and the target's: its
+# builder asserts the target is gemma4 or gemma4_unified (gemma4/config.py L10-13).
 CONFIG_MODEL_TYPES = ("gemma4_text", "gemma4_unified_text")
+TARGET_MODEL_TYPES = ("gemma4", "gemma4_unified")
+TARGET_TEXT_MODEL_TYPES = ("gemma4_text", "gemma4_unified_text")
 _HINT = f" (a {ARCHITECTURE} config.json: the {FAMILY} family)"
 
 
@@ -392,11 +395,14 @@ def build_contract(cfg: Gemma4DSparkConfig, *, path: str = "config.json",
         raise UnsupportedArchitectureError(
             f"{path}: field 'architectures': expected ['{ARCHITECTURE}'], found {cfg.architectures}",
             path=path, field="architectures", expected=[ARCHITECTURE], found=cfg.architectures)
-    if cfg.model_type not in CONFIG_MODEL_TYPES:
-        raise ConfigError(f"{path}: field 'model_type': expected one of "
-                          f"{', '.join(CONFIG_MODEL_TYPES)}, found {cfg.model_type!r}{_HINT}",
-                          path=path, field="model_type", expected=list(CONFIG_MODEL_TYPES),
-                          found=cfg.model_type)
+    for field, allowed in (("model_type", CONFIG_MODEL_TYPES),
+                           ("target_model_type", TARGET_MODEL_TYPES),
+                           ("target_text_model_type", TARGET_TEXT_MODEL_TYPES)):
+        value = getattr(cfg, field)
+        if value not in allowed:
+            raise ConfigError(f"{path}: field '{field}': expected one of {', '.join(allowed)}, "
+                              f"found {value!r}{_HINT}", path=path, field=field,
+                              expected=list(allowed), found=value)
     # The draft layer count first: layer_types is compared with it, and a metadata view
     # (artifact/format.py) builds layer_types from it only once it is within bounds.
     _positive(path, "num_hidden_layers", cfg.num_hidden_layers, MAX_DRAFT_LAYERS)
