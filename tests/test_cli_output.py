@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from conftest import REFERENCE_DRAFTER
 from support.cli import run_cli, run_process
 
@@ -63,6 +65,7 @@ def test_source_given_as_dot_is_named_after_its_directory(tmp_path):
     assert manifest["source"]["name"] == "my_drafter"
 
 
+@pytest.mark.slow   # four real processes (~2 s)
 def test_an_ascii_locale_neither_fails_a_command_nor_changes_its_files(tmp_path, converted):
     """LC_ALL=C with PYTHONUTF8=0 makes stdout ASCII: convert's summary ('…' after a
     fingerprint) ended the command with UnicodeEncodeError, exit 1, after the artifact was

@@ -99,6 +99,7 @@ def _assert_crash_named(line: str, *, artifact: str) -> None:
     assert re.search(r"its last log lines: \d+\.\d+\.\d+\.\d+ [A-Z] ", line), line
 
 
+@pytest.mark.slow   # a real eval with llama.cpp (~6 s with the target's conversion)
 def test_eval_names_an_engine_crash(tmp_path, paired_artifacts, crash_library, target_gguf):
     """A drafter run killed by SIGSEGV: eval refuses (112) in one line naming the signal,
     the artifact, the prompt, the command line and the engine's last log lines, and

@@ -246,7 +246,7 @@ def _default_sigint() -> None:
 
 @pytest.mark.parametrize("sig, code, word", [
     (signal.SIGINT, EXIT_INTERRUPTED, "interrupted"),
-    (signal.SIGTERM, EXIT_TERMINATED, "terminated"),
+    pytest.param(signal.SIGTERM, EXIT_TERMINATED, "terminated", marks=pytest.mark.slow),
 ], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_while_the_header_is_staged_leaves_no_temporary(dspark, long_header_target,
                                                                  tmp_path, sig, code, word):
