@@ -139,16 +139,11 @@ class TensorSpec(_Contract):
     required: bool
 
 
-class FeatureContract(_Contract):
-    family: Literal["qwen3-dspark"]
-    architecture: Literal["Qwen3DSparkModel"]
-    geometry: Geometry
-    taps: FeatureTaps
-    block: BlockLayout
-    attention: Attention
-    markov_head: MarkovHead
-    confidence_head: ConfidenceHead
-    tensors: list[TensorSpec]
+class ContractTensors:
+    """What every family's contract answers alike, from the fields each has (geometry,
+    taps, markov_head, confidence_head, tensors): the tensor table's symbols and
+    conditions, its tensors by source name. A family adds its own conditions by
+    overriding ``conditions``."""
 
     def symbols(self) -> dict[str, int]:
         g = self.geometry
@@ -160,16 +155,8 @@ class FeatureContract(_Contract):
             "rc": rank if self.confidence_head.with_markov else 0,
         }
 
-    def summary(self) -> list[tuple[str, str]]:
-        """(label, text) lines that say this family's geometry and attention (inspect)."""
-        g = self.geometry
-        return [("geometry", f"H={g.hidden_size} I={g.intermediate_size} layers={g.num_draft_layers} "
-                             f"heads={g.num_attention_heads}/{g.num_key_value_heads}x{g.head_dim} "
-                             f"V={g.vocab_size} eps={g.rms_norm_eps:g} theta={g.rope_theta:g}"),
-                ("attention", "non-causal, no bias")]
-
-    def rule_applies(self, when: str) -> bool:
-        """Whether a tensor-table rule with this condition names a tensor of this contract."""
+    def conditions(self) -> dict[str, bool]:
+        """Each tensor-table condition and whether it holds for this contract."""
         return {
             "always": True,
             "embedding": True,
@@ -177,17 +164,38 @@ class FeatureContract(_Contract):
             "gated": self.markov_head.type == "gated",
             "rnn": self.markov_head.type == "rnn",
             "confidence": self.confidence_head.enabled,
-        }[when]
+        }
+
+    def rule_applies(self, when: str) -> bool:
+        """Whether a tensor-table rule with this condition names a tensor of this contract."""
+        return self.conditions()[when]
 
     def tensor(self, source_name: str) -> TensorSpec | None:
-        for spec in self.tensors:
-            if spec.source_name == source_name:
-                return spec
-        return None
+        return next((t for t in self.tensors if t.source_name == source_name), None)
 
     @property
     def written_tensors(self) -> list[TensorSpec]:
         return [t for t in self.tensors if t.gguf_name is not None]
+
+
+class FeatureContract(ContractTensors, _Contract):
+    family: Literal["qwen3-dspark"]
+    architecture: Literal["Qwen3DSparkModel"]
+    geometry: Geometry
+    taps: FeatureTaps
+    block: BlockLayout
+    attention: Attention
+    markov_head: MarkovHead
+    confidence_head: ConfidenceHead
+    tensors: list[TensorSpec]
+
+    def summary(self) -> list[tuple[str, str]]:
+        """(label, text) lines that say this family's geometry and attention (inspect)."""
+        g = self.geometry
+        return [("geometry", f"H={g.hidden_size} I={g.intermediate_size} layers={g.num_draft_layers} "
+                             f"heads={g.num_attention_heads}/{g.num_key_value_heads}x{g.head_dim} "
+                             f"V={g.vocab_size} eps={g.rms_norm_eps:g} theta={g.rope_theta:g}"),
+                ("attention", "non-causal, no bias")]
 
 
 # --- parsing config.json ------------------------------------------------------------------

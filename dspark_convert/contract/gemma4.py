@@ -30,6 +30,7 @@ from dspark_convert.contract.dspark import (
     MAX_DRAFT_LAYERS,
     BlockLayout,
     ConfidenceHead,
+    ContractTensors,
     FeatureTaps,
     MarkovHead,
     MarkovHeadType,
@@ -182,7 +183,7 @@ class Gemma4ConfigForm(_Contract):
     target_text_model_type: str | None
 
 
-class Gemma4Contract(_Contract):
+class Gemma4Contract(ContractTensors, _Contract):
     family: Literal["gemma4-dspark"]
     architecture: Literal["Gemma4DSparkModel"]
     geometry: Gemma4Geometry
@@ -197,16 +198,6 @@ class Gemma4Contract(_Contract):
     # Fields the drafter inherits from the target but never uses, as config.json has them.
     inherited_unused: dict[str, JsonValue]
     tensors: list[TensorSpec]
-
-    def symbols(self) -> dict[str, int]:
-        g = self.geometry
-        rank = self.markov_head.rank
-        return {
-            "H": g.hidden_size, "I": g.intermediate_size, "V": g.vocab_size,
-            "nh": g.num_attention_heads, "nkv": g.num_key_value_heads, "d": g.head_dim,
-            "m": len(self.taps.target_layer_ids), "r": rank,
-            "rc": rank if self.confidence_head.with_markov else 0,
-        }
 
     def summary(self) -> list[tuple[str, str]]:
         """(label, text) lines that say this family's geometry and attention (inspect)."""
@@ -231,23 +222,9 @@ class Gemma4Contract(_Contract):
                                    "manifest, not in the GGUF)"),
         ]
 
-    def rule_applies(self, when: str) -> bool:
-        return {
-            "always": True,
-            "embedding": True,
-            "markov": self.markov_head.rank > 0,
-            "gated": self.markov_head.type == "gated",
-            "rnn": self.markov_head.type == "rnn",
-            "confidence": self.confidence_head.enabled,
-            "v_proj": not self.attention.k_eq_v,
-        }[when]
-
-    def tensor(self, source_name: str) -> TensorSpec | None:
-        return next((t for t in self.tensors if t.source_name == source_name), None)
-
-    @property
-    def written_tensors(self) -> list[TensorSpec]:
-        return [t for t in self.tensors if t.gguf_name is not None]
+    def conditions(self) -> dict[str, bool]:
+        # v_proj exists only where K and V are not one projection (attention_k_eq_v).
+        return {**super().conditions(), "v_proj": not self.attention.k_eq_v}
 
 
 # --- parsing ------------------------------------------------------------------------------
