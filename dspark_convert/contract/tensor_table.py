@@ -53,12 +53,28 @@ def _layer(source: str, gguf: str, shape: tuple[str, ...], kind: Kind) -> Tensor
 
 
 # The order here is the order of tensors in drafter.gguf (per-layer rules repeat per layer).
-TENSOR_RULES: tuple[TensorRule, ...] = (
+# What every family's drafter has before its layers: the frozen embedding and head copies
+# (hashed, stripped), the feature projection and its norm, the final norm.
+_FRONT: tuple[TensorRule, ...] = (
     TensorRule("embed_tokens.weight", None, ("V", "H"), "embedding", "embedding"),
     TensorRule("lm_head.weight", None, ("V", "H"), "embedding", "embedding"),
     TensorRule("fc.weight", "fc.weight", ("H", "m*H"), "matrix"),
     TensorRule("hidden_norm.weight", "enc.output_norm.weight", ("H",), "norm"),
     TensorRule("norm.weight", "output_norm.weight", ("H",), "norm"),
+)
+# ... and after them: the Markov head (vanilla, gated, rnn) and the confidence head.
+_HEADS: tuple[TensorRule, ...] = (
+    TensorRule("markov_head.markov_w1.weight", "markov_w1.weight", ("V", "r"), "matrix", "markov"),
+    TensorRule("markov_head.markov_w2.weight", "markov_w2.weight", ("V", "r"), "matrix", "markov"),
+    TensorRule("markov_head.gate_proj.weight", "markov_gate.weight", ("r", "H+r"), "matrix", "gated"),
+    TensorRule("markov_head.gate_proj.bias", "markov_gate.bias", ("r",), "bias", "gated"),
+    TensorRule("markov_head.joint_proj.weight", "markov_joint.weight", ("3*r", "2*r+H"), "matrix", "rnn"),
+    TensorRule("markov_head.joint_proj.bias", "markov_joint.bias", ("3*r",), "bias", "rnn"),
+    TensorRule("confidence_head.proj.weight", "conf_proj.weight", ("1", "H+rc"), "matrix", "confidence"),
+    TensorRule("confidence_head.proj.bias", "conf_proj.bias", ("1",), "bias", "confidence"),
+)
+
+TENSOR_RULES: tuple[TensorRule, ...] = _FRONT + (
     _layer("input_layernorm.weight", "attn_norm.weight", ("H",), "norm"),
     _layer("post_attention_layernorm.weight", "ffn_norm.weight", ("H",), "norm"),
     _layer("self_attn.q_proj.weight", "attn_q.weight", ("nh*d", "H"), "matrix"),
@@ -70,15 +86,7 @@ TENSOR_RULES: tuple[TensorRule, ...] = (
     _layer("mlp.gate_proj.weight", "ffn_gate.weight", ("I", "H"), "matrix"),
     _layer("mlp.up_proj.weight", "ffn_up.weight", ("I", "H"), "matrix"),
     _layer("mlp.down_proj.weight", "ffn_down.weight", ("H", "I"), "matrix"),
-    TensorRule("markov_head.markov_w1.weight", "markov_w1.weight", ("V", "r"), "matrix", "markov"),
-    TensorRule("markov_head.markov_w2.weight", "markov_w2.weight", ("V", "r"), "matrix", "markov"),
-    TensorRule("markov_head.gate_proj.weight", "markov_gate.weight", ("r", "H+r"), "matrix", "gated"),
-    TensorRule("markov_head.gate_proj.bias", "markov_gate.bias", ("r",), "bias", "gated"),
-    TensorRule("markov_head.joint_proj.weight", "markov_joint.weight", ("3*r", "2*r+H"), "matrix", "rnn"),
-    TensorRule("markov_head.joint_proj.bias", "markov_joint.bias", ("3*r",), "bias", "rnn"),
-    TensorRule("confidence_head.proj.weight", "conf_proj.weight", ("1", "H+rc"), "matrix", "confidence"),
-    TensorRule("confidence_head.proj.bias", "conf_proj.bias", ("1",), "bias", "confidence"),
-)
+) + _HEADS
 
 # The Gemma4DSparkModel table (docs/REFERENCE_GEMMA4 facts: DeepSpec's
 # deepspec/modeling/dspark/gemma4/modeling.py): the drafter's attention has the target's
@@ -87,12 +95,7 @@ TENSOR_RULES: tuple[TensorRule, ...] = (
 # saved layer_scalar buffer. Per-layer rules follow the source's own key order. GGUF names
 # follow llama.cpp's Gemma 3 names for the extra norms and its layer_output_scale (format
 # version 2, docs/ARTIFACT_FORMAT.md "Drafter families").
-GEMMA4_TENSOR_RULES: tuple[TensorRule, ...] = (
-    TensorRule("embed_tokens.weight", None, ("V", "H"), "embedding", "embedding"),
-    TensorRule("lm_head.weight", None, ("V", "H"), "embedding", "embedding"),
-    TensorRule("fc.weight", "fc.weight", ("H", "m*H"), "matrix"),
-    TensorRule("hidden_norm.weight", "enc.output_norm.weight", ("H",), "norm"),
-    TensorRule("norm.weight", "output_norm.weight", ("H",), "norm"),
+GEMMA4_TENSOR_RULES: tuple[TensorRule, ...] = _FRONT + (
     _layer("layer_scalar", "layer_output_scale.weight", ("1",), "scalar"),
     _layer("self_attn.q_proj.weight", "attn_q.weight", ("nh*d", "H"), "matrix"),
     _layer("self_attn.k_proj.weight", "attn_k.weight", ("nkv*d", "H"), "matrix"),
@@ -108,7 +111,7 @@ GEMMA4_TENSOR_RULES: tuple[TensorRule, ...] = (
     _layer("post_attention_layernorm.weight", "post_attention_norm.weight", ("H",), "norm"),
     _layer("pre_feedforward_layernorm.weight", "ffn_norm.weight", ("H",), "norm"),
     _layer("post_feedforward_layernorm.weight", "post_ffw_norm.weight", ("H",), "norm"),
-) + TENSOR_RULES[-8:]       # the Markov and confidence heads: the same as Qwen3's
+) + _HEADS
 
 # GGUF names Strata refuses outright: the embedding and head are bound from the target.
 FORBIDDEN_GGUF_NAMES: tuple[str, ...] = ("token_embd.weight", "output.weight")
