@@ -1,16 +1,20 @@
-"""Write the golden target's tokenizer.json (ours, not DeepSeek's), deterministically.
+"""Write the golden targets' tokenizer.json files (ours, not DeepSeek's), deterministically.
 
-    python golden/make_target_fixtures.py           # (re)write golden/reference/target/tokenizer.json
+    python golden/make_target_fixtures.py           # (re)write both targets' tokenizer.json
     python golden/make_target_fixtures.py --check   # rebuild in memory and compare byte for byte
 
-DeepSpec's tiny reference target (golden/reference/target/) has no tokenizer: its prompts
-are token ids. The pairing checks (dspark_convert/pairing.py) fingerprint a target's
-tokenizer.json, so this script gives it one: a byte-level BPE made with the ``tokenizers``
+DeepSpec's tiny reference targets (golden/reference/target/, Qwen3, and
+golden/reference/gemma4/target/, gemma4_unified) have no tokenizer: their prompts are token
+ids. The pairing checks (dspark_convert/pairing.py) fingerprint a target's
+tokenizer.json, so this script gives each one: a byte-level BPE made with the ``tokenizers``
 library, with 3 special tokens (``<pad>`` 0, ``<s>`` 1, ``</s>`` 2, the target config's
 pad/bos/eos ids), the 256 byte tokens and merges learnt here from a fixed English text, for
 TOKENIZER_SIZE tokens in all. That is fewer than the embedding's 512 rows (a padded
 embedding, as real targets have) and keeps the drafter's mask token 500 out of anything
-the tokenizer produces. The model was never trained with this tokenizer: its ids are
+the tokenizer produces. The Gemma4 target's is the same BPE over Gemma's five leading
+special tokens (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``<unk>`` 3, ``<mask>`` 4: its
+config's pad/eos/bos ids, and the drafters' mask token 4 a special token, as in Gemma's own
+vocabulary). The models were never trained with this tokenizer: its ids are
 just ids, and text round-trips through it, which is all a ``--prompt TEXT`` needs.
 
 The merges are learnt by this script, not by the library's trainer, so that ties are
@@ -28,9 +32,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TARGET_DIR = HERE / "reference" / "target"
 TOKENIZER_PATH = TARGET_DIR / "tokenizer.json"
+GEMMA4_TOKENIZER_PATH = HERE / "reference" / "gemma4" / "target" / "tokenizer.json"
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
+GEMMA4_SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
 TOKENIZER_SIZE = 400
+# Each target's tokenizer.json and its special tokens (ids 0, 1, ... in this order).
+TOKENIZERS = ((TOKENIZER_PATH, SPECIAL_TOKENS), (GEMMA4_TOKENIZER_PATH, GEMMA4_SPECIAL_TOKENS))
 
 # Plain text to learn merges from. Changing it changes the tokenizer (and its fingerprint).
 CORPUS = """\
@@ -74,19 +82,19 @@ def _learn_merges(words: Counter, count: int) -> list[tuple[str, str]]:
     return merges
 
 
-def build_tokenizer_json() -> str:
+def build_tokenizer_json(special_tokens: tuple[str, ...] = SPECIAL_TOKENS) -> str:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte symbols
     words = Counter(piece for piece, _span in byte_level.pre_tokenize_str(CORPUS))
-    n_merges = TOKENIZER_SIZE - len(SPECIAL_TOKENS) - len(alphabet)
+    n_merges = TOKENIZER_SIZE - len(special_tokens) - len(alphabet)
     merges = _learn_merges(words, n_merges)
     if len(merges) != n_merges:
         raise SystemExit(f"the corpus yields only {len(merges)} merges; expected {n_merges}")
 
     vocab: dict[str, int] = {}
-    for token in (*SPECIAL_TOKENS, *alphabet, *(a + b for a, b in merges)):
+    for token in (*special_tokens, *alphabet, *(a + b for a, b in merges)):
         if token in vocab:
             raise SystemExit(f"token {token!r} would appear twice")
         vocab[token] = len(vocab)
@@ -94,7 +102,7 @@ def build_tokenizer_json() -> str:
     tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                  for t in SPECIAL_TOKENS])
+                                  for t in special_tokens])
     if tokenizer.get_vocab_size(with_added_tokens=True) != TOKENIZER_SIZE:
         raise SystemExit("unexpected tokenizer size")
     return tokenizer.to_str(pretty=True) + "\n"
@@ -105,18 +113,20 @@ def main() -> int:
     parser.add_argument("--check", action="store_true",
                         help="rebuild in memory and compare with the checked-in file")
     args = parser.parse_args()
-    text = build_tokenizer_json()
-    if args.check:
-        current = TOKENIZER_PATH.read_text() if TOKENIZER_PATH.exists() else None
-        if current != text:
-            print(f"{TOKENIZER_PATH} is stale or missing: run {Path(__file__).name}",
-                  file=sys.stderr)
-            return 1
-        print(f"{TOKENIZER_PATH.relative_to(HERE.parent)} is up to date")
-        return 0
-    TOKENIZER_PATH.write_text(text)
-    print(f"wrote {TOKENIZER_PATH.relative_to(HERE.parent)} ({TOKENIZER_SIZE} tokens)")
-    return 0
+    stale = 0
+    for path, special in TOKENIZERS:
+        text = build_tokenizer_json(special)
+        if args.check:
+            current = path.read_text() if path.exists() else None
+            if current != text:
+                print(f"{path} is stale or missing: run {Path(__file__).name}", file=sys.stderr)
+                stale = 1
+            else:
+                print(f"{path.relative_to(HERE.parent)} is up to date")
+            continue
+        path.write_text(text)
+        print(f"wrote {path.relative_to(HERE.parent)} ({TOKENIZER_SIZE} tokens)")
+    return stale
 
 
 if __name__ == "__main__":
