@@ -38,7 +38,7 @@ from dspark_convert.artifact.format import (
     read_metadata,
 )
 from dspark_convert.contract.dspark import FeatureContract, config_dtype
-from dspark_convert.contract.families import family_of
+from dspark_convert.contract.families import family_named, family_of
 from dspark_convert.checks import Check
 from dspark_convert.contract.inventory import check_gguf_inventory
 from dspark_convert.errors import (
@@ -610,12 +610,18 @@ def _check_hub_record(manifest: Manifest) -> None:
 
 def _check_target_geometry(manifest: Manifest) -> None:
     """The target's config record against the contract: the pairing checked them equal."""
+    from dspark_convert.target.model import target_reader
+
     cfg, g, taps = manifest.target.config, manifest.contract.geometry, manifest.contract.taps
+    # The record's rope_theta / rms_norm_eps are what the drafter copied, as its family's
+    # target reader names them (a Gemma4 contract's theta is its full-attention RoPE's).
+    inherited = {key: want for key, _t, _d, want in
+                 target_reader(family_named(manifest.contract.family)).inherited(manifest.contract)}
     for field, got, want in (("hidden_size", cfg.hidden_size, g.hidden_size),
                              ("vocab_size", cfg.vocab_size, g.vocab_size),
                              ("num_hidden_layers", cfg.num_hidden_layers, taps.num_target_layers),
-                             ("rope_theta", cfg.rope_theta, g.rope_theta),
-                             ("rms_norm_eps", cfg.rms_norm_eps, g.rms_norm_eps)):
+                             ("rope_theta", cfg.rope_theta, inherited["rope_theta"]),
+                             ("rms_norm_eps", cfg.rms_norm_eps, inherited["rms_norm_eps"])):
         if got != want:
             raise _mismatch(f"target.config.{field}", got, want,
                             "the pairing checked it equal to the contract's")

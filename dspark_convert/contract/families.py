@@ -41,9 +41,9 @@ class Family:
     # inventory (the Markov / confidence head checks are every family's, inventory.py).
     check_tensors: Callable[..., None]
     # The model_type values of this family's targets (top level of their config.json), and
-    # whether the target reader (target/model.py) reads them yet.
+    # the module that reads them (target/model.py's protocol: read_config, ...), if any.
     target_model_types: tuple[str, ...]
-    target_readable: bool
+    target_reader: str | None
     # The commands past convert / validate / inspect that handle this family's artifacts
     # (smoke, eval: the reference runtime; quantize; export): the others refuse them.
     artifact_commands: frozenset[str]
@@ -52,7 +52,7 @@ class Family:
 QWEN3 = Family(name=dspark.FAMILY, architecture=dspark.ARCHITECTURE,
                parse_config=dspark.parse_config, build_contract=dspark.build_contract,
                tensor_rules=TENSOR_RULES, check_tensors=_no_more_checks,
-               target_model_types=("qwen3",), target_readable=True,
+               target_model_types=("qwen3",), target_reader="dspark_convert.target.qwen3",
                artifact_commands=frozenset({"smoke", "eval", "quantize", "export"}))
 
 GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
@@ -64,7 +64,7 @@ GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
                 # model types are their nested text_config's.
                 target_model_types=("gemma4", "gemma4_unified", "gemma4_text",
                                     "gemma4_unified_text"),
-                target_readable=False,
+                target_reader="dspark_convert.target.gemma4",
                 # Its runtime, quantized form and llama.cpp file are still to come (issue 26).
                 artifact_commands=frozenset())
 

@@ -1,6 +1,8 @@
 """The target model a drafter is paired with, read as little as possible.
 
-``open_target`` reads a target's ``config.json`` strictly, the safetensors HEADERS of its
+``open_target`` reads a target's ``config.json`` strictly, through the reader of the family
+its model_type names (contract/families.py: target/qwen3.py, target/gemma4.py, whose text
+model sits in a nested text_config), the safetensors HEADERS of its
 weights (single file or sharded with an index; ``safetensors_reader``), and its
 ``tokenizer.json`` (``tokenizer_fingerprint``). It never loads the model: the only tensor
 bytes ever read are those of the embedding and the head, one tensor at a time, streamed
@@ -18,6 +20,7 @@ whole; the pairing still parses only their headers and the two tensors it hashes
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import re
 from collections.abc import Callable
@@ -26,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark_convert.contract.families import target_family_of
-from dspark_convert.contract.qwen3 import (ConfigErrors, Qwen3Config, check_positive,
-                                          parse_qwen3_config, rope_theta)
+from dspark_convert.contract.families import QWEN3, Family, target_family_of
+from dspark_convert.contract.qwen3 import ConfigErrors, Qwen3Config
 from dspark_convert.errors import (
     TargetFamilyError,
     SafetensorsFormatError,
@@ -58,14 +60,16 @@ from dspark_convert.target.tokenizer import (
 )
 
 LOCAL_REVISION = "local"
+# A Qwen3 target's embedding and (untied) head; another family's embedding is under its
+# reader's weights prefix (TargetConfig.weights_prefix), its untied head is lm_head.weight.
 EMBED_NAME = "model.embed_tokens.weight"
 HEAD_NAME = "lm_head.weight"
 TENSOR_DTYPES = ("BF16", "F16", "F32")
 # What a Qwen3 drafter's target must be (the drafter config is a copy of the target's).
 TARGET_MODEL_TYPE = "qwen3"
 
-# A Hub spec: org/name@revision (the revision is required: targets are pinned like drafters).
-_LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
+# A layer's tensors: <weights prefix>layers.<id>. (the prefix is the family reader's).
+_LAYER_NAME = r"^{prefix}layers\.(\d+)\."
 # A layer index longer than this is out of any range without converting it (int() refuses
 # more than 4300 digits, and a tensor name may be megabytes long).
 _MAX_LAYER_DIGITS = 18
@@ -98,13 +102,37 @@ TARGET_ERRORS = ConfigErrors(malformed=TargetFormatError, unsupported=TargetForm
 
 
 @dataclass(frozen=True)
+class TargetConfig:
+    """What a family's target reader (target/qwen3.py, target/gemma4.py; contract/families.py
+    names it) makes of config.json."""
+
+    record: TargetConfigRecord      # what the pairing compares, as the manifest records it
+    model: object                   # the family's parsed config (Qwen3Config, ...)
+    field_prefix: str               # where the text model's fields are: "" or "text_config."
+    weights_prefix: str             # where its tensors are: "model." or "model.language_model."
+    context_length: int
+    # What the drafter copied from the target and computes with, by the reader's keys.
+    values: dict[str, object]
+
+    def field(self, name: str) -> str:
+        return self.field_prefix + name
+
+
+def target_reader(family: Family):
+    """The module that reads ``family``'s targets (its row's target_reader)."""
+    return importlib.import_module(family.target_reader)
+
+
+@dataclass(frozen=True)
 class Target:
     spec: str                       # as the user gave it
     directory: Path                 # the local directory (a Hub snapshot for a Hub spec)
     repo: str | None
     revision: str                   # 40-hex commit, or "local"
     raw_config: dict
-    qwen3: Qwen3Config              # config.json, read by the one Qwen3 config model
+    family: Family                  # the family whose targets have its model_type
+    read: TargetConfig              # config.json as the family's reader read it
+    qwen3: Qwen3Config | None       # a Qwen3 target's config.json (None for another family)
     config: TargetConfigRecord      # what the pairing compares, as the manifest records it
     checkpoint: Checkpoint          # headers only
     embed: TensorEntry
@@ -162,8 +190,9 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     config_bytes = read_capped(config_path, error=TargetFormatError, label=f"target {config_path}")
     raw = parse_json_strict(config_bytes, error=TargetFormatError, label=f"target {config_path}",
                             path=str(config_path))
-    _refuse_unread_family(raw, f"target {config_path}")
-    qwen3, config = _parse_config(raw, f"target {config_path}")
+    family = _family(raw, f"target {config_path}")
+    read = target_reader(family).read_config(raw, f"target {config_path}")
+    config = read.record
 
     tokenizer_path = directory / TOKENIZER_FILE
     tok_label = f"target {tokenizer_path}"
@@ -179,8 +208,8 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     tokenizer = fingerprint_tokenizer(tokenizer_path, label=tok_label)
 
     weights_label = f"target {checkpoint.files.index or checkpoint.files.weights[0]}"
-    _check_layers(checkpoint, config, weights_label, f"target {config_path}")
-    embed = _tensor(checkpoint, EMBED_NAME, config, weights_label)
+    _check_layers(checkpoint, read, weights_label, f"target {config_path}")
+    embed = _tensor(checkpoint, read.weights_prefix + "embed_tokens.weight", config, weights_label)
     head = embed if config.tie_word_embeddings else _tensor(checkpoint, HEAD_NAME, config,
                                                             weights_label, tied_hint=True)
     # tokenizer.json as fingerprinted: the same bytes, not a second (unbounded) read.
@@ -189,39 +218,28 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
              FileRecord(path=tokenizer_path.name, size=tokenizer.record.size,
                         sha256=tokenizer.record.sha256))
     return Target(spec=text, directory=directory, repo=repo, revision=revision, raw_config=raw,
-                  qwen3=qwen3, config=config, checkpoint=checkpoint, embed=embed, head=head,
+                  family=family, read=read,
+                  qwen3=read.model if isinstance(read.model, Qwen3Config) else None,
+                  config=config, checkpoint=checkpoint, embed=embed, head=head,
                   tokenizer=tokenizer, files=files)
 
 
-def _refuse_unread_family(raw: object, label: str) -> None:
-    """A target of a family this reader does not read yet (contract/families.py), named by
-    its model_type and family, instead of the Qwen3 reader's first missing field."""
-    family = target_family_of(raw)
-    if family is not None and not family.target_readable:
+def _family(raw: object, label: str) -> Family:
+    """The family whose targets have config.json's model_type (contract/families.py); one
+    of none is read as Qwen3's, whose strict reader names what is wrong. A family without
+    a target reader is refused naming its model_type and family, instead of the Qwen3
+    reader's first missing field."""
+    family = target_family_of(raw) or QWEN3
+    if family.target_reader is None:
         raise TargetFamilyError(
             f"{label}: model_type {raw['model_type']!r} is a target of the {family.name} family "
-            f"({family.architecture} drafters); the target reader reads Qwen3 targets only yet",
-            path=label, field="model_type", expected="a Qwen3 target", found=raw["model_type"])
+            f"({family.architecture} drafters); the target reader does not read it yet",
+            path=label, field="model_type", expected="a target of a family read",
+            found=raw["model_type"])
+    return family
 
 
-def _parse_config(raw: object, label: str) -> tuple[Qwen3Config, TargetConfigRecord]:
-    """config.json through the one Qwen3 config model (contract/qwen3.py)."""
-    cfg = parse_qwen3_config(raw, path=label, errors=TARGET_ERRORS)
-    if cfg.model_type is None:
-        raise TargetFormatError(f"{label}: required field 'model_type' is missing", path=label,
-                                field="model_type", expected="a value", found="nothing")
-    theta = rope_theta(cfg, path=label, errors=TARGET_ERRORS)
-    check_positive(cfg, ("hidden_size", "vocab_size", "num_hidden_layers"), path=label,
-                   errors=TARGET_ERRORS)
-    record = TargetConfigRecord(
-        architectures=list(cfg.architectures), model_type=cfg.model_type,
-        hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-        num_hidden_layers=cfg.num_hidden_layers, rope_theta=theta,
-        rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings)
-    return cfg, record
-
-
-def _check_layers(checkpoint: Checkpoint, config: TargetConfigRecord, weights_label: str,
+def _check_layers(checkpoint: Checkpoint, read: TargetConfig, weights_label: str,
                   config_label: str) -> None:
     """The weights must hold exactly the layers config.json counts: the pairing trusts
     num_hidden_layers for the taps, so a config that lies about it must not pass.
@@ -229,15 +247,14 @@ def _check_layers(checkpoint: Checkpoint, config: TargetConfigRecord, weights_la
     Compared without building range(num_hidden_layers): the count comes from a 1 KB file
     and may be 2**40. Distinct non-negative ids are exactly 0..n-1 when there are n of them
     and the largest is n-1."""
-    layers = {_layer_index(m[1]) for name in checkpoint.tensors
-              if (m := _LAYER_NAME.match(name))}
-    n = config.num_hidden_layers
+    pattern = re.compile(_LAYER_NAME.format(prefix=re.escape(read.weights_prefix)))
+    layers = {_layer_index(m[1]) for name in checkpoint.tensors if (m := pattern.match(name))}
+    n, field = read.record.num_hidden_layers, read.field("num_hidden_layers")
     if len(layers) != n or (layers and max(layers) != n - 1):
         found = f"layers {min(layers)}..{max(layers)} ({len(layers)})" if layers else "no layers"
         raise TargetFormatError(f"{weights_label}: holds {found}; {config_label} says "
-                                f"num_hidden_layers = {config.num_hidden_layers}",
-                                path=weights_label, field="num_hidden_layers",
-                                expected=config.num_hidden_layers, found=len(layers))
+                                f"{field} = {n}", path=weights_label, field=field,
+                                expected=n, found=len(layers))
 
 
 def _layer_index(digits: str) -> int:

@@ -6,7 +6,9 @@ message naming both values, and returning one ``Check`` per check that passed (o
 warned):
 
 * ``check_compatibility``: config geometry (family, hidden size, vocabulary, layer count
-  and taps, mask token inside the embedding, rope theta and RMS eps) and the tokenizer
+  and taps, mask token inside the embedding, and what the drafter copied from the target's
+  config as its family's target reader lists it: rope theta and RMS eps; for Gemma4 the
+  full-attention RoPE type and partial factor and the logit softcap too) and the tokenizer
   (no token beyond the embedding, the mask token never produced for ordinary text, the
   fingerprint an artifact recorded). Reads no tensor byte.
 * ``check_identity``: the drafter's ``embed_tokens`` / ``lm_head`` copies against the
@@ -47,11 +49,11 @@ from dspark_convert.artifact.manifest import TargetRecord, TargetTensorRecord, T
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import TensorEntry
 from dspark_convert.target.model import (
-    TARGET_MODEL_TYPE,
     first_different_row,
     Target,
     hash_target_tensors,
     open_target,
+    target_reader,
     tensor_sha256,
 )
 from dspark_convert.util.text import shown
@@ -60,12 +62,6 @@ from dspark_convert.target.tokenizer import fingerprint_difference
 if TYPE_CHECKING:
     from dspark_convert.artifact.manifest import Manifest
     from dspark_convert.source.checkpoint import Source
-
-# The values every released Qwen3 dense model's config.json holds (Qwen/Qwen3-0.6B ... 32B:
-# rope_theta 1000000, rms_norm_eps 1e-06); Strata's DFlash loader also fixes RMS eps at
-# 1e-6 (docs/REFERENCE.md §3). Another value is unusual, not wrong: a warning.
-FAMILY_ROPE_THETA = 1_000_000.0
-FAMILY_RMS_EPS = 1e-6
 
 # The drafter's own copies, by the role they play in the target.
 DRAFTER_TENSOR_ROLES = {"embed_tokens.weight": "embedding", "lm_head.weight": "head"}
@@ -85,6 +81,12 @@ class Drafter:
 
     def field(self, name: str) -> str:
         key = _METADATA_NAMES.get(name, name) if self.from_metadata else name
+        # A key in another family's namespace (dspark.gemma4.* for a Qwen3 file) is not in
+        # this file: the field is implied by the family, so it keeps config.json's name.
+        parts = key.split(".")
+        if self.from_metadata and parts[0] == "dspark" and len(parts) > 2 and \
+                not self.contract.family.startswith(parts[1] + "-"):
+            key = name
         return f"{self.label} {key}"
 
 
@@ -108,26 +110,30 @@ def check_geometry(drafter: Drafter, target: Target) -> list[Check]:
             f"the drafter ({drafter.contract.architecture}, {family.name}) pairs with a "
             f"{' / '.join(family.target_model_types)} target", path=where, field="model_type",
             expected=list(family.target_model_types), found=tcfg.model_type)
-    if tcfg.model_type != TARGET_MODEL_TYPE or (drafter.model_type not in (None, tcfg.model_type)):
-        expected = drafter.model_type or TARGET_MODEL_TYPE
+    problem = target_reader(family).model_type_problem(drafter.contract, drafter.model_type,
+                                                        target.read)
+    if problem is not None:
+        field, found, expected, drafter_field = problem
         raise TargetGeometryError(
-            f"{where}: model_type is {tcfg.model_type!r}; the drafter "
-            f"({drafter.contract.architecture}) expects {expected!r} ({drafter.field('model_type')})",
-            path=where, field="model_type", expected=expected, found=tcfg.model_type)
+            f"{where}: {field} is {found!r}; the drafter "
+            f"({drafter.contract.architecture}) expects {expected!r} ({drafter.field(drafter_field)})",
+            path=where, field=field, expected=expected, found=found)
     checks.append(Check.passed("target.family", f"{tcfg.model_type} ({', '.join(tcfg.architectures)})"))
 
+    # The text model's fields: at the top of a Qwen3 config.json, in a Gemma4 text_config.
+    field = target.read.field
     if tcfg.hidden_size != g.hidden_size:
         raise TargetGeometryError(
-            f"{where}: hidden_size is {tcfg.hidden_size}; the drafter expects {g.hidden_size} "
-            f"({drafter.field('hidden_size')})", path=where, field="hidden_size",
-            expected=g.hidden_size, found=tcfg.hidden_size)
+            f"{where}: {field('hidden_size')} is {tcfg.hidden_size}; the drafter expects "
+            f"{g.hidden_size} ({drafter.field('hidden_size')})", path=where,
+            field=field("hidden_size"), expected=g.hidden_size, found=tcfg.hidden_size)
     checks.append(Check.passed("target.hidden_size", f"{g.hidden_size} on both sides"))
 
     if tcfg.vocab_size != g.vocab_size:
         raise TargetVocabError(
-            f"{where}: vocab_size is {tcfg.vocab_size}; the drafter expects {g.vocab_size} "
-            f"({drafter.field('vocab_size')})", path=where, field="vocab_size",
-            expected=g.vocab_size, found=tcfg.vocab_size)
+            f"{where}: {field('vocab_size')} is {tcfg.vocab_size}; the drafter expects "
+            f"{g.vocab_size} ({drafter.field('vocab_size')})", path=where,
+            field=field("vocab_size"), expected=g.vocab_size, found=tcfg.vocab_size)
     checks.append(Check.passed("target.vocab_size", f"{g.vocab_size} embedding rows on both sides"))
 
     checks.append(_check_layers(drafter, target, where))
@@ -136,7 +142,7 @@ def check_geometry(drafter: Drafter, target: Target) -> list[Check]:
     if not 0 <= mask < tcfg.vocab_size:
         raise MaskTokenCollisionError(
             f"{drafter.field('mask_token_id')} is {mask}; the target's embedding has "
-            f"{tcfg.vocab_size} rows ({where} vocab_size), expected an id in "
+            f"{tcfg.vocab_size} rows ({where} {field('vocab_size')}), expected an id in "
             f"[0, {tcfg.vocab_size - 1}]", path=drafter.label, field="mask_token_id",
             expected=f"0..{tcfg.vocab_size - 1}", found=mask)
 
@@ -145,44 +151,45 @@ def check_geometry(drafter: Drafter, target: Target) -> list[Check]:
 
 
 def _check_layers(drafter: Drafter, target: Target, where: str) -> Check:
-    n = target.config.num_hidden_layers
+    n, layers = target.config.num_hidden_layers, target.read.field("num_hidden_layers")
     taps = drafter.contract.taps
     for pos, layer in enumerate(taps.target_layer_ids):
         field = f"{drafter.field('target_layer_ids')}[{pos}]"
         problem = tap_problem(layer, n)
         if problem is not None:
             raise TargetLayerMismatchError(
-                f"{field} is {layer}, {problem} ({where} num_hidden_layers = {n}); expected a "
+                f"{field} is {layer}, {problem} ({where} {layers} = {n}); expected a "
                 f"layer id in [0, {n - 2}]", path=drafter.label,
                 field=f"target_layer_ids[{pos}]", expected=f"0..{n - 2}", found=layer)
     if taps.num_target_layers != n:
         raise TargetLayerMismatchError(
-            f"{where}: num_hidden_layers is {n}; the drafter expects {taps.num_target_layers} "
-            f"({drafter.field('num_target_layers')})", path=where, field="num_hidden_layers",
+            f"{where}: {layers} is {n}; the drafter expects {taps.num_target_layers} "
+            f"({drafter.field('num_target_layers')})", path=where, field=layers,
             expected=taps.num_target_layers, found=n)
     return Check.passed("target.layers", f"{n} target layers; taps {taps.target_layer_ids} are "
                    f"layers of it, none the last")
 
 
 def _check_norms(drafter: Drafter, target: Target, where: str) -> list[Check]:
-    g, tcfg = drafter.contract.geometry, target.config
+    """What the drafter copied from the target's config and computes with (its family's
+    reader lists them: RoPE, RMS eps, ...), equal on both sides; a value unusual for the
+    family's released targets is a warning."""
+    reader = target_reader(target.family)
+    values = target.read.values
     checks = []
-    # An artifact holds rms_norm_eps as FLOAT32: compare what the file can hold.
-    eps_target = as_float32(tcfg.rms_norm_eps) if drafter.from_metadata else tcfg.rms_norm_eps
-    for field, want, got, as_given in (("rope_theta", g.rope_theta, tcfg.rope_theta, tcfg.rope_theta),
-                                    ("rms_norm_eps", g.rms_norm_eps, eps_target, tcfg.rms_norm_eps)):
+    for key, target_field, drafter_field, want in reader.inherited(drafter.contract):
+        as_given = values[key]
+        # An artifact holds rms_norm_eps as FLOAT32: compare what the file can hold.
+        got = as_float32(as_given) if drafter.from_metadata and key == "rms_norm_eps" else as_given
         if want != got:
-            drafter_field = "rope_parameters.rope_theta" if field == "rope_theta" else field
             raise TargetGeometryError(
-                f"{where}: {field} is {as_given}; the drafter expects {want} "
-                f"({drafter.field(drafter_field)})", path=where, field=field, expected=want,
-                found=as_given)
-    checks.append(Check.passed("target.norms", f"rope theta {tcfg.rope_theta:g} and RMS eps "
-                          f"{tcfg.rms_norm_eps:g} on both sides"))
-    unusual = [f"{name} {value:g} (Qwen3 uses {norm:g})"
-               for name, value, norm in (("rope theta", tcfg.rope_theta, FAMILY_ROPE_THETA),
-                                         ("RMS eps", tcfg.rms_norm_eps, FAMILY_RMS_EPS))
-               if not math.isclose(value, norm, rel_tol=1e-6)]
+                f"{where}: {target_field} is {as_given}; the drafter expects {want} "
+                f"({drafter.field(drafter_field)})", path=where, field=target_field,
+                expected=want, found=as_given)
+    checks.append(Check.passed("target.norms", reader.inherited_detail(target.read)))
+    unusual = [f"{name} {values[key]:g} ({who} uses {norm:g})"
+               for key, (name, norm, who) in reader.USUAL.items()
+               if not math.isclose(values[key], norm, rel_tol=1e-6)]
     if unusual:
         checks.append(Check.warning("target.family_norms", "unusual for the family: "
                                + "; ".join(unusual)))
