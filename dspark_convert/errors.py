@@ -355,14 +355,14 @@ class TargetFormatError(TargetError):
 
 class TargetFamilyError(TargetError):
     """The target is of another drafter family than the drafter (a Gemma4 drafter on a
-    Qwen3 target), or of a family whose targets the target reader does not read yet (a
-    Gemma4 target: model_type gemma4 / gemma4_unified, its text config nested); named by
-    its model_type and both families."""
+    Qwen3 target, a Qwen3 drafter on a gemma4 / gemma4_unified target), or of a family
+    whose targets no reader reads; named by its model_type and both families."""
     exit_code = 68
 
 
 class TargetGeometryError(TargetError):
-    """Drafter and target disagree on the model family, hidden size, rope theta or RMS eps."""
+    """Drafter and target disagree on the model type, hidden size, rope theta or RMS eps
+    (Gemma4: also the full-attention RoPE type and partial factor, and the logit softcap)."""
     exit_code = 62
 
 
