@@ -19,14 +19,18 @@ from support.cli import assert_refused, run_cli
 from support.gemma4 import GEMMA4_DRAFTERS, GEMMA4_TARGET, GEMMA4_TRAINER_CONFIGS
 from support.hub_server import HubServer
 from support.paths import GOLDEN_TARGET
+from support.targets import byte_bpe
 from dspark_convert.commands.convert import convert
 from dspark_convert.commands.validate import validate_artifact
 from dspark_convert.errors import (
     EmbeddingIdentityError,
+    ManifestMismatchError,
+    MaskTokenCollisionError,
     TargetFamilyError,
     TargetFormatError,
     TargetGeometryError,
     TargetLayerMismatchError,
+    TargetVocabError,
 )
 from dspark_convert.target.model import hash_target_tensors, open_target
 
@@ -214,6 +218,33 @@ def test_a_changed_embedding_row_is_refused_by_convert_and_validate(tmp_path):
     proc = run_cli("validate", str(art), "--target", str(target))
     assert proc.returncode == EmbeddingIdentityError.exit_code, proc.stderr
     assert "embed_tokens" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("tokenizer,error,needle", [
+    # 256 bytes + 300 words: ids up to 555 for 512 embedding rows.
+    (byte_bpe(size_extra=300), TargetVocabError, "text_config.vocab_size"),
+    # Id 4 (the drafters' mask token) is an ordinary byte token of this one.
+    (byte_bpe(), MaskTokenCollisionError, "mask_token_id is 4"),
+])
+def test_a_tokenizer_that_cannot_be_the_targets_is_refused(tmp_path, tokenizer, error, needle):
+    target = _target(tmp_path)
+    (target / "tokenizer.json").write_text(tokenizer)
+    with pytest.raises(error) as exc:
+        convert(DSPARK, tmp_path / "out", target=target)
+    assert needle in exc.value.message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tampered_target_record_is_refused_by_validate(tmp_path):
+    art = tmp_path / "art"
+    convert(DSPARK, art, target=GEMMA4_TARGET)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["target"]["config"]["rope_theta"] = 10000.0   # the sliding RoPE's theta
+    (art / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    failure = validate_artifact(art).first_failure
+    assert (failure.error, failure.exit_code) == ("ManifestMismatchError",
+                                                  ManifestMismatchError.exit_code)
+    assert "target.config.rope_theta" in failure.detail and "1000000.0" in failure.detail
 
 
 def test_hub_target_is_fetched_pinned_and_paired(tmp_path, monkeypatch):

@@ -212,7 +212,8 @@ def check_tokenizer(drafter: Drafter, target: Target,
         kind, content = tok.classify(rec.max_token_id)
         raise TargetVocabError(
             f"{where}: has token id {rec.max_token_id} ({content!r}); the embedding has only "
-            f"{rows} rows (target config.json vocab_size), expected every id below {rows}",
+            f"{rows} rows (target config.json {target.read.field('vocab_size')}), expected "
+            f"every id below {rows}",
             path=where, field="vocab_size", expected=f"< {rows}", found=rec.max_token_id)
     if rec.max_token_id + 1 < rows:
         detail = (f"{rec.vocab_size} tokens (ids up to {rec.max_token_id}) in {rows} embedding "
