@@ -352,7 +352,7 @@ class _EntryRun:
 
         e, t = self.entry, self.target
         prompts = resolve_prompts(self._prompts(), tokenizer=t.tokenizer,
-                                  vocab_size=t.qwen3.vocab_size, context=t.qwen3.context_length)
+                                  vocab_size=t.config.vocab_size, context=t.read.context_length)
         trace = self.dir / "smoke-trace.json"
         result = run_smoke(self.dir / BF16, target=t.directory, prompts=[list(p.ids) for p in prompts],
                            max_new_tokens=e.max_new_tokens, temperature=0.0, device=e.device,
