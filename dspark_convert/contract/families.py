@@ -41,7 +41,7 @@ class Family:
     # inventory (the Markov / confidence head checks are every family's, inventory.py).
     check_tensors: Callable[..., None]
     # The model_type values of this family's targets (top level of their config.json), and
-    # the module that reads them (target/model.py's protocol: read_config, ...), if any.
+    # the module that reads them (target/qwen3.py says what it provides), if any.
     target_model_types: tuple[str, ...]
     target_reader: str | None
     # The commands past convert / validate / inspect that handle this family's artifacts

@@ -1,12 +1,12 @@
 """The Qwen3 family's target reader (contract/families.py names it): a ``qwen3`` config.json,
 read by the one Qwen3 config model (contract/qwen3.py), its weights under ``model.``.
 
-Every family's reader module has the same four names, which target/model.py and
+Every family's reader module has the same five names, which target/model.py and
 target/pairing.py call: ``read_config`` (config.json -> ``TargetConfig``),
-``model_type_problem`` (the target's model types against the drafter's),
-``inherited`` (the fields the drafter copied from the target and computes with, beside the
-target's values) and ``USUAL`` (the values the family's released targets hold: another one
-is a warning, not a refusal).
+``model_type_problem`` (the target's model types against the drafter's), ``inherited``
+(the fields the drafter copied from the target and computes with; the target's values are
+``TargetConfig.values``), ``inherited_detail`` (the passed check's text) and ``USUAL`` (the
+values the family's released targets hold: another one is a warning, not a refusal).
 """
 
 from __future__ import annotations
