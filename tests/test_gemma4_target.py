@@ -114,6 +114,8 @@ def test_model_types_that_do_not_nest_as_gemma4_targets_do(tmp_path, model_type,
 @pytest.mark.parametrize("edit,field", [
     (lambda cfg: cfg.pop("text_config"), "text_config"),
     (lambda cfg: cfg["text_config"].pop("hidden_size"), "text_config.hidden_size"),
+    (lambda cfg: cfg["text_config"].pop("global_head_dim"), "text_config.global_head_dim"),
+    (_text(attention_k_eq_v="true"), "text_config.attention_k_eq_v"),
     (_text(vocab_size="512"), "text_config.vocab_size"),
     (_text(num_hidden_layers=0), "text_config.num_hidden_layers"),
     (_text(max_position_embeddings=None), "text_config.max_position_embeddings"),
@@ -181,6 +183,12 @@ def test_both_drafters_convert_and_validate_against_the_target(tmp_path, name, f
     (_text(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
      TargetGeometryError, "text_config.rope_parameters.full_attention.rope_type"),
     (_text(final_logit_softcapping=None), TargetGeometryError, "text_config.final_logit_softcapping"),
+    # The drafter's attention is the target's full-attention geometry, not head_dim's.
+    (_text(global_head_dim=16), TargetGeometryError, "text_config.global_head_dim"),
+    (_text(num_global_key_value_heads=2), TargetGeometryError,
+     "text_config.num_global_key_value_heads"),
+    (_text(attention_k_eq_v=False), TargetGeometryError, "text_config.attention_k_eq_v"),
+    (_text(num_attention_heads=8), TargetGeometryError, "text_config.num_attention_heads"),
     (_text(rms_norm_eps=1e-5), TargetGeometryError, "text_config.rms_norm_eps"),
     # A plain gemma4 target where the drafter was built on a gemma4_unified one.
     (lambda cfg: (cfg.update(model_type="gemma4"), cfg["text_config"].update(model_type="gemma4_text")),

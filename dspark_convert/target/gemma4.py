@@ -6,9 +6,12 @@ A Gemma4 drafter is built from the target's text_config (DeepSpec's build_draft_
 deepspec/modeling/dspark/gemma4/config.py L9-19, asserts the top-level model_type is
 gemma4 or gemma4_unified, and records it as target_model_type / target_text_model_type).
 What it copies and computes with, and the pairing therefore compares: hidden_size,
-vocab_size, the layer count its taps index, rms_norm_eps, the full-attention RoPE
-(``rope_parameters["full_attention"]``: type, theta, partial factor) and the final logit
-softcap. The target's sliding geometry, head_dim and layer types are its own business.
+vocab_size, the layer count its taps index, the full-attention geometry its attention has
+(num_attention_heads, global_head_dim, attention_k_eq_v and the KV heads that goes with:
+num_global_key_value_heads under k_eq_v, else num_key_value_heads), rms_norm_eps, the
+full-attention RoPE (``rope_parameters["full_attention"]``: type, theta, partial factor)
+and the final logit softcap. The target's sliding geometry (head_dim, and the KV heads it
+does not use), its layer types and sliding window are its own business.
 
 Gemma 4 ties its head to the embedding (tie_word_embeddings true, no lm_head.weight): the
 drafter's two copies are both checked against that one matrix.
@@ -46,6 +49,12 @@ class Gemma4TargetText(_Strict):
     hidden_size: int
     vocab_size: int
     num_hidden_layers: int
+    # The full-attention geometry (DeepSpec's builder requires all four of the target).
+    num_attention_heads: int
+    global_head_dim: int
+    attention_k_eq_v: bool
+    num_global_key_value_heads: int | None
+    num_key_value_heads: int | None
     rms_norm_eps: float
     rope_parameters: dict
     final_logit_softcapping: float | None
@@ -82,7 +91,12 @@ def read_config(raw: object, label: str) -> TargetConfig:
     return TargetConfig(
         record=record, model=cfg, field_prefix=_TEXT, weights_prefix="model.language_model.",
         context_length=text.max_position_embeddings,
-        values={"rope_type": rope_type, "rope_theta": theta, "partial_rotary_factor": factor,
+        values={"num_attention_heads": text.num_attention_heads,
+                "global_head_dim": text.global_head_dim,
+                "attention_k_eq_v": text.attention_k_eq_v,
+                "num_global_key_value_heads": text.num_global_key_value_heads,
+                "num_key_value_heads": text.num_key_value_heads,
+                "rope_type": rope_type, "rope_theta": theta, "partial_rotary_factor": factor,
                 "rms_norm_eps": text.rms_norm_eps,
                 "final_logit_softcapping": text.final_logit_softcapping})
 
@@ -145,8 +159,15 @@ def model_type_problem(contract, drafter_model_type: str | None,
 
 def inherited(contract) -> list[tuple[str, str, str, object]]:
     """(key in TargetConfig.values, target field, drafter field, the drafter's value)."""
-    rope, full = contract.rope, "rope_parameters.full_attention."
+    rope, full, g = contract.rope, "rope_parameters.full_attention.", contract.geometry
+    kv = g.key_value_heads_from     # num_global_key_value_heads under k_eq_v
     return [
+        ("num_attention_heads", _TEXT + "num_attention_heads", "num_attention_heads",
+         g.num_attention_heads),
+        ("global_head_dim", _TEXT + "global_head_dim", "global_head_dim", g.head_dim),
+        ("attention_k_eq_v", _TEXT + "attention_k_eq_v", "attention_k_eq_v",
+         contract.attention.k_eq_v),
+        (kv, _TEXT + kv, kv, g.num_key_value_heads),
         ("rope_type", _TEXT + full + "rope_type", full + "rope_type", rope.type),
         ("rope_theta", _TEXT + full + "rope_theta", full + "rope_theta", rope.theta),
         ("partial_rotary_factor", _TEXT + full + "partial_rotary_factor",
@@ -160,6 +181,9 @@ def inherited(contract) -> list[tuple[str, str, str, object]]:
 def inherited_detail(config: TargetConfig) -> str:
     v = config.values
     softcap = "none" if v["final_logit_softcapping"] is None else f"{v['final_logit_softcapping']:g}"
-    return (f"full-attention RoPE {v['rope_type']} theta {v['rope_theta']:g} factor "
+    kv = "num_global_key_value_heads" if v["attention_k_eq_v"] else "num_key_value_heads"
+    return (f"full attention {v['num_attention_heads']} heads x {v['global_head_dim']}, "
+            f"{v[kv]} KV heads ({'k_eq_v' if v['attention_k_eq_v'] else 'v_proj'}); "
+            f"RoPE {v['rope_type']} theta {v['rope_theta']:g} factor "
             f"{v['partial_rotary_factor']:g}, RMS eps {v['rms_norm_eps']:g}, logit softcap "
             f"{softcap} on both sides")
