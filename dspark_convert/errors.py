@@ -362,7 +362,8 @@ class TargetFamilyError(TargetError):
 
 class TargetGeometryError(TargetError):
     """Drafter and target disagree on the model type, hidden size, rope theta or RMS eps
-    (Gemma4: also the full-attention RoPE type and partial factor, and the logit softcap)."""
+    (Gemma4: also the full-attention heads, global head dim, KV heads and k_eq_v, the RoPE
+    type and partial factor, and the logit softcap)."""
     exit_code = 62
 
 

@@ -15,7 +15,7 @@ import struct
 import pytest
 
 from conftest import REFERENCE_DRAFTER
-from support.cli import assert_refused, run_cli
+from support.cli import assert_refused, run_cli, run_process
 from support.gemma4 import GEMMA4_DRAFTERS, GEMMA4_TARGET, GEMMA4_TRAINER_CONFIGS
 from support.hub_server import HubServer
 from support.paths import GOLDEN_TARGET
@@ -170,6 +170,15 @@ def test_both_drafters_convert_and_validate_against_the_target(tmp_path, name, f
     assert report.ok, report.first_failure
     assert [c.name for c in report.checks if c.name.startswith("target.")][-2:] == [
         "target.identity.embedding", "target.identity.head"]
+
+
+def test_canary_in_real_processes(tmp_path):
+    out = tmp_path / "art"
+    proc = run_process("convert", str(DSPARK), "--target", str(GEMMA4_TARGET), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_process("validate", str(out), "--target", str(GEMMA4_TARGET), "--strict")
+    assert proc.returncode == 0, proc.stderr
+    assert "target.identity.head" in proc.stdout
 
 
 @pytest.mark.parametrize("edit,error,field", [
