@@ -212,6 +212,45 @@ def test_a_target_that_is_not_the_drafters_is_refused_before_writing(tmp_path, e
     assert not out.exists()
 
 
+def _v_proj_drafter(tmp_path):
+    """The DSpark drafter as it would be for a target whose full layers keep v_proj
+    (attention_k_eq_v false): KV heads from num_key_value_heads (2), a v_proj per layer."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    draft = _drafter(tmp_path, lambda cfg: cfg.update(attention_k_eq_v=False,
+                                                      num_key_value_heads=2))
+    tensors = load_file(draft / "model.safetensors")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(2):
+        k = tensors[f"layers.{i}.self_attn.k_proj.weight"]
+        tensors[f"layers.{i}.self_attn.k_proj.weight"] = torch.cat([k, k])
+        tensors[f"layers.{i}.self_attn.v_proj.weight"] = (
+            torch.randn(k.shape[0] * 2, k.shape[1], generator=gen) * 0.02).to(k.dtype)
+    save_file(tensors, draft / "model.safetensors")
+    return draft
+
+
+def test_a_target_whose_full_layers_keep_v_proj(tmp_path):
+    draft = _v_proj_drafter(tmp_path)
+    target = _target(tmp_path, _text(attention_k_eq_v=False))
+    manifest = convert(draft, tmp_path / "art", target=target).manifest
+    assert manifest.contract.geometry.key_value_heads_from == "num_key_value_heads"
+    assert "2 KV heads (v_proj)" in next(c.detail for c in manifest.target.checks
+                                         if c.name == "target.norms")
+    assert validate_artifact(tmp_path / "art", target=target).ok
+    # The KV heads compared are num_key_value_heads now, not the global ones.
+    other = _target(tmp_path, _text(attention_k_eq_v=False, num_key_value_heads=1), "other")
+    with pytest.raises(TargetGeometryError) as exc:
+        convert(draft, tmp_path / "out", target=other)
+    assert exc.value.field == "text_config.num_key_value_heads"
+    # And a k_eq_v target is not this drafter's.
+    with pytest.raises(TargetGeometryError) as exc:
+        convert(draft, tmp_path / "out", target=GEMMA4_TARGET)
+    assert exc.value.field == "text_config.attention_k_eq_v"
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_drafter_for_a_deeper_target_names_the_layer_count(tmp_path):
     draft = _drafter(tmp_path, lambda cfg: cfg.update(num_target_layers=8))
     with pytest.raises(TargetLayerMismatchError) as exc:
