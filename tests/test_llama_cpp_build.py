@@ -6,6 +6,7 @@ it; these cases are the refusals and the rule that CI never skips an engine test
 from __future__ import annotations
 
 import json
+import hashlib
 import os
 import shutil
 import signal
@@ -390,10 +391,15 @@ def test_an_interrupt_ends_every_process_of_the_step(signum, tmp_path):
 
 
 def _local_sdist():
-    path = os.environ.get("DSPARK_LLAMA_CPP_SDIST")
-    if not path or not Path(path).is_file():
-        pytest.skip("interrupting a real compile needs the pinned sdist locally: set "
-                    "DSPARK_LLAMA_CPP_SDIST to a copy of " + support.build.SDIST_NAME)
+    """The pinned sdist on this machine: DSPARK_LLAMA_CPP_SDIST, else the copy `make
+    llama-cpp` keeps in the engine cache (so these run in CI, after its build)."""
+    path = os.environ.get("DSPARK_LLAMA_CPP_SDIST") or str(support.build.cached_sdist())
+    if not Path(path).is_file():
+        # A cache built before the sdist was kept (or with DSPARK_LLAMA_CPP_SDIST) has none:
+        # a skip, not a failure, as the build it would need is whole and not redone.
+        pytest.skip("interrupting a real compile needs the pinned sdist locally: "
+                    f"{path} is missing (`make llama-cpp` keeps it there when it downloads "
+                    "it), or set DSPARK_LLAMA_CPP_SDIST to a copy of " + support.build.SDIST_NAME)
     return Path(path)
 
 
@@ -433,3 +439,29 @@ def test_an_interrupt_during_the_compile_ends_cmake_ninja_and_the_compilers(sign
     assert err.splitlines() == [f"llama.cpp: build interrupted ({name}); nothing was written"]
     assert list(cache.iterdir()) == []
     assert of_this_build() == {}
+
+
+def test_a_downloaded_sdist_is_kept_whole_and_reused_only_when_its_sha256_matches(tmp_path,
+                                                                                 monkeypatch):
+    """The cache keeps a download (a second variant, a rebuild, the interrupt tests need
+    none): copied whole into cache/sdist/, and used again only after its SHA-256 is
+    checked; a kept file of other bytes is never built from."""
+    b = support.build
+    monkeypatch.setenv("DSPARK_ENGINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("DSPARK_LLAMA_CPP_SDIST", raising=False)
+    data = b"an sdist's bytes"
+    monkeypatch.setattr(b, "SDIST_SHA256", hashlib.sha256(data).hexdigest())
+    fetched = tmp_path / "downloaded.tar.gz"
+    fetched.write_bytes(data)
+    b._keep(fetched)
+    kept = b.cached_sdist()
+    assert kept.read_bytes() == data and [p.name for p in kept.parent.iterdir()] == [kept.name]
+    work = tmp_path / "work"
+    work.mkdir()
+    assert b.fetch_sdist(work) == kept and not (work / "download").exists()   # no pip
+    kept.write_bytes(b"other bytes")
+    downloads = []
+    monkeypatch.setattr(b, "run_step", lambda cmd, *a, **k: downloads.append(cmd))
+    with pytest.raises(b.BuildError, match="no such sdist"):       # pip was asked instead
+        b.fetch_sdist(work)
+    assert downloads and downloads[0][2:4] == ["pip", "download"]

@@ -23,7 +23,8 @@ files. Anything else is named in one line, and ``build`` replaces it. A build is
 hidden temporary sibling and renamed into place when complete; a killed build leaves only a
 temporary, removed by the next run; Ctrl-C or SIGTERM ends the build's processes and removes
 the temporary. ``DSPARK_LLAMA_CPP_SDIST=PATH`` uses a local copy of the sdist instead of
-downloading it (its SHA-256 is checked all the same).
+downloading it (its SHA-256 is checked all the same); a download is kept in the cache
+(``sdist/``, checked again at each use).
 
 Standard library only: it runs before (and without) the package's own environment.
 """
@@ -402,12 +403,40 @@ def run_step(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> N
         raise BuildError(f"{what} failed (exit {code}): {' '.join(cmd)}\n" + "\n".join(tail))
 
 
+def cached_sdist() -> Path:
+    """Where a downloaded sdist is kept (SHA-256 checked before it is put there and again
+    each time it is used): a second variant's build (--native), a rebuild of a tampered
+    cache and the tests that interrupt a real compile need no second download."""
+    return cache_root() / "sdist" / SDIST_NAME
+
+
+def _keep(sdist: Path) -> None:
+    """A checked download copied to cached_sdist(), whole or not at all (a temporary
+    renamed into place); a cache that cannot take it is only a lost shortcut."""
+    dest = cached_sdist()
+    tmp = dest.with_name(f".{dest.name}{TMP_MARK}{os.getpid()}")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sdist, tmp)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        print(f"llama.cpp: the sdist is not kept in {_shown(dest.parent)} "
+              f"({exc.strerror or exc}); the next build downloads it again", flush=True)
+    finally:
+        _remove_quietly(tmp)
+
+
 def fetch_sdist(work: Path) -> Path:
-    """The sdist, from DSPARK_LLAMA_CPP_SDIST or downloaded with pip, SHA-256 checked.
-    pip prepares the sdist's metadata in an isolated build environment (about a minute)."""
+    """The sdist, from DSPARK_LLAMA_CPP_SDIST, else the one kept in the cache, else
+    downloaded with pip (and then kept), SHA-256 checked each time. pip prepares the
+    sdist's metadata in an isolated build environment (about a minute)."""
     local = os.environ.get("DSPARK_LLAMA_CPP_SDIST")
+    kept = cached_sdist()
+    downloaded = False
     if local:
         sdist = Path(local)
+    elif kept.is_file() and not kept.is_symlink() and sha256_of(kept) == SDIST_SHA256:
+        sdist = kept
     else:
         dl = work / "download"
         dl.mkdir()
@@ -415,6 +444,7 @@ def fetch_sdist(work: Path) -> Path:
                   "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={VERSION}", "-d", str(dl)],
                  work / "download.log", f"pip download {PACKAGE}=={VERSION}")
         sdist = dl / SDIST_NAME
+        downloaded = True
     if not sdist.is_file():
         raise BuildError(f"{_shown(sdist)}: no such sdist (expected {SDIST_NAME})")
     print(f"llama.cpp: checking the SHA-256 of {_shown(sdist)}", flush=True)
@@ -422,6 +452,8 @@ def fetch_sdist(work: Path) -> Path:
     if got != SDIST_SHA256:
         raise BuildError(f"{_shown(sdist)}: SHA-256 {got}, expected {SDIST_SHA256} "
                          f"({PACKAGE}=={VERSION}); refusing to build it")
+    if downloaded:
+        _keep(sdist)
     return sdist
 
 
