@@ -32,6 +32,7 @@ from support.paths import GOLDEN_TARGET
 
 from dspark_convert.errors import EngineOutputError, EngineRunError, TargetGGUFMismatchError
 from dspark_convert.evaluation import engine_llama_cpp as L
+from dspark_convert.evaluation import engine_log
 from dspark_convert.evaluation import log_drain
 
 DSPARK = "vanilla_conf_markov"
@@ -319,7 +320,7 @@ def test_a_run_that_drafted_nothing_compares_nothing_and_says_so(spec_log, vocab
 @pytest.mark.slow
 def test_a_line_longer_than_the_bound_is_refused(comp_log, vocab):
     long = _edit(comp_log, rb"(\n[^\n]*sampler seed: )", rb"\g<1>" + b"9" * 5000)
-    with patched_limits(L, {"LINE_LIMIT": 4096}):
+    with patched_limits(engine_log, {"LINE_LIMIT": 4096}):
         with pytest.raises(EngineOutputError, match="is longer than 4,096 bytes"):
             _comp(long, vocab)
 

@@ -59,7 +59,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +71,23 @@ from dspark_convert.errors import (
     TargetGGUFError,
 )
 from dspark_convert.evaluation import log_drain
+from dspark_convert.evaluation.engine_log import (
+    CHUNK,
+    F2,
+    F3,
+    ID,
+    PREFIX,
+    RATE,
+    RATE2,
+    Cut,
+    Kind,
+    Log,
+    N,
+    P,
+    Reader,
+    count,
+    line_kind,
+)
 from dspark_convert.util.text import shown
 
 ENGINE = "llama.cpp"
@@ -204,13 +220,8 @@ def read_vocabulary(target_gguf: str | os.PathLike) -> Vocabulary:
     return Vocabulary(tuple(pieces), tuple(special))
 
 
-# --- reading a log: bounded, line by line, known free text by length -----------------------
+# --- the bounds of a run's output (evaluation/engine_log.py reads it) ----------------------
 
-# One line llama.cpp writes of its own: under 400 bytes measured (system_info, the statistics
-# line with a draft of 16); a model's metadata printed while it loads is cut at 40 bytes a
-# value, a token's text is not (its name, its EOS token): 1 MiB is far above any of it. Free
-# text the eval knows (the prompt, a token's piece) is read by its length, not as a line.
-LINE_LIMIT = 1 << 20
 # What llama.cpp writes before and around the run at -v: 213 KB for the golden target and
 # drafter (6 and 1 layers), mostly tensor and graph lines, about linear in the layers;
 # 64 MiB covers a target of a few hundred layers.
@@ -222,8 +233,6 @@ LOG_BASE = 64 << 20
 CYCLE_BYTES = 64 << 10
 LINE_BYTES = 128                         # one line of llama.cpp's, its piece aside
 TOKEN_SLACK = 8                          # tokens a run may print past -n, besides a draft
-TAIL = 20                                # lines kept for a message
-_CHUNK = 1 << 16
 
 
 def log_limit(*, prompt_bytes: int, max_new_tokens: int, n_max: int, longest_piece: int) -> int:
@@ -242,281 +251,49 @@ def stdout_limit(*, prompt_bytes: int, max_new_tokens: int, n_max: int, longest_
     return 4096 + prompt_bytes + (max_new_tokens + n_max + TOKEN_SLACK) * max(longest_piece, 1)
 
 
-def _printed(text: bytes) -> bytes:
-    """What printf's %s writes of ``text``: up to its first NUL byte."""
-    return text.split(b"\0", 1)[0]
-
-
-def _seen(line: bytes, width: int = 160) -> str:
-    """A line for a message: at most ``width`` characters, escaped."""
-    text = shown(line[:4 * width].decode("utf-8", "replace"))
-    return text if len(text) <= width and len(line) <= 4 * width else text[:width] + "…"
-
-
-class _Log:
-    """A process's stderr, read as it comes (``read(n)``: os.read on the pipe, or a
-    BytesIO's read for a log given whole): lines of at most LINE_LIMIT bytes, spans of
-    known bytes, the whole at most ``limit`` bytes; the last TAIL lines kept for messages."""
-
-    def __init__(self, read: Callable[[int], bytes], *, binary: str, limit: int) -> None:
-        self._read, self.binary, self.limit = read, binary, limit
-        self._buf = bytearray()
-        self._scanned = 0                 # bytes of _buf known to hold no newline
-        self._eof = False
-        self.total = 0                    # bytes read
-        self.lines = 0                    # lines consumed
-        self.tail: deque[str] = deque(maxlen=TAIL)
-        self.amx = False                  # a line named an AMX buffer (weights repacked)
-
-    def _fill(self) -> bool:
-        if self._eof:
-            return False
-        chunk = self._read(_CHUNK)
-        if not chunk:
-            self._eof = True
-            return False
-        self.total += len(chunk)
-        if self.total > self.limit:
-            raise EngineOutputError(f"{self.binary}: its log exceeds {self.limit:,} bytes (the "
-                                    "most a run of this prompt and -n writes; "
-                                    "evaluation/engine_llama_cpp.py log_limit); refused "
-                                    "rather than read on", path=self.binary, field="log",
-                                    expected=f"at most {self.limit} bytes",
-                                    found=f"more than {self.limit} bytes")
-        self._buf += chunk
-        return True
-
-    def peek(self) -> tuple[bytes, bool] | None:
-        """The next line without its newline and whether it is whole (False: its first
-        LINE_LIMIT bytes, no newline among them, or a last line without one); None at the
-        end. Nothing is consumed."""
-        while True:
-            nl = self._buf.find(b"\n", self._scanned)
-            if 0 <= nl <= LINE_LIMIT:
-                return bytes(self._buf[:nl]), True
-            if nl > LINE_LIMIT or len(self._buf) > LINE_LIMIT:
-                return bytes(self._buf[:LINE_LIMIT]), False
-            self._scanned = len(self._buf)
-            if not self._fill():
-                return (bytes(self._buf), False) if self._buf else None
-
-    def _consumed(self, n: int, shown_line: bytes) -> None:
-        del self._buf[:n]
-        self._scanned = 0
-        self.lines += 1
-        self.tail.append(_seen(shown_line))
-
-    def skip(self) -> None:
-        """Consume the line peek() returned (and its newline)."""
-        line, whole = self.peek()
-        if not whole and len(line) >= LINE_LIMIT:
-            raise EngineOutputError(f"{self.binary}: line {self.lines + 1} of its log is longer "
-                                    f"than {LINE_LIMIT:,} bytes ({_seen(line[:80])}); expected "
-                                    "llama.cpp's own lines, each far shorter", path=self.binary,
-                                    field=f"log line {self.lines + 1}",
-                                    expected=f"at most {LINE_LIMIT} bytes",
-                                    found=f"more than {LINE_LIMIT} bytes")
-        self._consumed(len(line) + whole, line)
-        # Only a line of llama.cpp's own (never known free text, read by expect: a prompt
-        # that says "AMX buffer" is not a cause).
-        if _AMX_BUFFER.search(line):
-            self.amx = True
-
-    def expect(self, data: bytes) -> int | None:
-        """Consume exactly ``data`` when the log holds it next (one entry whose free text is
-        known: it may hold newlines); else consume nothing and return the offset of the
-        first byte that differs (or len(data) where the log ends first)."""
-        i = 0
-        while i < len(data):
-            while len(self._buf) <= i and self._fill():
-                pass
-            if len(self._buf) <= i:
-                return i
-            n = min(len(self._buf), len(data)) - i
-            if self._buf[i:i + n] != data[i:i + n]:
-                return i + next(k for k in range(n) if self._buf[i + k] != data[i + k])
-            i += n
-            if i < len(data) and len(self._buf) > 2 * LINE_LIMIT:
-                # A long known span: what matched is let go of as it is read.
-                drop = i - 1
-                del self._buf[:drop]
-                data, i = data[drop:], i - drop
-        self._consumed(len(data), data.rstrip(b"\n"))
-        return None
-
-
 # load_tensors' line for weights ggml repacked into AMX tiles (ggml-cpu/amx: buffer "AMX").
 _AMX_BUFFER = re.compile(rb"^\d{1,7}\.\d\d\.\d{3}\.\d{3} [IWED] \w+: +AMX model buffer size")
 
-# One entry's prefix: M.SS.mmm.uuu (minutes, seconds, ms, us since start) and a level.
-_PREFIX = re.compile(rb"(\d{1,7})\.(\d\d)\.(\d\d\d)\.(\d\d\d) ([IWED]) ")
-
-# Numbers as llama.cpp prints them, with a bounded count of digits: a count with thousands
-# of digits is a malformed line, never an int() of it.
-_N = rb"(\d{1,10})"                                  # %d, %zu
-_ID = rb"(-?\d{1,10})"                               # a token id (range-checked)
-_F3 = rb"(\d{1,12}\.\d{3})"                          # %.3f of a non-negative time
-_RATE = rb"(\d{1,15}\.\d{3}|inf|-?nan)"              # %.3f of a rate (x / 0 is inf)
-_P = rb"(\d\.\d{3})"                                 # %.3f of a probability or a rate
-_F2 = rb"(\d{1,12}\.\d\d)"                          # %.2f of a non-negative time
-_RATE2 = rb"(\d{1,15}\.\d\d|inf|-?nan)"              # %.2f of a rate
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """One line of llama.cpp's the parser reads: ``head`` names it (matched at the start of
-    the message), ``form`` is its whole form (a line whose head matches and whose form does
-    not is malformed, never skipped); ``text``: the form stops where free text the parser
-    knows begins (consumed by length)."""
-
-    name: str
-    head: re.Pattern
-    form: re.Pattern
-    text: bool = False
-
-
-def _kind(name: str, head: bytes, form: bytes, text: bool = False) -> _Kind:
-    return _Kind(name, re.compile(head), re.compile(form), text)
-
-
-_SYSTEM_INFO = _kind("system_info", rb"system_info:",
-                     rb"system_info: n_threads = " + _N + rb" \(n_threads_batch = " + _N
-                     + rb"\) / " + _N + rb" \| ([ -~]{1,4000})")
-_PROMPT_ECHO = _kind("prompt", rb"\w+: prompt: ", rb"\w+: prompt: '", text=True)
-_PROMPT_COUNT = _kind("prompt token count", rb"\w+: number of tokens in prompt",
-                      rb"\w+: number of tokens in prompt = " + _N)
-_PROMPT_TOKEN = _kind("prompt token", rb" *-?\d+ -> ", rb" *" + _ID + rb" -> '", text=True)
-_EVAL_TIME = _kind("eval time", rb"common_perf_print: +eval time",
-                   rb"common_perf_print: +eval time = +" + _F2 + rb" ms / +" + _N
-                   + rb" runs +\( +" + _F2 + rb" ms per token, +" + _RATE2
+_SYSTEM_INFO = line_kind("system_info", rb"system_info:",
+                     rb"system_info: n_threads = " + N + rb" \(n_threads_batch = " + N
+                     + rb"\) / " + N + rb" \| ([ -~]{1,4000})")
+_PROMPT_ECHO = line_kind("prompt", rb"\w+: prompt: ", rb"\w+: prompt: '", text=True)
+_PROMPT_COUNT = line_kind("prompt token count", rb"\w+: number of tokens in prompt",
+                      rb"\w+: number of tokens in prompt = " + N)
+_PROMPT_TOKEN = line_kind("prompt token", rb" *-?\d+ -> ", rb" *" + ID + rb" -> '", text=True)
+_EVAL_TIME = line_kind("eval time", rb"common_perf_print: +eval time",
+                   rb"common_perf_print: +eval time = +" + F2 + rb" ms / +" + N
+                   + rb" runs +\( +" + F2 + rb" ms per token, +" + RATE2
                    + rb" tokens per second\)")
-_TOTAL_TIME = _kind("total time", rb"common_perf_print: +total time",
-                    rb"common_perf_print: +total time = +" + _F2 + rb" ms / +" + _N + rb" tokens")
-_CLOSING = _kind("graphs reused", rb"common_perf_print: +graphs reused",
-                 rb"common_perf_print: +graphs reused = +" + _N)
-_ADDING = _kind("speculative implementation", rb"\w+: adding speculative implementation",
+_TOTAL_TIME = line_kind("total time", rb"common_perf_print: +total time",
+                    rb"common_perf_print: +total time = +" + F2 + rb" ms / +" + N + rb" tokens")
+_CLOSING = line_kind("graphs reused", rb"common_perf_print: +graphs reused",
+                 rb"common_perf_print: +graphs reused = +" + N)
+_ADDING = line_kind("speculative implementation", rb"\w+: adding speculative implementation",
                 rb"\w+: adding speculative implementation '([a-z-]{1,40})'")
-_CANDIDATE = _kind("draft candidate", rb" - seq_id ",
-                   rb" - seq_id " + _N + rb", draft candidate +" + _N + rb", pos +" + _N
-                   + rb": +" + _ID + rb" \( *" + _P + rb"\) '", text=True)
-_CALLED = _kind("draft call", rb"spec +\w+: called impl",
-                rb"spec +\w+: called impl ([a-z-]{1,40}), hist size = " + _N + rb", call_count = "
-                + _N + rb", gen = " + _N)
-_ACCEPTED = _kind("verification", rb"accepted ",
-                  rb"accepted " + _N + rb"/" + _N + rb" draft tokens, the last target token is: \("
-                  + _ID + rb"\)")
-_PARTIAL = _kind("partial acceptance", rb"partial acceptance:", rb"partial acceptance:.*")
-_ENCODED = _kind("encoded", rb"encoded ",
-                 rb"encoded +" + _N + rb" tokens in +" + _F3 + rb" seconds, speed: +" + _RATE + rb" t/s")
-_DECODED = _kind("decoded", rb"decoded ",
-                 rb"decoded +" + _N + rb" tokens in +" + _F3 + rb" seconds, speed: +" + _RATE + rb" t/s")
-_COUNTS = {key: _kind(f"{key} line", key.encode() + rb" +=", key.encode() + rb" += " + _N)
+_CANDIDATE = line_kind("draft candidate", rb" - seq_id ",
+                   rb" - seq_id " + N + rb", draft candidate +" + N + rb", pos +" + N
+                   + rb": +" + ID + rb" \( *" + P + rb"\) '", text=True)
+_CALLED = line_kind("draft call", rb"spec +\w+: called impl",
+                rb"spec +\w+: called impl ([a-z-]{1,40}), hist size = " + N + rb", call_count = "
+                + N + rb", gen = " + N)
+_ACCEPTED = line_kind("verification", rb"accepted ",
+                  rb"accepted " + N + rb"/" + N + rb" draft tokens, the last target token is: \("
+                  + ID + rb"\)")
+_PARTIAL = line_kind("partial acceptance", rb"partial acceptance:", rb"partial acceptance:.*")
+_ENCODED = line_kind("encoded", rb"encoded ",
+                 rb"encoded +" + N + rb" tokens in +" + F3 + rb" seconds, speed: +" + RATE + rb" t/s")
+_DECODED = line_kind("decoded", rb"decoded ",
+                 rb"decoded +" + N + rb" tokens in +" + F3 + rb" seconds, speed: +" + RATE + rb" t/s")
+_COUNTS = {key: line_kind(f"{key} line", key.encode() + rb" +=", key.encode() + rb" += " + N)
            for key in ("n_predict", "n_drafted", "n_accept")}
-_STATS = _kind("statistics", rb"spec +\w+: statistics",
-               rb"spec +\w+: statistics +([a-z-]{1,40}): #calls\(b,g,a\) = +" + _N + rb" +" + _N
-               + rb" +" + _N + rb", #gen drafts = +" + _N + rb", #acc drafts = +" + _N
-               + rb", #gen tokens = +" + _N + rb", #acc tokens = +" + _N
-               + rb"(?:, #mean acc len = (\d{1,10}\.\d\d), #acc rate/pos = \(((?:" + _P[1:-1]
-               + rb"(?:, )?){0,1024})\))?(?:, dur\(b,g,a\) = " + _F3 + rb", " + _F3 + rb", " + _F3
+_STATS = line_kind("statistics", rb"spec +\w+: statistics",
+               rb"spec +\w+: statistics +([a-z-]{1,40}): #calls\(b,g,a\) = +" + N + rb" +" + N
+               + rb" +" + N + rb", #gen drafts = +" + N + rb", #acc drafts = +" + N
+               + rb", #gen tokens = +" + N + rb", #acc tokens = +" + N
+               + rb"(?:, #mean acc len = (\d{1,10}\.\d\d), #acc rate/pos = \(((?:" + P[1:-1]
+               + rb"(?:, )?){0,1024})\))?(?:, dur\(b,g,a\) = " + F3 + rb", " + F3 + rb", " + F3
                + rb" ms)?")
-
-
-@dataclass(frozen=True)
-class Cut:
-    """A log that ended before llama.cpp's closing line, with nothing wrong in what came:
-    how much came and its last line (None: no line of llama.cpp's)."""
-
-    entries: int                       # llama.cpp's own entries read
-    total: int                         # bytes
-    last: str | None
-
-
-class _Reader:
-    """The line-by-line state machine both logs share: each entry is told by its prefix,
-    each line the parser reads by its kind's head; a kind read outside its phase, or a
-    singular one twice, is refused (see the module docstring)."""
-
-    def __init__(self, log: _Log, binary: str, vocab: Vocabulary) -> None:
-        self.log, self.binary, self.vocab = log, binary, vocab
-        self.entries = 0
-        self.last: bytes | None = None
-        self.seen: set[str] = set()
-
-    def fail(self, what: str, expected: str, line: bytes | None = None,
-             field: str | None = None) -> EngineOutputError:
-        where = f"line {self.log.lines + 1} of its log" if line is not None else "its log"
-        seen = f" ({_seen(line)})" if line is not None else ""
-        return EngineOutputError(f"{self.binary}: {where}, {what}{seen}; expected {expected}",
-                                 path=self.binary, field=field or what, expected=expected,
-                                 found=_seen(line) if line is not None else None)
-
-    def next(self, kinds: tuple[_Kind, ...], *, elsewhere: tuple[_Kind, ...]):
-        """The next line of one of ``kinds`` as (kind, match, line), skipping lines of no
-        kind the parser reads; a line of a kind in ``elsewhere`` (read at another point of
-        the log) is refused. None at the end of the log."""
-        while True:
-            peeked = self.log.peek()
-            if peeked is None:
-                return None
-            line, whole = peeked
-            prefix = _PREFIX.match(line)
-            if prefix is None:                       # a continuation, or not llama.cpp's
-                self.log.skip()
-                continue
-            self.entries += 1
-            message = line[prefix.end():]
-            for kind in (*kinds, *elsewhere):
-                if not kind.head.match(message):
-                    continue
-                if kind not in kinds:
-                    article = "an" if kind.name[0] in "aeiou" else "a"
-                    raise self.fail(f"{article} {kind.name} line where none belongs", "each of "
-                                    "llama.cpp's lines in its place, the singular ones once "
-                                    "(free text printed while a model loads may look like one)",
-                                    line, kind.name)
-                m = (kind.form.match if kind.text else kind.form.fullmatch)(message)
-                if m is None or (not whole and not kind.text):
-                    raise self.fail(f"a malformed {kind.name} line",
-                                    f"llama.cpp 0c1e570's {kind.name} line", line, kind.name)
-                if not kind.text:
-                    self.last = line
-                    self.log.skip()
-                return kind, m, prefix.end() + m.end(), line
-            self.last = line
-            self.log.skip()
-
-    def once(self, kind: _Kind, line: bytes) -> None:
-        if kind.name in self.seen:
-            raise self.fail(f"a second {kind.name} line", f"one {kind.name} line a run", line,
-                            kind.name)
-        self.seen.add(kind.name)
-
-    def known(self, line: bytes, start: int, text: bytes, what: str) -> None:
-        """Consume the entry whose text from ``start`` is ``text`` + "'\\n" exactly."""
-        entry = line[:start] + _printed(text) + b"'\n"
-        at = self.log.expect(entry)
-        if at is not None:
-            raise self.fail(f"{what} differs from what the eval knows at byte {at - start}",
-                            f"{_seen(_printed(text), 80)!s} quoted, byte for byte", line, what)
-        self.last = entry.rstrip(b"\n")
-
-    def token(self, value: bytes, line: bytes, what: str) -> int:
-        n = int(value)
-        if not 0 <= n < len(self.vocab):
-            raise self.fail(f"{what} {n} is outside the vocabulary",
-                            f"a token id in [0, {len(self.vocab)})", line, what)
-        return n
-
-    def cut(self) -> Cut:
-        return Cut(self.entries, self.log.total,
-                   _seen(self.last) if self.last is not None else None)
-
-
-def _count(value: bytes, limit: int, what: str, reader: _Reader, line: bytes) -> int:
-    n = int(value)
-    if n > limit:
-        raise reader.fail(f"{what} {n} is over {limit:,}", f"at most {limit}", line, what)
-    return n
 
 
 # --- the target alone: llama-completion ---------------------------------------------------
@@ -539,15 +316,15 @@ def read_completion_log(read: Callable[[int], bytes], *, prompt: str, vocab: Voc
     """llama-completion's log, read from ``read`` as it comes: system_info, the prompt echoed
     (consumed as the prompt passed), its token ids (each line consumed with the id's piece),
     then the eval timing and the closing line. Cut where it ends before that line."""
-    log = _Log(read, binary=COMPLETION,
-               limit=limit or _completion_limit(prompt, vocab, max_new_tokens))
+    log = Log(read, binary=COMPLETION,
+              limit=limit or _completion_limit(prompt, vocab, max_new_tokens))
     return _read_completion(log, prompt=prompt, vocab=vocab, max_new_tokens=max_new_tokens)
 
 
-def _read_completion(log: _Log, *, prompt: str, vocab: Vocabulary,
+def _read_completion(log: Log, *, prompt: str, vocab: Vocabulary,
                      max_new_tokens: int) -> CompletionLog | Cut:
     data = prompt.encode("utf-8")
-    r = _Reader(log, log.binary, vocab)
+    r = Reader(log, log.binary, vocab)
     body = (_SYSTEM_INFO, _PROMPT_ECHO, _PROMPT_COUNT, _PROMPT_TOKEN, _EVAL_TIME, _TOTAL_TIME,
             _CLOSING)
     info = None
@@ -559,7 +336,7 @@ def _read_completion(log: _Log, *, prompt: str, vocab: Vocabulary,
         kind, m, start, line = got
         r.once(kind, line)
         if kind is _SYSTEM_INFO:
-            info = line[_PREFIX.match(line).end():].decode("ascii").rstrip()
+            info = line[PREFIX.match(line).end():].decode("ascii").rstrip()
             continue
         if info is None:
             raise r.fail("the prompt echoed before any system_info line",
@@ -571,7 +348,7 @@ def _read_completion(log: _Log, *, prompt: str, vocab: Vocabulary,
         return r.cut()
     _, m, _, line = got
     # A token covers at least one byte of the text, with a BOS and an EOS added at most.
-    n = _count(m.group(1), len(data) + 2, "the prompt's token count", r, line)
+    n = count(m.group(1), len(data) + 2, "the prompt's token count", r, line)
     ids = []
     for _ in range(n):
         got = r.next((_PROMPT_TOKEN,), elsewhere=body)
@@ -589,7 +366,7 @@ def _read_completion(log: _Log, *, prompt: str, vocab: Vocabulary,
         kind, m, _, line = got
         r.once(kind, line)
         if kind is _EVAL_TIME:
-            runs = _count(m.group(2), max_new_tokens, "the eval runs", r, line)
+            runs = count(m.group(2), max_new_tokens, "the eval runs", r, line)
             decode = (runs, float(m.group(1)) / 1000.0)
         elif kind is _CLOSING:
             break
@@ -600,7 +377,7 @@ def _read_completion(log: _Log, *, prompt: str, vocab: Vocabulary,
     return CompletionLog(tuple(ids), info, *decode)
 
 
-def _rest(r: _Reader, body: tuple[_Kind, ...]) -> None:
+def _rest(r: Reader, body: tuple[Kind, ...]) -> None:
     """After the closing line: nothing the parser reads."""
     if r.next((), elsewhere=body) is not None:
         raise AssertionError("unreachable: next() refuses every kind in elsewhere")
@@ -656,13 +433,13 @@ def read_speculative_log(read: Callable[[int], bytes], prompt_ids: tuple[int, ..
     """The drafts of a ``-v`` run of llama-speculative-simple, read from ``read`` as they
     come and rebuilt with their context from ``prompt_ids`` (llama.cpp's own tokenization
     of the prompt). Cut where the log ends before its closing line."""
-    log = _Log(read, binary=SPECULATIVE,
-               limit=limit or _speculative_limit(prompt_ids, vocab, n_max, max_new_tokens))
+    log = Log(read, binary=SPECULATIVE,
+              limit=limit or _speculative_limit(prompt_ids, vocab, n_max, max_new_tokens))
     return _read_speculative(log, prompt_ids, spec_type=spec_type, vocab=vocab, n_max=n_max,
                              max_new_tokens=max_new_tokens)
 
 
-def _read_speculative(log: _Log, prompt_ids: tuple[int, ...], *, spec_type: str,
+def _read_speculative(log: Log, prompt_ids: tuple[int, ...], *, spec_type: str,
                       vocab: Vocabulary, n_max: int, max_new_tokens: int) -> SpeculativeLog | Cut:
     binary = log.binary
     if len(prompt_ids) < 2:
@@ -670,7 +447,7 @@ def _read_speculative(log: _Log, prompt_ids: tuple[int, ...], *, spec_type: str,
                                 "speculative loop needs at least 2 (its first anchor is the last "
                                 "prompt token)", field="prompt", expected=">= 2 tokens",
                                 found=len(prompt_ids))
-    r = _Reader(log, binary, vocab)
+    r = Reader(log, binary, vocab)
     loop = (_CANDIDATE, _CALLED, _ACCEPTED, _PARTIAL)
     end = (_ENCODED, _DECODED, *_COUNTS.values(), _STATS, _CLOSING)
     body = (_ADDING, *loop, *end)
@@ -693,7 +470,7 @@ def _read_speculative(log: _Log, prompt_ids: tuple[int, ...], *, spec_type: str,
         kind, m, start, line = got
         if kind is _ENCODED:
             r.once(kind, line)
-            _count(m.group(1), len(prompt_ids), "the encoded token count", r, line)
+            count(m.group(1), len(prompt_ids), "the encoded token count", r, line)
             if int(m.group(1)) != len(prompt_ids):
                 raise r.fail(f"it encoded {int(m.group(1))} tokens",
                              f"the prompt's {len(prompt_ids)}", line, "encoded")
@@ -710,14 +487,14 @@ def _read_speculative(log: _Log, prompt_ids: tuple[int, ...], *, spec_type: str,
         kind, m, _, line = got
         r.once(kind, line)
         if kind is _DECODED:
-            n = _count(m.group(1), cycles.most, "the decoded token count", r, line)
+            n = count(m.group(1), cycles.most, "the decoded token count", r, line)
             decode = (n, float(m.group(2)))
         elif kind is _STATS:
             stats = cycles.stats(m, line)
         elif kind is _CLOSING:
             break
         else:
-            counts[kind.name.split()[0]] = _count(m.group(1), 1 << 40, kind.name, r, line)
+            counts[kind.name.split()[0]] = count(m.group(1), 1 << 40, kind.name, r, line)
     for name, got_line in (("decoded", decode), ("statistics", stats)):
         if got_line is None:
             raise r.fail(f"no {name} line before the closing line", f"llama.cpp's {name} line",
@@ -751,7 +528,7 @@ class _Cycles:
     """The speculative loop's lines, cycle by cycle: candidates, the draft call, the
     verification; the committed tokens rebuilt as they come."""
 
-    def __init__(self, r: _Reader, prompt_ids, *, spec_type: str, n_max: int, most: int) -> None:
+    def __init__(self, r: Reader, prompt_ids, *, spec_type: str, n_max: int, most: int) -> None:
         self.r, self.spec_type, self.n_max, self.most = r, spec_type, n_max, most
         self.committed = list(prompt_ids[:-1])
         self.anchor = prompt_ids[-1]
@@ -760,14 +537,14 @@ class _Cycles:
         self.rows: dict[int, int] = {}          # pos -> candidate 0 of the draft being read
         self.called: tuple[int, int] | None = None
 
-    def line(self, kind: _Kind, m: re.Match, start: int, line: bytes) -> None:
+    def line(self, kind: Kind, m: re.Match, start: int, line: bytes) -> None:
         r = self.r
         if kind is _PARTIAL:
             raise r.fail("it restored a checkpoint after a partial acceptance (a target "
                          "without partial sequence removal)", "the plain loop, which the "
                          "eval reads", line, "partial acceptance")
         if kind is _CANDIDATE:
-            seq, k, pos = (_count(m.group(i), 1 << 12, what, r, line)
+            seq, k, pos = (count(m.group(i), 1 << 12, what, r, line)
                            for i, what in ((1, "seq_id"), (2, "candidate"), (3, "pos")))
             token = r.token(m.group(4), line, "a draft candidate")
             r.known(line, start, r.vocab.special[token], f"token {token}'s piece")
@@ -785,7 +562,7 @@ class _Cycles:
                 raise r.fail("a second draft call before the verification",
                              "one draft call a cycle", line, "draft call")
             hist = int(m.group(2))
-            gen = _count(m.group(4), self.n_max, "the draft's length", r, line)
+            gen = count(m.group(4), self.n_max, "the draft's length", r, line)
             call = len(self.drafts) + 1
             if hist != len(self.committed):
                 raise r.fail(f"draft {call} was made from {hist} committed tokens; the tokens "
@@ -800,7 +577,7 @@ class _Cycles:
             self.called = (hist, gen)
         else:
             accepted = int(m.group(1))
-            n_draft = _count(m.group(2), self.n_max, "the verified draft length", r, line)
+            n_draft = count(m.group(2), self.n_max, "the verified draft length", r, line)
             nxt = r.token(m.group(3), line, "the target's token")
             call = len(self.drafts) + 1
             tokens = tuple(self.rows[p] for p in range(self.called[1])) if self.called else ()
@@ -862,7 +639,7 @@ class _Cycles:
             if len(rates) != longest or any(abs(a - b) > 0.0006 for a, b in zip(rates, expect)):
                 raise r.fail("its acceptance rates by position", "rates in [0, 1] equal to "
                              "its cycles read", line, "statistics")
-        text = line[_PREFIX.match(line).end():].decode("ascii", "replace")
+        text = line[PREFIX.match(line).end():].decode("ascii", "replace")
         text = re.sub(r", dur\(b,g,a\).*$", "", text)
         return Stats(line=re.sub(r"^spec +\w+: statistics +", "", text),
                      mean_acceptance_length=mean, acceptance_rate_by_position=rates)
@@ -916,18 +693,18 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _crash(binary: Path, what: str, cmd: list[str], code: int, log: _Log) -> EngineRunError:
+def _crash(binary: Path, what: str, cmd: list[str], code: int, log: Log) -> EngineRunError:
     how = f"killed by {_signal_name(code)}" if code < 0 else f"exit {code}"
     last = " | ".join(list(log.tail)[-5:]) or "no log line"
     cause = ("; likely cause: weights repacked for AMX (its log names an AMX buffer); "
-             "llama.cpp's --no-repack (-nr) avoids it") if log.amx else ""
+             "llama.cpp's --no-repack (-nr) avoids it") if log.watched else ""
     return EngineRunError(f"{binary.name} ({what}) failed, {how}{cause}; command: "
                           f"{_command(cmd)}; its last log lines: {last}", path=str(binary),
                           field=what, expected="exit 0",
                           found=_signal_name(code) if code < 0 else code)
 
 
-def _run(binary: Path, args: list[str], what: str, parse: Callable[[_Log], object], *,
+def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object], *,
          log_bytes: int, out_limit: int, timeout: float) -> _Done:
     """``binary args``, its stderr read by ``parse`` as it comes (at most ``log_bytes``) and
     its stdout kept up to ``out_limit`` bytes, by a thread; the process is stopped (killed:
@@ -955,7 +732,7 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[_Log], objec
         stop()
 
     def drain_stdout() -> None:
-        while chunk := os.read(proc.stdout.fileno(), _CHUNK):
+        while chunk := os.read(proc.stdout.fileno(), CHUNK):
             if len(out) + len(chunk) > out_limit:
                 over.set()
                 stop()
@@ -966,7 +743,8 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[_Log], objec
     reader = threading.Thread(target=drain_stdout, daemon=True)
     timer.start()
     reader.start()
-    log = _Log(lambda n: os.read(proc.stderr.fileno(), n), binary=binary.name, limit=log_bytes)
+    log = Log(lambda n: os.read(proc.stderr.fileno(), n), binary=binary.name, limit=log_bytes,
+              watch=_AMX_BUFFER)
     error: EngineOutputError | None = None
     parsed = None
     try:
@@ -1082,7 +860,7 @@ def run_target(bins: Binaries, target_gguf: Path, prompt_text: str, *, vocab: Vo
     sizes = dict(prompt_bytes=len(data), max_new_tokens=max_new_tokens, n_max=0,
                  longest_piece=vocab.longest)
 
-    def parse(log: _Log):
+    def parse(log: Log):
         return _read_completion(log, prompt=prompt_text, vocab=vocab,
                                 max_new_tokens=max_new_tokens)
 
@@ -1145,7 +923,7 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
     sizes = dict(prompt_bytes=len(prompt_text.encode("utf-8")), max_new_tokens=max_new_tokens,
                  n_max=n_max, longest_piece=vocab.longest)
 
-    def parse(log: _Log):
+    def parse(log: Log):
         return _read_speculative(log, prompt_ids, spec_type=spec_type, vocab=vocab,
                                  n_max=n_max, max_new_tokens=max_new_tokens)
 
