@@ -227,6 +227,16 @@ def tap_problem(layer: int, num_layers: int) -> str | None:
     return None
 
 
+def _check_mask_token(cfg, path: str) -> None:
+    """The mask token is a token of the vocabulary (every family's drafter fills its block
+    with it)."""
+    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
+        raise MaskTokenError(
+            f"{path}: field 'mask_token_id': expected a token id in [0, {cfg.vocab_size - 1}] "
+            f"(vocab_size = {cfg.vocab_size}), found {cfg.mask_token_id}", path=path,
+            field="mask_token_id", expected=f"0..{cfg.vocab_size - 1}", found=cfg.mask_token_id)
+
+
 def _check_taps(cfg: DSparkConfig, path: str) -> None:
     ids = cfg.target_layer_ids
     n = cfg.num_target_layers
@@ -298,11 +308,7 @@ def build_contract(cfg: DSparkConfig, *, path: str = "config.json") -> FeatureCo
     check_positive_eps(cfg, path=path, errors=DRAFTER_ERRORS)
     theta = rope_theta(cfg, path=path, errors=DRAFTER_ERRORS)
     _check_taps(cfg, path)
-    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
-        raise MaskTokenError(
-            f"{path}: field 'mask_token_id': expected a token id in [0, {cfg.vocab_size - 1}] "
-            f"(vocab_size = {cfg.vocab_size}), found {cfg.mask_token_id}", path=path,
-            field="mask_token_id", expected=f"0..{cfg.vocab_size - 1}", found=cfg.mask_token_id)
+    _check_mask_token(cfg, path)
     _check_heads(cfg, path)
 
     markov_type = cfg.markov_head_type if cfg.markov_rank > 0 else "none"

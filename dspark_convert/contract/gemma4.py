@@ -36,6 +36,7 @@ from dspark_convert.contract.dspark import (
     MarkovHeadType,
     TensorSpec,
     _check_heads,
+    _check_mask_token,
     _check_taps,
     _positive,
     contract_with_tensors,
@@ -47,7 +48,6 @@ from dspark_convert.errors import (
     FinalLayerTapError,
     GeometryLimitError,
     KEqVMismatchError,
-    MaskTokenError,
     MoEBlockError,
     PerLayerInputError,
     RopeTypeError,
@@ -412,11 +412,7 @@ def build_contract(cfg: Gemma4DSparkConfig, *, path: str = "config.json",
     rope = _rope(cfg, path)
     _check_final_tap(cfg, path)
     _check_taps(cfg, path)
-    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
-        raise MaskTokenError(
-            f"{path}: field 'mask_token_id': expected a token id in [0, {cfg.vocab_size - 1}] "
-            f"(vocab_size = {cfg.vocab_size}), found {cfg.mask_token_id}", path=path,
-            field="mask_token_id", expected=f"0..{cfg.vocab_size - 1}", found=cfg.mask_token_id)
+    _check_mask_token(cfg, path)
     _check_heads(cfg, path)
 
     markov_type = cfg.markov_head_type if cfg.markov_rank > 0 else "none"
