@@ -823,6 +823,19 @@ def _prompt_file(directory: Path, text: str) -> Path:
     return path
 
 
+def _run_on_prompt(binary: Path, prompt_text: str, args: Callable[[Path], list[str]],
+                   what: str, parse: Callable[[Log], object], *, vocab: Vocabulary,
+                   max_new_tokens: int, n_max: int, timeout: float) -> _Done:
+    """``binary`` with ``args(the prompt's file)``, its output bounded by what this prompt
+    and -n allow (log_limit, stdout_limit) and read by ``parse``: either binary's run."""
+    sizes = dict(prompt_bytes=len(prompt_text.encode("utf-8")), max_new_tokens=max_new_tokens,
+                 n_max=n_max, longest_piece=vocab.longest)
+    with tempfile.TemporaryDirectory(prefix="dspark-llama-") as tmp:
+        return _run_whole(binary, args(_prompt_file(Path(tmp), prompt_text)), what, parse,
+                          log_bytes=log_limit(**sizes), out_limit=stdout_limit(**sizes),
+                          timeout=timeout)
+
+
 def completion_args(target_gguf: Path, prompt_file: Path, *, max_new_tokens: int,
                     threads: int = 1) -> list[str]:
     """llama-completion's arguments (without -v: its debug lines echo the prompt and the
@@ -856,21 +869,13 @@ def run_target(bins: Binaries, target_gguf: Path, prompt_text: str, *, vocab: Vo
                max_new_tokens: int, threads: int = 1, timeout: float = TIMEOUT_SECONDS,
                what: str = "the target alone") -> TargetRun:
     """llama-completion on the target alone, greedy. ``what`` names the run in a message."""
-    data = prompt_text.encode("utf-8")
-    sizes = dict(prompt_bytes=len(data), max_new_tokens=max_new_tokens, n_max=0,
-                 longest_piece=vocab.longest)
-
-    def parse(log: Log):
-        return _read_completion(log, prompt=prompt_text, vocab=vocab,
-                                max_new_tokens=max_new_tokens)
-
-    with tempfile.TemporaryDirectory(prefix="dspark-llama-") as tmp:
-        prompt = _prompt_file(Path(tmp), prompt_text)
-        done = _run_whole(bins.completion, completion_args(target_gguf, prompt,
-                                                           max_new_tokens=max_new_tokens,
-                                                           threads=threads),
-                          what, parse, log_bytes=log_limit(**sizes),
-                          out_limit=stdout_limit(**sizes), timeout=timeout)
+    done = _run_on_prompt(
+        bins.completion, prompt_text,
+        lambda prompt: completion_args(target_gguf, prompt, max_new_tokens=max_new_tokens,
+                                       threads=threads),
+        what, lambda log: _read_completion(log, prompt=prompt_text, vocab=vocab,
+                                           max_new_tokens=max_new_tokens),
+        vocab=vocab, max_new_tokens=max_new_tokens, n_max=0, timeout=timeout)
     parsed: CompletionLog = done.parsed
     _within_the_run(parsed.decode_seconds, done.seconds, binary=COMPLETION, what=what,
                     field="eval time")
@@ -920,21 +925,14 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
     up to ``n_max`` tokens; ``kind`` "dspark" or "dflash" (the --spec-type)."""
     spec_type = SPEC_TYPES[kind]
     what = what or spec_type
-    sizes = dict(prompt_bytes=len(prompt_text.encode("utf-8")), max_new_tokens=max_new_tokens,
-                 n_max=n_max, longest_piece=vocab.longest)
-
-    def parse(log: Log):
-        return _read_speculative(log, prompt_ids, spec_type=spec_type, vocab=vocab,
-                                 n_max=n_max, max_new_tokens=max_new_tokens)
-
-    with tempfile.TemporaryDirectory(prefix="dspark-llama-") as tmp:
-        prompt = _prompt_file(Path(tmp), prompt_text)
-        done = _run_whole(bins.speculative,
-                          speculative_args(target_gguf, draft_gguf, prompt, spec_type=spec_type,
-                                           n_max=n_max, max_new_tokens=max_new_tokens,
-                                           threads=threads),
-                          what, parse, log_bytes=log_limit(**sizes),
-                          out_limit=stdout_limit(**sizes), timeout=timeout)
+    done = _run_on_prompt(
+        bins.speculative, prompt_text,
+        lambda prompt: speculative_args(target_gguf, draft_gguf, prompt, spec_type=spec_type,
+                                        n_max=n_max, max_new_tokens=max_new_tokens,
+                                        threads=threads),
+        what, lambda log: _read_speculative(log, prompt_ids, spec_type=spec_type, vocab=vocab,
+                                            n_max=n_max, max_new_tokens=max_new_tokens),
+        vocab=vocab, max_new_tokens=max_new_tokens, n_max=n_max, timeout=timeout)
     parsed: SpeculativeLog = done.parsed
     _within_the_run(parsed.decode_seconds, done.seconds, binary=SPECULATIVE, what=what,
                     field="decoded")
