@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -515,3 +516,16 @@ def test_eval_refuses_a_target_gguf_of_another_target_before_running(tmp_path, p
     out = run_cli("export", str(paired_artifacts[DSPARK]), "--engine", "llama.cpp", "--target-gguf", str(bad),
                   "-o", str(tmp_path / "d.gguf"))
     assert_refused(out, TargetGGUFMismatchError, [needle])
+
+
+def test_an_interrupt_while_the_log_is_read_ends_the_engine_at_once(tmp_path):
+    """Ctrl-C (or a bug) inside the log's reader stops the engine process: it is not
+    waited for until its timeout (a real process that would sleep 60 s)."""
+    def interrupted(log):
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        L._run(Path("/bin/sleep"), ["60"], "a sleeping run", interrupted, log_bytes=1 << 20,
+               out_limit=1 << 20, timeout=60)
+    assert time.monotonic() - t0 < 10

@@ -752,6 +752,9 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
     except EngineOutputError as exc:
         error = exc
         stop()
+    except BaseException:
+        stop()                          # Ctrl-C or a bug: the process must not outlive it
+        raise
     finally:
         try:
             code = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
