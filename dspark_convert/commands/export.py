@@ -257,15 +257,26 @@ def _comparable(info: GGUFTensorInfo, recorded: str | None, what: str, label: st
     return None
 
 
+# The digests of target GGUF spans this process has read, by the file's identity (device,
+# inode, size, mtime) and the span: eval checks the target against every artifact before it
+# runs, then exports each with export's own check, and a tied target's head is its
+# embedding; a span of gigabytes is read once. A file changed since is another key.
+_SPAN_DIGESTS: dict[tuple[int, int, int, int, int, int], str] = {}
+
+
 def _sha_of_span(path: Path, offset: int, nbytes: int, label: str) -> str:
-    digest = hashlib.sha256()
-    buffer = memoryview(bytearray(min(BLOCK, max(nbytes, 1))))
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        for _ in read_blocks(fh, nbytes, buffer, [digest], lambda n: None,
-                             lambda: _shrank(label)):
-            pass
-    return digest.hexdigest()
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, offset, nbytes)
+    if key not in _SPAN_DIGESTS:
+        digest = hashlib.sha256()
+        buffer = memoryview(bytearray(min(BLOCK, max(nbytes, 1))))
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            for _ in read_blocks(fh, nbytes, buffer, [digest], lambda n: None,
+                                 lambda: _shrank(label)):
+                pass
+        _SPAN_DIGESTS[key] = digest.hexdigest()
+    return _SPAN_DIGESTS[key]
 
 
 def _shrank(label: str) -> TargetGGUFError:
