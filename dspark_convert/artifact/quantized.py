@@ -8,8 +8,13 @@ by it, and the runtime plans its loads by it:
   has the artifact's type, the value of ``strata.dflash.quantization``;
 - a 2-D head matrix (Markov, confidence) is BF16 unless ``--heads TYPE`` was given, then
   that type (the GGUF does not record it; manifest.json's ``quantization.heads`` does);
-- every other tensor (norms, biases: 1-D) stays BF16, as Strata's ``tools/dflash_quantize.py``
-  keeps them (docs/REFERENCE.md §3b).
+- every other tensor (norms, biases, Gemma4's layer scalars: 1-D) stays BF16, as Strata's
+  ``tools/dflash_quantize.py`` keeps them (docs/REFERENCE.md §3b).
+
+The rule reads only the tensor table's ``kind`` and ``when`` (contract/tensor_table.py) of
+the contract's family (contract/families.py), so it is every family's: a Gemma4 drafter's
+matrices are Qwen3's names (``attn_v`` only without ``attention_k_eq_v``), its
+``blk.N.layer_output_scale.weight`` ([1], kind "scalar") and four norms per layer stay BF16.
 """
 
 from __future__ import annotations
@@ -88,8 +93,8 @@ def any_quantized_type(qtype: str | None) -> Callable[[str, str], bool] | None:
 def check_quantized_types(tensors, contract, qtype: str, label: str) -> str:
     """Each tensor of a quantized artifact against the one type rule
     (artifact/quantized.py, which ``dspark quantize`` writes by): backbone matrices in the
-    type ``strata.dflash.quantization`` names, norms and biases BF16, the head matrices BF16
-    or all in one type (``--heads``). Block and byte sizes are the reader's
+    type ``strata.dflash.quantization`` names, norms, biases and layer scalars BF16, the head
+    matrices BF16 or all in one type (``--heads``). Block and byte sizes are the reader's
     (gguf.structure: a row width that is not a multiple of the type's block is refused
     there, and each tensor spans exactly its blocks). ``tensors``: the GGUF's tensor infos, whose
     names the inventory check has matched to the contract. Returns the check's detail."""
@@ -123,8 +128,21 @@ def check_quantized_types(tensors, contract, qtype: str, label: str) -> str:
             f"'{other}' is {heads[other]}; expected one type for all of them (--heads)",
             path=label, tensor=other, expected=heads[first], found=heads[other])
     kinds = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
-    return (f"{qtype} artifact: {kinds}; backbone matrices {qtype}, norms and biases BF16, "
+    return (f"{qtype} artifact: {kinds}; backbone matrices {qtype}, {_kept_bf16(specs)} BF16, "
             f"head matrices {next(iter(set(heads.values())), 'none')}")
+
+
+# The tensor table's kinds that are never quantized, as the check's detail names them.
+_KEPT_WORDS = {"norm": "norms", "bias": "biases", "scalar": "layer scalars"}
+
+
+def _kept_bf16(specs) -> str:
+    """The kinds of tensor this contract keeps BF16 whatever the type ("norms and biases";
+    a Gemma4 drafter's "norms, biases and layer scalars")."""
+    kinds = {spec.kind for spec in specs.values() if spec.kind != "matrix"}
+    words = [w for k, w in _KEPT_WORDS.items() if k in kinds]
+    words += sorted(f"{k} tensors" for k in kinds - set(_KEPT_WORDS))
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
 
 
 # How manifest.json's quantization.tool names the quantizer (quantize writes it, validate

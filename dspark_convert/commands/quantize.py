@@ -9,8 +9,11 @@ project's guarantees around it:
 - 2-D backbone matrices (``fc``, ``blk.N.attn_q/k/v/output``, ``blk.N.ffn_gate/up/down``)
   are quantized with gguf-py's quantizers from their BF16 values widened to float32
   (formats/quants.py: the same arithmetic as Strata's tool, so the same bytes); every 1-D
-  tensor (norms, biases) is copied BF16; the Markov and confidence matrices are copied
-  BF16 unless ``heads`` names a type;
+  tensor (norms, biases, a Gemma4 drafter's layer scalars) is copied BF16; the Markov and
+  confidence matrices are copied BF16 unless ``heads`` names a type. Which is which is the
+  type rule of artifact/quantized.py, read from the family's tensor table: the same code
+  for every family whose row in contract/families.py lists ``quantize`` (Qwen3, Gemma4);
+  ``refuse_family`` refuses the others (85) before the parent is validated;
 - every key of the parent is kept, in order, then ``strata.dflash.quantization`` and
   ``strata.dflash.source_sha256`` are appended, as Strata's tool appends them;
 - one streaming pass over the parent's drafter.gguf in row chunks (memory: a few chunks of
