@@ -31,12 +31,26 @@ class Binding:
     artifact: Path
     target: Target
     report: ValidationReport       # validate with the target: every check passed
-    target_plan: object            # runtime.qwen3.TargetPlan
+    target_plan: object            # the family runtime's TargetPlan
     drafter_plan: object           # runtime.weights.DrafterPlan
+
+    @property
+    def runtime(self):
+        """The reference runtime's module for the target's family (runtime_of)."""
+        return runtime_of(self.target.family)
 
     @property
     def warnings(self) -> list[str]:
         return [f"{c.name}: {c.detail}" for c in self.report.checks if c.status == "warning"]
+
+
+def runtime_of(family):
+    """The runtime module of a family (its row's ``runtime``: runtime/qwen3.py,
+    runtime/gemma4.py), with ``plan_for``, ``Target`` and ``Drafter``. A family without
+    one is refused before this by ``refuse_family``."""
+    import importlib
+
+    return importlib.import_module(family.runtime)
 
 
 def target_read(spec: str | os.PathLike) -> tuple[Path, str]:
@@ -60,7 +74,6 @@ def bind(artifact: str | os.PathLike, target: Target, *, progress: Progress | No
     read). A failed check is raised as its own refusal, naming the artifact.
     ``target_plan``: the target's plan from an earlier binding to the same target (eval
     binds several artifacts to one), instead of planning it again."""
-    from dspark_convert.runtime.qwen3 import plan_target
     from dspark_convert.runtime.weights import plan_drafter
 
     progress = progress or NoProgress()
@@ -68,8 +81,7 @@ def bind(artifact: str | os.PathLike, target: Target, *, progress: Progress | No
     report = validate_artifact(artifact, target=target, progress=progress)
     report.raise_first_error(f"{artifact}: validate: ", path=str(artifact))
     return Binding(artifact=artifact, target=target, report=report,
-                   target_plan=target_plan or plan_target(target.directory, config=target.qwen3,
-                                                          checkpoint=target.checkpoint),
+                   target_plan=target_plan or runtime_of(target.family).plan_for(target),
                    drafter_plan=plan_drafter(artifact, gguf=report.gguf))
 
 

@@ -473,10 +473,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     engine_info, engine_runs = None, []
     from dspark_convert.commands.binding import bind, open_run_target
     from dspark_convert.commands.smoke import resolve_device, verify_mode
-    from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.loading import compute_dtype
     from dspark_convert.runtime.memory import checked_estimate
-    from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.weights import load_drafter_weights
 
     torch_dtype, verify = compute_dtype(dtype), verify_mode("auto", dtype)
@@ -531,14 +529,15 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         on_estimate(memory)
 
     # Loaded once, in the compute dtype, on the device (runtime/loading.py).
-    model = Qwen3Target(opened.directory, device=dev, dtype=torch_dtype,
-                        plan=target_plan, progress=progress)
+    runtime = bindings[arts[0].name].runtime   # the target's family's
+    model = runtime.Target(opened.directory, device=dev, dtype=torch_dtype,
+                           plan=target_plan, progress=progress)
     for a in arts:
         weights = load_drafter_weights(a.path, device=dev, dtype=torch_dtype,
                                        plan=bindings[a.name].drafter_plan, progress=progress)
-        a.drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
-                                  confidence_temperatures=a.calibration.temperatures
-                                  if a.calibration is not None else None)
+        a.drafter = runtime.Drafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
+                                    confidence_temperatures=a.calibration.temperatures
+                                    if a.calibration is not None else None)
     environment = describe_environment(dev, device, dtype)
 
     runner = _Runner(model=model, prompts=resolved, max_new_tokens=max_new_tokens, seed=seed,

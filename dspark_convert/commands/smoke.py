@@ -278,10 +278,8 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     cal_file = read_calibration_file(calibration) if calibration is not None else None
     import torch
 
-    from dspark_convert.runtime.drafter import DSparkDrafter
     from dspark_convert.runtime.loading import compute_dtype, dtype_name
     from dspark_convert.runtime.memory import checked_estimate
-    from dspark_convert.runtime.qwen3 import Qwen3Target
     from dspark_convert.runtime.speculative import speculative_generate, target_greedy
     from dspark_convert.runtime.trace import (
         agreement,
@@ -353,15 +351,16 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     t_load = time.perf_counter()
-    model = Qwen3Target(target_dir, device=dev, dtype=torch_dtype, plan=target_plan,
-                        progress=progress)
+    runtime = binding.runtime            # the target's family's (runtime/qwen3.py, gemma4.py)
+    model = runtime.Target(target_dir, device=dev, dtype=torch_dtype, plan=target_plan,
+                           progress=progress)
     weights = load_drafter_weights(artifact, device=dev, dtype=torch_dtype, plan=drafter_plan,
                                    progress=progress)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     load_seconds = time.perf_counter() - t_load
-    drafter = DSparkDrafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
-                            confidence_temperatures=calibrated.temperatures if calibrated else None)
+    drafter = runtime.Drafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
+                              confidence_temperatures=calibrated.temperatures if calibrated else None)
 
     runs_json, summaries, results, greedy_seconds = [], [], [], 0.0
     lossless_failure = None

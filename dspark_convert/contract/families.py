@@ -47,13 +47,17 @@ class Family:
     # The commands past convert / validate / inspect that handle this family's artifacts
     # (smoke, eval: the reference runtime; quantize; export): the others refuse them.
     artifact_commands: frozenset[str]
+    # The reference runtime's module for this family (runtime/qwen3.py says what it
+    # provides: plan_for, Target, Drafter), if it runs the family.
+    runtime: str | None = None
 
 
 QWEN3 = Family(name=dspark.FAMILY, architecture=dspark.ARCHITECTURE,
                parse_config=dspark.parse_config, build_contract=dspark.build_contract,
                tensor_rules=TENSOR_RULES, check_tensors=_no_more_checks,
                target_model_types=("qwen3",), target_reader="dspark_convert.target.qwen3",
-               artifact_commands=frozenset({"smoke", "eval", "quantize", "export"}))
+               artifact_commands=frozenset({"smoke", "eval", "quantize", "export"}),
+               runtime="dspark_convert.runtime.qwen3")
 
 GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
                 parse_config=gemma4.parse_config,
@@ -65,8 +69,9 @@ GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
                 target_model_types=("gemma4", "gemma4_unified", "gemma4_text",
                                     "gemma4_unified_text"),
                 target_reader="dspark_convert.target.gemma4",
-                # Its runtime, quantized form and llama.cpp file are still to come (issue 26).
-                artifact_commands=frozenset())
+                # llama.cpp 0c1e570 has no Gemma4 DSpark drafter: export refuses it.
+                artifact_commands=frozenset({"quantize", "smoke", "eval"}),
+                runtime="dspark_convert.runtime.gemma4")
 
 FAMILIES: dict[str, Family] = {f.architecture: f for f in (QWEN3, GEMMA4)}
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES.values()}

@@ -33,7 +33,7 @@ class Proposal:
     the confidence cut; the full-block tensors are kept for parity checks."""
 
     block_hidden: torch.Tensor              # [B, H], after the final norm
-    base_logits: torch.Tensor               # [B, V], lm_head(block_hidden)
+    base_logits: torch.Tensor               # [B, V], lm_head(block_hidden) (Gemma4: softcapped)
     corrected_logits: torch.Tensor          # [B, V], after the Markov head
     tokens: torch.Tensor                    # [B] int64, the sequentially drafted tokens
     confidence_logits: torch.Tensor | None  # [B], or None without a confidence head
@@ -64,8 +64,9 @@ class DSparkDrafter:
         self.confidence_with_markov = c.confidence_head.with_markov
         self.hidden_state_indices = list(c.taps.hidden_state_indices)
         self.dtype = embed.dtype           # the compute dtype, the target's
-        self.rope = Rope(g.head_dim, g.rope_theta, device, self.dtype)
         self.device = device
+        self.rope = self._rope(c, device)
+        self._setup(c, device)
         # A calibration (Sequential Temperature Scaling, calibration.json): one temperature
         # per draft position, applied to the confidence logits before the threshold's
         # sigmoid. None: the raw head, as DeepSpec cuts.
@@ -77,6 +78,22 @@ class DSparkDrafter:
                                  f"finite numbers, found {temps}")
             self.confidence_temperatures = torch.tensor(temps, dtype=torch.float64, device=device)
         self.reset()
+
+    # What a family's backbone changes (runtime/gemma4.py overrides them): its RoPE, what
+    # else it reads from the contract, its RMS norm, the backbone and the base logits.
+    def _rope(self, contract, device: torch.device) -> Rope:
+        g = contract.geometry
+        return Rope(g.head_dim, g.rope_theta, device, self.dtype)
+
+    def _setup(self, contract, device: torch.device) -> None:
+        return None
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self.eps)
+
+    def base_logits(self, hb: torch.Tensor) -> torch.Tensor:
+        """U = lm_head(hb), before the Markov stage."""
+        return linear(hb, self.lm_head)
 
     def reset(self) -> None:
         self.ctx_keys: list[torch.Tensor | None] = [None] * self.layers
@@ -90,7 +107,7 @@ class DSparkDrafter:
     @torch.inference_mode()
     def fused_context(self, features: torch.Tensor) -> torch.Tensor:
         """Hc = hidden_norm(fc(features)), [n, H]."""
-        return rms_norm(linear(features, self.w["fc.weight"]), self.w["hidden_norm.weight"], self.eps)
+        return self._norm(linear(features, self.w["fc.weight"]), self.w["hidden_norm.weight"])
 
     @torch.inference_mode()
     def add_context(self, features: torch.Tensor) -> None:
@@ -157,7 +174,7 @@ class DSparkDrafter:
     def propose(self, anchor: int, *, temperature: float = 0.0, confidence_threshold: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:
         hb = self.block_hidden(anchor)
-        base = linear(hb, self.lm_head)
+        base = self.base_logits(hb)
         B = self.block_size
         tokens: list[int] = []
         if self.markov == "none":

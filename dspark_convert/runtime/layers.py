@@ -39,13 +39,21 @@ def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tenso
 
 class Rope:
     """cos/sin tables of the default RoPE, grown on demand: computed in float32 (float64
-    for a float64 model) and stored in the compute dtype."""
+    for a float64 model) and stored in the compute dtype.
+
+    ``rotated_pairs``: transformers' *proportional* RoPE (Gemma4's full attention): only
+    the first n frequencies ``theta^(-2i/head_dim)`` (the denominator stays head_dim), the
+    other ``head_dim/2 - n`` are zero, so their pairs (i, i + head_dim/2) pass unchanged
+    (cos 1, sin 0). None: every pair rotates (the default RoPE)."""
 
     def __init__(self, head_dim: int, theta: float, device: torch.device,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, *, rotated_pairs: int | None = None) -> None:
         self.table_dtype = _wide(dtype)
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(self.table_dtype) / head_dim
-        self.inv_freq = (1.0 / (theta ** exponent)).to(device)
+        inv_freq = 1.0 / (theta ** exponent)
+        if rotated_pairs is not None:
+            inv_freq[rotated_pairs:] = 0.0
+        self.inv_freq = inv_freq.to(device)
         self.device, self.dtype = device, dtype
         self._cos = torch.empty(0, head_dim, device=device, dtype=dtype)
         self._sin = torch.empty(0, head_dim, device=device, dtype=dtype)
@@ -67,13 +75,16 @@ class Rope:
         return x * cos + rotated * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal_offset: int | None
-              ) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal_offset: int | None,
+              scale: float | None = None, window: int | None = None) -> torch.Tensor:
     """Scaled dot-product attention with grouped KV heads.
 
     q [nh, S, d], k/v [nkv, T, d]. ``causal_offset=None``: every query sees every key (the
     drafter's non-causal block). Otherwise query i sits at position ``causal_offset + i`` and
-    sees keys 0..causal_offset+i (the target's causal attention over its cache).
+    sees keys 0..causal_offset+i (the target's causal attention over its cache); with
+    ``window`` only the last ``window`` of them (transformers' sliding-window overlay:
+    key j is seen by query p when j > p - window). ``scale``: d^-0.5 when None (Qwen3);
+    Gemma4 uses 1.0 (its q and k are RMS-normed per head).
     Returns [S, nh*d].
     """
     groups = q.shape[0] // k.shape[0]
@@ -83,8 +94,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal_offse
     mask = None
     if causal_offset is not None:
         q_pos = torch.arange(q.shape[1], device=q.device)[:, None] + causal_offset
-        mask = torch.arange(k.shape[1], device=q.device)[None, :] <= q_pos
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=q.shape[-1] ** -0.5)
+        k_pos = torch.arange(k.shape[1], device=q.device)[None, :]
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= k_pos > q_pos - window
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.transpose(0, 1).reshape(q.shape[1], -1)
 
 

@@ -68,8 +68,9 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
     """(bytes of the activations, the positions the caches are sized for)."""
     cfg = target.config
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    nh, nkv, d, layers = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                          cfg.num_hidden_layers)
+    # The widest layer's attention (Gemma4's full and sliding layers differ; the runtime
+    # config gives the largest of each).
+    nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     c = drafter.contract
     g = c.geometry
     B = c.block.block_size
@@ -78,7 +79,7 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
     S = max(longest_prompt, B)                      # rows of the largest forward
 
     # Caches at the full context: target K/V per layer, drafter context K/V per draft layer.
-    caches = 2 * layers * nkv * d * T * es
+    caches = cfg.kv_elements_per_token() * T * es
     caches += 2 * g.num_draft_layers * g.num_key_value_heads * g.head_dim * T * es
     # One target layer on S rows: the residual and the kept taps, q/k/v before and after
     # norm and RoPE, K/V repeated for the grouped heads, the attention scores and their

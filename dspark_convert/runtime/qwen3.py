@@ -34,6 +34,7 @@ from dspark_convert.errors import DSparkError, RuntimeTargetError
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.util.strict_json import read_json_strict
+from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
 from dspark_convert.runtime.loading import STORED_DTYPES, StoredModel, StoredTensor, TensorLoader
 
@@ -53,6 +54,10 @@ class RuntimeConfig(Qwen3Config):
     rope_theta: float
     max_position_embeddings: int
     stop_token_ids: tuple[int, ...]
+
+    def kv_elements_per_token(self) -> int:
+        """Keys and values one position costs in the KV cache, over every layer."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 
 
 # What the runtime refuses of a target's config: it runs a dense Qwen3 only (70).
@@ -209,6 +214,11 @@ def plan_target(directory: str | os.PathLike, *, config: Qwen3Config | None = No
     return TargetPlan(directory=directory, config=cfg, tensors=tensors)
 
 
+def plan_for(target) -> TargetPlan:
+    """The plan of a paired target (target/model.py ``Target``), from what the pairing read."""
+    return plan_target(target.directory, config=target.qwen3, checkpoint=target.checkpoint)
+
+
 def _truncated(spec: StoredTensor) -> RuntimeTargetError:
     return RuntimeTargetError(f"target {spec.file}: tensor {spec.name!r} is truncated: the file "
                               "is shorter than its header says (it changed while being read)",
@@ -284,3 +294,11 @@ class Qwen3Target:
         if keep is not None and last not in keep:
             hidden[-1] = None
         return TargetOutput(logits=linear(final, self.lm_head), hidden_states=tuple(hidden))
+
+
+# The family's runtime protocol (contract/families.py ``runtime``): every runtime module
+# has ``plan_for`` (a paired target's plan, no tensor byte), ``Target`` (the model, loaded
+# once: forward, embed, lm_head, config, device) and ``Drafter`` (runtime/drafter.py's
+# loop over the family's backbone).
+Target = Qwen3Target
+Drafter = DSparkDrafter
