@@ -448,8 +448,9 @@ class MemoryBudgetError(RuntimeRefusal):
 
 
 class FamilyRuntimeError(RuntimeRefusal):
-    """An artifact of a drafter family the reference runtime does not run yet
-    (gemma4-dspark): smoke and eval refuse it before the target is read."""
+    """An artifact of a drafter family the reference runtime does not run (none today:
+    every family in contract/families.py names its runtime module): smoke and eval refuse
+    it before the target is read."""
     exit_code = 79
 
 
@@ -494,8 +495,8 @@ class QuantTypeError(QuantizeError):
 
 
 class FamilyQuantizeError(QuantizeError):
-    """A parent artifact of a drafter family the quantized format does not define yet
-    (gemma4-dspark)."""
+    """A parent artifact of a drafter family the quantized format does not define (none
+    today: every family in contract/families.py has one)."""
     exit_code = 85
 
 
