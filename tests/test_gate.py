@@ -501,10 +501,15 @@ def test_the_example_policy_passes(tmp_path):
                        timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = _report(out)
-    assert report.passed and [e.name for e in report.entries] == list(SHA)
+    assert report.passed and [e.name for e in report.entries] == [*SHA,
+                                                                  "gemma4_vanilla_conf_markov"]
     for e in report.entries:
         assert e.stage("reproducibility").status == "passed"
         assert all(s.status in ("passed", "not_run") for s in e.stages)
+    # The Gemma4 drafter measures DeepSpec's tau on DeepSpec's prompts (its reference.json:
+    # 4.42 at temperature 0), BF16 and Q8_0.
+    gemma4 = report.entries[2].stage("regression").detail
+    assert "bf16 tau 4.417" in gemma4 and "q8_0 tau" in gemma4
     _junit(out)
 
 

@@ -53,13 +53,21 @@ MINIMAL = '[[drafter]]\nname = "a"\nsource = "src"\ntarget = "tgt"\n'
 def test_the_example_policy_loads_with_its_paths_relative_to_itself(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)              # not the repository: the paths must not care
     loaded = load_policy(GOLDEN_POLICY)
-    assert [e.name for e in loaded.entries] == ["vanilla_conf_markov", "dflash_shared"]
-    for e in loaded.entries:
+    assert [e.name for e in loaded.entries] == ["vanilla_conf_markov", "dflash_shared",
+                                                "gemma4_vanilla_conf_markov"]
+    for e in loaded.entries[:2]:
         assert e.source.hub is None and e.source.path.resolve().is_dir()
         assert e.target.path.resolve() == (ROOT / "golden" / "reference" / "target").resolve()
         assert e.sha256 and e.max_new_tokens == 32 and e.device == "cpu" and e.strict
     assert loaded.entries[1].require == ("strata.open",)
     assert loaded.entries[1].quantize == ("q8_0", "q4_0")
+    # The Gemma4 drafter: its own target, DeepSpec's two prompts and 24 new tokens.
+    gemma4 = loaded.entries[2]
+    assert gemma4.target.path.resolve() == (ROOT / "golden" / "reference" / "gemma4" /
+                                            "target").resolve()
+    assert gemma4.prompts.resolve() == (ROOT / "golden" / "reference" / "gemma4" /
+                                        "prompts.jsonl").resolve()
+    assert gemma4.sha256 and gemma4.max_new_tokens == 24 and gemma4.require == ()
 
 
 def test_a_hub_source_must_be_pinned_to_a_commit(tmp_path):
@@ -192,9 +200,9 @@ def test_update_rewrites_each_sha256_line_and_adds_the_missing_one():
     lines = text.splitlines(keepends=True)
     second = [i for i, l in enumerate(lines) if l.startswith("sha256 = ")][1]
     text = "".join(lines[:second] + lines[second + 1:])
-    new = with_hashes(text, {0: "1" * 64, 1: "2" * 64}, "golden.toml")
+    new = with_hashes(text, {0: "1" * 64, 1: "2" * 64, 2: "3" * 64}, "golden.toml")
     policy = tomllib.loads(new)
-    assert [d["sha256"] for d in policy["drafter"]] == ["1" * 64, "2" * 64]
+    assert [d["sha256"] for d in policy["drafter"]] == ["1" * 64, "2" * 64, "3" * 64]
     # every comment and every other line kept, in order
     kept = [l for l in new.splitlines() if not l.startswith("sha256 = ")]
     assert kept == [l for l in text.splitlines() if not l.startswith("sha256 = ")]
