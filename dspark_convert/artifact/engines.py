@@ -19,6 +19,12 @@ in docs/ENGINES.md; no engine code is copied):
   (tests/test_llama_cpp_loader.py). The file llama.cpp does load is ``dspark export``'s
   (artifact/llama_cpp.py).
 
+The rules judge a file by its drafter family (``dspark.family``; none: Qwen3's). A Gemma4
+artifact (``gemma4-dspark``) is one no engine here runs: each engine's own rules say where it
+stops and why (``FAMILY_NOTES`` appends our reason to its words), and the ``gemma4.*`` rules
+what each would compute otherwise were it loaded (docs/ENGINES.md, "A Gemma4 artifact, stage
+by stage"). Its refusals are all information (``MADE_FOR``), never a failed check.
+
 Every function here is pure: it reads a metadata mapping (key -> value), the GGUF type of
 each key (key -> ``"UINT32"``, ``"STRING"``, ``"ARRAY[UINT32]"`` ...: llama.cpp's rules
 depend on exact types) and the tensor list ``(name, ggml type name, GGUF shape)``. An
@@ -44,6 +50,7 @@ from typing import Literal
 from dspark_convert.artifact import llama_cpp as L
 from dspark_convert.artifact.engine_names import ENGINES
 from dspark_convert.checks import Check
+from dspark_convert.contract import dspark, gemma4
 from dspark_convert.contract.tensor_table import TENSOR_RULES, eval_dim, expand_rule
 from dspark_convert.errors import DSparkError, EngineRequirementError, StrataRuleError
 
@@ -62,6 +69,7 @@ class Refusal:
 class EngineReport:
     engine: str
     refusals: tuple[Refusal, ...]
+    family: str = dspark.FAMILY     # the artifact's drafter family (its rules chose by it)
 
     @property
     def accepts(self) -> bool:
@@ -83,12 +91,31 @@ _INTEGER_TYPES = {"UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64
 _NUMERIC_TYPES = _INTEGER_TYPES | {"FLOAT32", "FLOAT64", "BOOL"}
 
 
+# The drafter families the rules know (contract/families.py's rows): a file without
+# dspark.family (format version 1, a foreign DFlash file, a `dspark export` file) is Qwen3's.
+QWEN3 = dspark.FAMILY
+GEMMA4 = gemma4.FAMILY
+KNOWN_FAMILIES = (QWEN3, GEMMA4)
+ONLY_QWEN3 = frozenset({QWEN3})
+ONLY_GEMMA4 = frozenset({GEMMA4})
+
+
+def file_family(kv: Mapping[str, object]) -> str:
+    """The family whose rules apply to a file: its dspark.family when that names a known
+    family, Qwen3's when there is none, else the value as read (FAMILY_RULE refuses it)."""
+    family = kv.get("dspark.family")
+    if family is None:
+        return QWEN3
+    return family if isinstance(family, str) else repr(family)
+
+
 @dataclass
 class _View:
     kv: Mapping[str, object]
     types: Mapping[str, str]
     tensors: tuple[tuple[str, str, tuple[int, ...]], ...]
     path: str
+    family: str = QWEN3
     found: dict = field(default_factory=dict)      # what earlier rules parsed (geometry ...)
 
     def type_of(self, key: str) -> str | None:
@@ -102,46 +129,67 @@ class _View:
 def _view(kv: Mapping[str, object], types: Mapping[str, str],
           tensors: Iterable[TensorRow], path: str) -> _View:
     rows = tuple((str(n), str(t), tuple(int(d) for d in s)) for n, t, s in tensors)
-    return _View(kv=kv, types=types, tensors=rows, path=path)
+    return _View(kv=kv, types=types, tensors=rows, path=path, family=file_family(kv))
 
 
 @dataclass(frozen=True)
 class Rule:
     """One rule: ``check(view)`` returns the refusal message, or None. Rules run in order;
-    ``needs`` names what earlier rules must have parsed (``view.found``) for it to apply."""
+    ``needs`` names what earlier rules must have parsed (``view.found``) for it to apply;
+    ``families`` the drafter families whose files it judges (None: every file)."""
     id: str
     kind: Kind
     check: Callable[[_View], str | None]
     needs: tuple[str, ...] = ()
     final: bool = False     # a refusal of this rule is the whole report (no rule after it)
+    families: frozenset[str] | None = None
 
 
 def _run(engine: str, rules: Sequence[Rule], view: _View) -> tuple[Refusal, ...]:
     out = []
     for rule in rules:
+        if rule.families is not None and view.family not in rule.families:
+            continue
         if any(view.found.get(need) is None for need in rule.needs):
             continue
         message = rule.check(view)
         if message is not None:
-            out.append(Refusal(f"{engine}/{rule.id}", rule.kind, message))
+            rule_id = f"{engine}/{rule.id}"
+            note = FAMILY_NOTES.get((view.family, rule_id))
+            out.append(Refusal(rule_id, rule.kind, f"{message} ({note})" if note else message))
             if rule.final:
                 break
     return tuple(out)
 
 
 def _family(view: _View) -> str | None:
-    """One of our own artifacts of a drafter family other than Qwen3's (format version 2's
-    dspark.family, artifact/format.py): a drafter no engine here implements, which is worth
-    knowing, not a broken file; the engine's own first words, then why."""
-    family = view.kv.get("dspark.family")
-    if family is None:
+    """A dspark.family these rules do not know (validate refuses the file): nothing of an
+    engine's rules can be said of it."""
+    if view.family in KNOWN_FAMILIES:
         return None
     arch = view.kv.get("general.architecture")
-    return (f"general.architecture is '{arch}': a {family} drafter (dspark.family), which "
-            "this engine does not implement (its DFlash/DSpark loader is Qwen3's)")
+    return (f"general.architecture is '{arch}': a {view.family} drafter (dspark.family), a "
+            f"family these engine rules do not know ({' or '.join(KNOWN_FAMILIES)})")
 
 
 FAMILY_RULE = Rule("family", "unsupported", _family, final=True)
+
+# What an engine's own words mean for one family's artifacts, appended to the refusal of
+# that rule: (family, rule id) -> the reason, in our words (docs/ENGINES.md, "A Gemma4
+# artifact, stage by stage").
+FAMILY_NOTES: dict[tuple[str, str], str] = {
+    (GEMMA4, "strata.open/architecture"):
+        f"a {GEMMA4} drafter, which Strata's DFlash loader and runtime do not implement; they "
+        "read the Qwen3-style DFlash drafter: two norms a layer, a v_proj, SiLU, full NeoX "
+        "RoPE, an unscaled embedding, attention scaled by 1/16, no softcap",
+    (GEMMA4, "strata.open/tensor_inventory"):
+        "Strata requires a Qwen3 layer's 11 tensors, v_proj among them; a Gemma4 drafter "
+        "under attention_k_eq_v has none: V is the RMS norm of k_proj's output",
+    (GEMMA4, "llama.cpp/architecture"):
+        f"a {GEMMA4} artifact, in Strata's layout: llama.cpp 0c1e570 reads Gemma4 DSpark "
+        "drafters under 'dflash', as its own converter writes them, and `dspark export` "
+        "writes none (105)",
+}
 
 
 # --- strata.open: DFlashArtifact::open (src/core/dflash.cpp) ----------------------------------
@@ -412,6 +460,41 @@ def _strata_unknown(view: _View) -> str | None:
     return None
 
 
+# What the tensors of a Gemma4 layer that Strata's inventory has no place for are.
+GEMMA4_TENSOR_ROLES = {"layer_output_scale.weight": "the layer scalar",
+                       "post_attention_norm.weight": "the norm of the attention output",
+                       "post_ffw_norm.weight": "the norm of the MLP output"}
+
+
+def _per_layer_pattern(name: str) -> str:
+    """'blk.3.post_ffw_norm.weight' -> 'blk.N.post_ffw_norm.weight'."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit():
+        return ".".join(["blk", "N", *parts[2:]])
+    return name
+
+
+def _strata_gemma4_unknown(view: _View) -> str | None:
+    """`open`'s last check, unknown tensors, judged against every name its inventory
+    accepts (not only those it resolved): on a Gemma4 file it is never reached, since the
+    inventory refuses the missing v_proj first, but these tensors are what it would meet
+    next, whatever Strata's tensor order."""
+    names = {n for _canon, aliases, _shape in strata_inventory(view.found["geometry"],
+                                                               len(view.found["taps"]))
+             for n in aliases}
+    unknown = [name for name, _t, _s in view.tensors
+               if name not in names and name not in STRATA_OWN_EMBEDDING
+               and not any(p in name for p in STRATA_EXTENSION_PARTS)]
+    if not unknown:
+        return None
+    patterns = list(dict.fromkeys(_per_layer_pattern(n) for n in unknown))
+    described = "; ".join(
+        p + next((f", {role}" for suffix, role in GEMMA4_TENSOR_ROLES.items()
+                  if p.endswith("." + suffix)), "") for p in patterns)
+    return (f"dflash: unknown tensor '{unknown[0]}' in the artifact (its inventory has no "
+            f"place for {len(unknown)} of this drafter's tensors: {described})")
+
+
 def _strata_architecture(view: _View) -> str | None:
     if "general.architecture" not in view.kv:
         return "dflash: missing general.architecture"
@@ -438,7 +521,9 @@ STRATA_OPEN_RULES: tuple[Rule, ...] = (
     Rule("own_embedding", "load_error", _strata_own_embedding),
     Rule("extension_tensor", "unsupported", _strata_extension_tensor),
     Rule("tensor_inventory", "load_error", _strata_require, ("geometry", "taps")),
-    Rule("unknown_tensor", "load_error", _strata_unknown, ("resolved",)),
+    Rule("unknown_tensor", "load_error", _strata_unknown, ("resolved",), families=ONLY_QWEN3),
+    Rule("gemma4.unknown_tensors", "load_error", _strata_gemma4_unknown, ("geometry", "taps"),
+         families=ONLY_GEMMA4),
 )
 
 
@@ -491,11 +576,129 @@ def _run_rms_eps(view: _View) -> str | None:
     return None
 
 
+# --- a Gemma4 drafter in Strata's runtime: what it would compute otherwise, were it loaded ---
+# Strata's drafter forward (src/core/dflash_runtime.cpp, DFlashDrafter::propose and
+# fusion_rows; docs/DFLASH.md "The drafter"; its attention kernels,
+# src/kernels/cuda/qsa_decode_attn.cu) against the Gemma4 drafter's (REFERENCE_GEMMA4.md
+# §0, §3). Each reads the family's own keys (artifact/format.py); what the two compute alike
+# (RMSNorm as x·w, eps 1e-6, k_norm then RoPE, the fc + hidden_norm fusion, the target's
+# head) is no rule.
+GEMMA4_KEYS = {"k_eq_v": "dspark.gemma4.attention.k_eq_v", "rope_type": "dspark.gemma4.rope.type",
+               "rope_factor": "dspark.gemma4.rope.partial_rotary_factor",
+               "activation": "dspark.gemma4.hidden_activation",
+               "softcap": "dspark.gemma4.final_logit_softcapping"}
+
+
+def _text(view: _View, key: str) -> str | None:
+    value = view.kv.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _real(view: _View, key: str) -> float | None:
+    value = view.kv.get(key)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = _c_double(value)
+        return value if math.isfinite(value) else None
+    return None
+
+
+def _rotated_pairs(view: _View, head_dim: int) -> tuple[int, float, str] | None:
+    """(pairs rotated, factor, RoPE type) of a drafter whose RoPE leaves some of the
+    head_dim/2 pairs unrotated (proportional: int(f·D // 2) of them), else None."""
+    factor = _real(view, GEMMA4_KEYS["rope_factor"])
+    if factor is None or not 0 < factor < 1 or head_dim <= 1:
+        return None
+    return int(factor * head_dim // 2), factor, _text(view, GEMMA4_KEYS["rope_type"]) or "partial"
+
+
+def _sqrt(n: int) -> float:
+    return math.sqrt(_c_double(n))
+
+
+def _g4_run_embedding(view: _View) -> str | None:
+    hidden = view.found["numbers"]["hidden"]
+    scale = f" = {_sqrt(hidden):g}" if hidden > 0 else ""
+    return ("Strata's runtime feeds the target's embedding rows to the drafter unscaled "
+            "(docs/DFLASH.md: 'raw target embedding, scale 1'); this drafter scales them by "
+            f"sqrt(embedding_length){scale} (Gemma4's scaled embedding)")
+
+
+def _g4_run_attention_scale(_view: _View) -> str | None:
+    return ("Strata's drafter attention scales q·k by 1/16 = 1/sqrt(256), a constant of its "
+            "kernels (head dim 256 compiled in; docs/DFLASH.md 'scaling 1/16'); this "
+            "drafter's scale is 1.0 (q and k are RMS-normed per head)")
+
+
+def _g4_run_rope(view: _View) -> str | None:
+    head_dim = view.found["numbers"]["head_dim"]
+    partial = _rotated_pairs(view, head_dim)
+    if partial is None:
+        return None
+    n, factor, rope_type = partial
+    half = head_dim // 2
+    return (f"Strata's runtime rotates all {half} pairs of each head (NeoX RoPE over "
+            f"key_length {head_dim}, dflash_rope_neox_apply); this drafter's {rope_type} RoPE "
+            f"(partial_rotary_factor {factor:g}) rotates the first {n} alike and leaves the "
+            f"other {half - n} as they are")
+
+
+def _g4_run_value(view: _View) -> str | None:
+    k_eq_v = _text(view, GEMMA4_KEYS["k_eq_v"])
+    if k_eq_v == "true":
+        return ("Strata's runtime takes V from v_proj, un-normalised (docs/DFLASH.md: "
+                "v = v_proj(ctx)); under attention_k_eq_v this drafter has no v_proj: V is the "
+                "RMS norm (no weight) of k_proj's output, before k_norm and RoPE")
+    if k_eq_v == "false":
+        return ("Strata's runtime takes V from v_proj, un-normalised (docs/DFLASH.md: "
+                "v = v_proj(ctx)); this drafter RMS-normalises v_proj's output (v_norm, no "
+                "weight)")
+    return None
+
+
+def _g4_run_activation(view: _View) -> str | None:
+    activation = _text(view, GEMMA4_KEYS["activation"])
+    if activation is None or activation == "silu":
+        return None
+    return ("Strata's MLP is SwiGLU, down(silu(gate(x))·up(x)) (swiglu_inplace; docs/DFLASH.md "
+            f"'SiLU MLP'); this drafter's is down({activation}(gate(x))·up(x))")
+
+
+def _g4_run_norms(_view: _View) -> str | None:
+    return ("Strata's decoder layer has two norms: input_layernorm before attention, and "
+            "before the MLP the one it binds as post_attention_layernorm (blk.N.ffn_norm.weight: "
+            "here the drafter's pre_feedforward_layernorm, the right one); it adds the "
+            "attention and MLP outputs to the residual as they are, which this drafter first "
+            "RMS-normalises (blk.N.post_attention_norm, blk.N.post_ffw_norm)")
+
+
+def _g4_run_layer_scalar(_view: _View) -> str | None:
+    return ("Strata's decoder layer ends at its residual add; this drafter then multiplies the "
+            "residual stream by its layer scalar (blk.N.layer_output_scale)")
+
+
+def _g4_run_softcap(view: _View) -> str | None:
+    cap = _real(view, GEMMA4_KEYS["softcap"])
+    if cap is None or cap <= 0:
+        return None
+    return ("Strata drafts from the head's raw logits z (their argmax, and the top probability "
+            f"its --spec-min-p gate reads); this drafter's logits are {cap:g}·tanh(z/{cap:g}): "
+            "the argmax is the same (tanh is monotonic), the probabilities are not")
+
+
 STRATA_RUN_RULES: tuple[Rule, ...] = (
     *(_fixed_rule(f, w, v) for f, w, v in FLASH_NEXT),
     Rule("geometry.target_layers", "unsupported", _run_taps, ("taps",)),
     Rule("rope_base", "unsupported", _run_rope, ("rope_theta",)),
     Rule("rms_eps", "misread", _run_rms_eps),
+    Rule("gemma4.embedding_scale", "misread", _g4_run_embedding, ("numbers",),
+         families=ONLY_GEMMA4),
+    Rule("gemma4.attention_scale", "misread", _g4_run_attention_scale, families=ONLY_GEMMA4),
+    Rule("gemma4.rope", "misread", _g4_run_rope, ("numbers",), families=ONLY_GEMMA4),
+    Rule("gemma4.value", "misread", _g4_run_value, families=ONLY_GEMMA4),
+    Rule("gemma4.activation", "misread", _g4_run_activation, families=ONLY_GEMMA4),
+    Rule("gemma4.norms", "misread", _g4_run_norms, families=ONLY_GEMMA4),
+    Rule("gemma4.layer_scalar", "misread", _g4_run_layer_scalar, families=ONLY_GEMMA4),
+    Rule("gemma4.softcap", "misread", _g4_run_softcap, families=ONLY_GEMMA4),
 )
 
 
@@ -521,6 +724,8 @@ LLAMA_MASK_KEY = L.MASK_KEY
 LLAMA_EXPORT_HINT = ("; this is the Strata-layout artifact: `dspark export ARTIFACT --engine "
                      "llama.cpp --target-gguf TARGET.gguf -o DRAFTER.gguf` writes the drafter "
                      "file llama.cpp 0c1e570 loads")
+# The families `dspark export` writes a llama.cpp file for (artifact/llama_cpp.py), by hint.
+LLAMA_EXPORT_HINTS = {QWEN3: LLAMA_EXPORT_HINT}
 
 
 def _key_rule(key: str, want: str, required: bool) -> Rule:
@@ -701,6 +906,82 @@ def _llama_embedding_as_head(view: _View) -> str | None:
     return None
 
 
+# --- a Gemma4 drafter as llama.cpp 0c1e570 reads one --------------------------------------------
+# Its DFlash loader has a Gemma4 DSpark path (src/models/dflash.cpp; the converter's
+# Gemma4DSparkModel, conversion/gemma.py): V from k_proj when attn_v is absent, the
+# post-attention / post-FFN norms and the layer scalar by our tensor names, and the rest from
+# keys of its own that our file does not carry. The llama.cpp keys (src/llama-arch.cpp):
+LLAMA_GEMMA4_KEYS = {"embedding_scale": f"{ARCH}.embedding_scale",
+                     "attention_scale": f"{ARCH}.attention.scale",
+                     "activation": f"{ARCH}.hidden_activation",
+                     "rope_dims": f"{ARCH}.rope.dimension_count"}
+LLAMA_ROPE_FREQS = "rope_freqs.weight"      # frequency factors: proportional RoPE
+# The activations llama.cpp's DFlash loader maps to its GELU (load_arch_hparams).
+LLAMA_GELU_NAMES = ("gelu", "gelu_pytorch_tanh")
+
+
+def _absent_or(view: _View, key: str) -> str:
+    return "absent here" if key not in view.kv else f"{view.kv[key]!r} here"
+
+
+def _g4_llama_softcap(view: _View) -> str | None:
+    cap = _real(view, GEMMA4_KEYS["softcap"])
+    if cap is None or cap <= 0:
+        return None
+    rank = _real(view, "dflash.markov_rank")
+    markov = ", the Markov bias added after" if rank is not None and rank > 0 else ""
+    return ("llama.cpp 0c1e570 softcaps a DFlash/DSpark drafter's logits only when it has a "
+            "DFlash2 selector (src/models/dflash.cpp), and its converter refuses a Gemma4 "
+            "DSpark checkpoint with final_logit_softcapping ('Gemma4 DSpark logit softcapping "
+            f"is not supported'); this drafter's logits are {cap:g}·tanh(z/{cap:g}){markov}")
+
+
+def _g4_llama_embedding(view: _View) -> str | None:
+    hidden = _dim(view, f"{ARCH}.embedding_length")
+    if hidden is None or hidden <= 0:
+        return None
+    key, want = LLAMA_GEMMA4_KEYS["embedding_scale"], _sqrt(hidden)
+    got = _real(view, key)
+    if got is not None and math.isclose(got, want, rel_tol=1e-3):
+        return None
+    does = f"scaled by {got:g}" if got else "unscaled"       # 0: no scale (load_arch_hparams)
+    return (f"llama.cpp scales the drafter's embedding rows by {key}, {_absent_or(view, key)}: "
+            f"it would feed them {does} instead of by sqrt(embedding_length) = {want:g}")
+
+
+def _g4_llama_attention_scale(view: _View) -> str | None:
+    key = LLAMA_GEMMA4_KEYS["attention_scale"]
+    got = _real(view, key)
+    if got == 1.0:
+        return None
+    head_dim = _dim(view, f"{ARCH}.attention.key_length")
+    used = f"{got:g}" if got else (f"1/sqrt({head_dim})" if head_dim else "1/sqrt(key_length)")
+    return (f"llama.cpp scales attention by {key} (absent or 0: 1/sqrt(key_length)), "
+            f"{_absent_or(view, key)}: it would use {used} instead of this drafter's 1.0")
+
+
+def _g4_llama_activation(view: _View) -> str | None:
+    activation = _text(view, GEMMA4_KEYS["activation"])
+    key = LLAMA_GEMMA4_KEYS["activation"]
+    if activation not in LLAMA_GELU_NAMES or view.kv.get(key) in LLAMA_GELU_NAMES:
+        return None
+    return (f"llama.cpp takes the MLP's activation from {key} (SiLU when absent), "
+            f"{_absent_or(view, key)}: it would not run this drafter's {activation}")
+
+
+def _g4_llama_rope(view: _View) -> str | None:
+    head_dim = _dim(view, f"{ARCH}.attention.key_length")
+    partial = _rotated_pairs(view, head_dim) if head_dim else None
+    if partial is None or LLAMA_ROPE_FREQS in view.names:
+        return None
+    n, factor, rope_type = partial
+    return (f"llama.cpp rotates the whole head (NeoX over {LLAMA_GEMMA4_KEYS['rope_dims']}, "
+            f"default key_length) unless a {LLAMA_ROPE_FREQS} tensor holds frequency "
+            "factors, as its converter writes for proportional RoPE; none here: it would "
+            f"rotate all {head_dim // 2} pairs, where this drafter's {rope_type} RoPE (factor "
+            f"{factor:g}) rotates {n}")
+
+
 LLAMA_RULES: tuple[Rule, ...] = (
     FAMILY_RULE,
     Rule("architecture", "load_error", _llama_arch),
@@ -713,10 +994,18 @@ LLAMA_RULES: tuple[Rule, ...] = (
     Rule("target_layers_convention", "misread", _llama_tap_convention, ("llama_taps",)),
     Rule("tokenizer", "load_error", _llama_tokenizer),
     Rule("mask_token", "load_error", _llama_mask),
-    Rule("geometry", "load_error", _llama_geometry),                 # a parse step: never refuses
-    Rule("tensor_shapes", "load_error", _llama_shapes, ("llama_geometry",)),
-    Rule("tensor_count", "unsupported", _llama_count, ("llama_geometry",)),
-    Rule("embedding_as_head", "misread", _llama_embedding_as_head, ("llama_geometry",)),
+    # The tensors by Qwen3's table (a Gemma4 file's names are llama.cpp's own: ENGINES.md).
+    Rule("geometry", "load_error", _llama_geometry,                  # a parse step: never refuses
+         families=ONLY_QWEN3),
+    Rule("tensor_shapes", "load_error", _llama_shapes, ("llama_geometry",), families=ONLY_QWEN3),
+    Rule("tensor_count", "unsupported", _llama_count, ("llama_geometry",), families=ONLY_QWEN3),
+    Rule("embedding_as_head", "misread", _llama_embedding_as_head, ("llama_geometry",),
+         families=ONLY_QWEN3),
+    Rule("gemma4.softcap", "unsupported", _g4_llama_softcap, families=ONLY_GEMMA4),
+    Rule("gemma4.embedding_scale", "misread", _g4_llama_embedding, families=ONLY_GEMMA4),
+    Rule("gemma4.attention_scale", "misread", _g4_llama_attention_scale, families=ONLY_GEMMA4),
+    Rule("gemma4.activation", "misread", _g4_llama_activation, families=ONLY_GEMMA4),
+    Rule("gemma4.rope", "misread", _g4_llama_rope, families=ONLY_GEMMA4),
 )
 
 
@@ -725,7 +1014,7 @@ LLAMA_RULES: tuple[Rule, ...] = (
 def strata_open(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iterable[TensorRow],
                 *, path: str = "drafter.gguf") -> EngineReport:
     view = _view(kv, types, tensors, path)
-    return EngineReport("strata.open", _run("strata.open", STRATA_OPEN_RULES, view))
+    return EngineReport("strata.open", _run("strata.open", STRATA_OPEN_RULES, view), view.family)
 
 
 def strata_run(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iterable[TensorRow],
@@ -735,21 +1024,23 @@ def strata_run(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iter
     view = _view(kv, types, tensors, path)
     opened = _run("strata.open", STRATA_OPEN_RULES, view)
     if opened and opened[0].rule == "strata.open/family":
-        return EngineReport("strata.run", opened)
-    return EngineReport("strata.run", opened + _run("strata.run", STRATA_RUN_RULES, view))
+        return EngineReport("strata.run", opened, view.family)
+    return EngineReport("strata.run", opened + _run("strata.run", STRATA_RUN_RULES, view),
+                        view.family)
 
 
 def llama_cpp(kv: Mapping[str, object], types: Mapping[str, str], tensors: Iterable[TensorRow],
               *, path: str = "drafter.gguf") -> EngineReport:
-    """llama.cpp's refusals; on one of our own artifacts (dspark.format_version present) the
-    first one also names the file llama.cpp does load, `dspark export`'s."""
+    """llama.cpp's refusals; on one of our own artifacts (dspark.format_version present) of
+    a family `dspark export` writes a file for, the first one also names that file, the one
+    llama.cpp does load."""
     view = _view(kv, types, tensors, path)
     refusals = _run("llama.cpp", LLAMA_RULES, view)
-    if refusals and "dspark.format_version" in kv and refusals[0].rule != "llama.cpp/family":
+    hint = LLAMA_EXPORT_HINTS.get(view.family)
+    if refusals and "dspark.format_version" in kv and hint:
         first = refusals[0]
-        refusals = (Refusal(first.rule, first.kind, first.message + LLAMA_EXPORT_HINT),
-                    *refusals[1:])
-    return EngineReport("llama.cpp", refusals)
+        refusals = (Refusal(first.rule, first.kind, first.message + hint), *refusals[1:])
+    return EngineReport("llama.cpp", refusals, view.family)
 
 
 def engine_reports(kv: Mapping[str, object], types: Mapping[str, str],
@@ -822,6 +1113,9 @@ ENGINE_TITLES = {
 # The refusals that stay a risk whatever the engine's support: Strata's runtime would run
 # the drafter with its fixed eps, not the one it was trained with.
 WARNING_RULES = ("strata.run/rms_eps",)
+# The engine each family's artifacts are made for: a load_error there is a broken artifact.
+# A family no engine implements yet (Gemma4) has none: every refusal is worth knowing.
+MADE_FOR = {QWEN3: "strata.open"}
 
 
 def check_name(engine: str) -> str:
@@ -831,8 +1125,9 @@ def check_name(engine: str) -> str:
 def _decisive(report: EngineReport) -> tuple[str, Refusal | None]:
     """The check status of a report, and the refusal that decides it:
 
-    - ``failed``: Strata's loader stops on it (a ``load_error`` at ``strata.open``): the
-      artifact is broken for the engine it is made for, as the old loader-rule check said;
+    - ``failed``: the engine the artifact's family is made for (MADE_FOR: Strata's loader
+      for Qwen3's) stops on it (a ``load_error`` at ``strata.open``): the artifact is broken
+      for the engine it is made for, as the old loader-rule check said;
     - ``warning``: a real risk (a rule of WARNING_RULES);
     - ``info``: any other refusal: a drafter the engine does not implement (DSpark heads,
       a geometry other than Flash-Next, llama.cpp's own format): worth knowing, not a
@@ -840,7 +1135,7 @@ def _decisive(report: EngineReport) -> tuple[str, Refusal | None]:
     - ``passed``: the engine accepts it."""
     if report.accepts:
         return "passed", None
-    if report.engine == "strata.open":
+    if report.engine == MADE_FOR.get(report.family):
         broken = next((r for r in report.refusals if r.kind == "load_error"), None)
         if broken is not None:
             return "failed", broken
