@@ -1,5 +1,5 @@
 # Two commands on a fresh machine: `make demo` (convert, validate, inspect, smoke-run and
-# evaluate the bundled golden drafters) and `make test`. Both create .venv/ and install the
+# evaluate the bundled golden drafters, Qwen3 and Gemma4) and `make test`. Both create .venv/ and install the
 # package with the pinned CPU torch from constraints.txt on first use.
 
 PYTHON ?= python3
@@ -12,6 +12,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
 REFERENCE := golden/reference/vanilla_conf_markov/draft
 DFLASH_SHARED := golden/reference/dflash_shared/draft
+GEMMA4 := golden/reference/gemma4
 
 .PHONY: install demo test test-fast schemas docs fixtures check-generated bench bench-runtime gate fuzz clean
 
@@ -37,6 +38,14 @@ demo: $(STAMP)
 	$(BIN)/dspark smoke build/demo/reference --target golden/reference/target \
 	    --reference golden/reference/vanilla_conf_markov/reference.json --max-new-tokens 24 \
 	    --trace build/demo/smoke-trace.json --plot build/demo/acceptance.png
+	@echo "demo: now the Gemma4 family: DeepSpec's Gemma4 DSpark drafter on its tiny gemma4_unified target"
+	$(BIN)/dspark inspect $(GEMMA4)/gemma4_vanilla_conf_markov/draft
+	$(BIN)/dspark convert $(GEMMA4)/gemma4_vanilla_conf_markov/draft -o build/demo/gemma4 \
+	    --target $(GEMMA4)/target
+	$(BIN)/dspark validate build/demo/gemma4 --target $(GEMMA4)/target
+	$(BIN)/dspark smoke build/demo/gemma4 --target $(GEMMA4)/target \
+	    --reference $(GEMMA4)/gemma4_vanilla_conf_markov/reference.json --max-new-tokens 24 \
+	    --trace build/demo/gemma4-smoke-trace.json
 	@echo "demo: now the eval of the DSpark drafter against DeepSpec's plain DFlash drafter for the same target"
 	$(BIN)/dspark convert $(DFLASH_SHARED) -o build/demo/dflash_shared --target golden/reference/target
 	$(BIN)/dspark validate build/demo/dflash_shared --target golden/reference/target

@@ -41,7 +41,7 @@ def evaluate(
     artifacts: Annotated[list[Path], typer.Argument(
         metavar="ARTIFACT", help="Artifact directories written by `dspark convert` (DFlash or DSpark drafters).")],
     target: Annotated[str, typer.Option(
-        "--target", help="The target model directory (Qwen3, HF safetensors, tokenizer.json), "
+        "--target", help="The target model directory (Qwen3 or Gemma 4: HF safetensors, tokenizer.json), "
         "or org/name@<40-hex commit> on the Hub.")],
     # Text, not a Path: a Path would turn an empty -o "" into "." (util/atomic.py).
     output: Annotated[str, typer.Option(
