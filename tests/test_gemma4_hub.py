@@ -1,13 +1,19 @@
 """The Gemma4 family through the Hub path, on a loopback Hub (tests/support/hub_server.py):
 `dspark lock` pins DeepSeek's Gemma4 drafter's files, a pinned pull with the lock converts
 to the same tensors as the local directory, with the repo and commit as provenance, and
-validates; a lock that disagrees is refused before anything is written."""
+validates; a lock that disagrees is refused before anything is written. Through the CLI, as
+users run it: `dspark lock` in a real process, then a Gemma4 drafter and its Gemma4 target
+both pulled by the real huggingface_hub client, converted, and validated against the target
+again offline from the cache, not one request more."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from support.gemma4 import GEMMA4_DRAFTERS
+from support.cli import run_cli, run_process
+from support.gemma4 import GEMMA4_DRAFTERS, GEMMA4_TARGET
 from support.hub_server import HubServer
 from dspark_convert import errors
 from dspark_convert.commands.convert import convert
@@ -59,3 +65,54 @@ def test_a_lock_that_disagrees_writes_nothing(hub, tmp_path):
     with pytest.raises(errors.LockMismatchError, match="model.safetensors"):
         convert(spec, tmp_path / "out", hub=HubOptions(endpoint=hub.url, policy=FAST, lock=path))
     assert not (tmp_path / "out").exists()
+
+
+# --- through the CLI: a Gemma4 drafter and a Gemma4 target from the Hub -------------------------
+
+DFLASH_REPO, TARGET_REPO = "deepseek-ai/dflash_gemma4_tiny", "google/gemma-4-tiny"
+
+
+@pytest.fixture
+def hubs(tmp_path, monkeypatch):
+    """The plain DFlash Gemma4 drafter and the gemma4_unified target, each in its repo; the
+    environment a user's shell would have (HF_ENDPOINT, HF_HOME), for this process and its
+    children."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    with HubServer() as server:
+        server.commits = {DFLASH_REPO: server.add_directory(DFLASH_REPO, GEMMA4_DRAFTERS["gemma4_dflash"]),
+                          TARGET_REPO: server.add_directory(TARGET_REPO, GEMMA4_TARGET)}
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        yield server
+
+
+def test_lock_pull_drafter_and_target_convert_validate_offline(hubs, tmp_path):
+    draft = f"{DFLASH_REPO}@{hubs.commits[DFLASH_REPO]}"
+    target = f"{TARGET_REPO}@{hubs.commits[TARGET_REPO]}"
+    lock = tmp_path / "dspark.lock"
+    locked = run_process("lock", draft, "-o", str(lock), "--json", "-q")
+    assert locked.returncode == 0, locked.stderr
+    assert read_lock(lock).commit == hubs.commits[DFLASH_REPO]
+
+    out = tmp_path / "hub"
+    converted = run_cli("convert", draft, "--lock", str(lock), "--target", target, "-o", str(out), "-q")
+    assert converted.returncode == 0, converted.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["source"]["repo"], manifest["source"]["revision"]) == (
+        DFLASH_REPO, hubs.commits[DFLASH_REPO])
+    assert (manifest["target"]["repo"], manifest["target"]["revision"]) == (
+        TARGET_REPO, hubs.commits[TARGET_REPO])
+    assert manifest["contract"]["family"] == "gemma4-dspark"
+    # The same artifact as from the two local directories (bar the provenance it records).
+    local = convert(GEMMA4_DRAFTERS["gemma4_dflash"], tmp_path / "local", target=GEMMA4_TARGET)
+    assert manifest["artifact"]["tensors"] == [t.model_dump() for t in local.manifest.artifact.tensors]
+    assert manifest["target"]["tensors"] == [t.model_dump() for t in local.manifest.target.tensors]
+
+    # validate --target from the Hub spec, offline: both snapshots come from the cache.
+    requests = len(hubs.requests())
+    checked = run_cli("validate", str(out), "--target", target, "--strict", "--json",
+                      env={"HF_HUB_OFFLINE": "1"})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["ok"] is True
+    assert len(hubs.requests()) == requests
