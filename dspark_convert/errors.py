@@ -569,8 +569,8 @@ class TargetGGUFMismatchError(ExportRefusal):
 
 
 class FamilyExportError(ExportRefusal):
-    """An artifact of a drafter family the engine cannot load (llama.cpp 0c1e570 has no
-    Gemma4 DSpark drafter): nothing written."""
+    """An artifact of a drafter family the engine cannot run as trained (llama.cpp 0c1e570
+    applies no final logit softcap to a Gemma4 DSpark drafter): nothing written."""
     exit_code = 105
 
 

@@ -25,7 +25,7 @@ def test_the_table():
         (dspark.parse_config, dspark.build_contract, TENSOR_RULES)
     assert GEMMA4.parse_config is gemma4.parse_config and GEMMA4.tensor_rules is GEMMA4_TENSOR_RULES
     assert QWEN3.artifact_commands == {"smoke", "eval", "quantize", "export"}
-    # llama.cpp 0c1e570 has no Gemma4 DSpark drafter: export is the one command refused.
+    # llama.cpp 0c1e570 runs no Gemma4 DSpark drafter with its softcap: export is refused.
     assert GEMMA4.artifact_commands == {"smoke", "eval", "quantize"}
     assert (QWEN3.runtime, GEMMA4.runtime) == (
         "dspark_convert.runtime.qwen3", "dspark_convert.runtime.gemma4")

@@ -92,8 +92,12 @@ _FAMILY_REFUSALS = {
     "eval": (FamilyRuntimeError, "the reference runtime does not run the {family} family yet"),
     "quantize": (FamilyQuantizeError, "the quantized format does not define the {family} "
                                       "family yet"),
-    "export": (FamilyExportError, "llama.cpp 0c1e570 has no {family} drafter (its DFlash/DSpark "
-                                  "loader is Qwen3's), so there is no file to write for it"),
+    # llama.cpp 0c1e570 has a Gemma4 DSpark graph (src/models/dflash.cpp) but applies the
+    # final logit softcap only to DFlash2 drafters, and its converter refuses a Gemma4 DSpark
+    # checkpoint with one (conversion/gemma.py): every DeepSeek Gemma4 drafter has softcap 30.
+    "export": (FamilyExportError, "llama.cpp 0c1e570 does not run {family} drafters as trained "
+                                  "(its DSpark graph applies no final logit softcap, and its "
+                                  "converter refuses one), so there is no file to write for it"),
 }
 
 

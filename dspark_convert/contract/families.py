@@ -69,7 +69,8 @@ GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
                 target_model_types=("gemma4", "gemma4_unified", "gemma4_text",
                                     "gemma4_unified_text"),
                 target_reader="dspark_convert.target.gemma4",
-                # llama.cpp 0c1e570 has no Gemma4 DSpark drafter: export refuses it.
+                # llama.cpp 0c1e570 applies no final logit softcap to a Gemma4 DSpark
+                # drafter (and its converter refuses one): export refuses the family.
                 artifact_commands=frozenset({"quantize", "smoke", "eval"}),
                 runtime="dspark_convert.runtime.gemma4")
 
