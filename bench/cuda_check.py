@@ -7,7 +7,9 @@
    first_block.safetensors (max abs errors), and `run_smoke` against DeepSpec's
    reference.json at temperature 0 (threshold 0 and 0.5) and temperature 1 (seed 7);
 3. speed: drafted and committed tokens per second over 256 new tokens per prompt, on the
-   device and on the CPU, and the target alone.
+   device and on the CPU, and the target alone;
+4. the Gemma4 family: DeepSeek's Gemma4 DSpark drafter (golden/reference/gemma4/) against
+   its reference.json on the device, float32 (enforced) and bfloat16 (lossless).
 
 Prints one JSON document and writes it to --out. Exit 0 only when every parity check passed.
 `--device cpu` runs the same script without a GPU (to check the script itself). The golden
@@ -31,6 +33,7 @@ GOLDEN = ROOT / "golden" / "reference"
 DRAFT = GOLDEN / "vanilla_conf_markov" / "draft"
 TARGET = GOLDEN / "target"
 REFERENCE = GOLDEN / "vanilla_conf_markov" / "reference.json"
+GEMMA4 = GOLDEN / "gemma4"
 FIRST_BLOCK = GOLDEN / "vanilla_conf_markov" / "first_block.safetensors"
 
 
@@ -98,6 +101,21 @@ def main() -> int:
                           "target_only_tokens_per_second": r.target_only_tokens_per_second,
                           "lossless": r.lossless, "wall_seconds": time.perf_counter() - start}
         report["speed_256_new_tokens"] = speed
+        gemma4 = Path(tmp) / "gemma4"
+        convert(GEMMA4 / "gemma4_vanilla_conf_markov" / "draft", gemma4, target=GEMMA4 / "target")
+        for dtype, temperature, threshold, seed in (("float32", 0.0, 0.0, 0),
+                                                    ("float32", 0.0, 0.5, 0),
+                                                    ("float32", 1.0, 0.0, 7),
+                                                    ("bfloat16", 0.0, 0.0, 0)):
+            key = f"gemma4_{dtype}_T{temperature:g}_thr{threshold:g}_seed{seed}"
+            try:
+                r = run_smoke(gemma4, target=GEMMA4 / "target", max_new_tokens=24, dtype=dtype,
+                              temperature=temperature, confidence_threshold=threshold, seed=seed,
+                              device=args.device,
+                              reference=GEMMA4 / "gemma4_vanilla_conf_markov" / "reference.json")
+                parity[key] = {"passed": True, "tau": r.tau, "lossless": r.lossless}
+            except DSparkError as exc:
+                parity[key] = {"passed": False, "error": exc.message}
     ok = (fb["draft_tokens_equal"] and fb["block_hidden"] < 3e-4 and fb["corrected_logits"] < 1.5e-3
           and all(v["passed"] for v in parity.values()))
     report["passed"] = ok

@@ -65,3 +65,34 @@ def test_bfloat16_smoke_on_cuda(converted, temperature, seed):
     assert result.lossless is (True if temperature == 0 else None)
     assert all(r.reference_agreement is not None for r in result.runs)
     assert result.memory.cuda_max_allocated_bytes > 0
+
+
+# --- the Gemma4 family on the GPU ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gemma4_artifact(tmp_path_factory):
+    from support.gemma4 import GEMMA4_DRAFTERS, GEMMA4_TARGET
+
+    from dspark_convert.commands.convert import convert
+
+    out = tmp_path_factory.mktemp("gemma4-cuda") / "art"
+    convert(GEMMA4_DRAFTERS["gemma4_vanilla_conf_markov"], out, target=GEMMA4_TARGET)
+    return out
+
+
+@pytest.mark.parametrize("dtype,temperature,threshold,seed", [
+    ("float32", 0.0, 0.0, 0), ("float32", 0.0, 0.5, 0), ("float32", 1.0, 0.0, 7),
+    ("bfloat16", 0.0, 0.0, 0)])
+def test_gemma4_traces_on_cuda(gemma4_artifact, dtype, temperature, threshold, seed):
+    """DeepSeek's Gemma4 trace on the GPU: float32 reproduces it (enforced by smoke);
+    bfloat16 is lossless, its agreement reported."""
+    from support.gemma4 import GEMMA4, GEMMA4_TARGET
+
+    result = run_smoke(gemma4_artifact, target=GEMMA4_TARGET, max_new_tokens=24, device="cuda",
+                       dtype=dtype, temperature=temperature, confidence_threshold=threshold,
+                       seed=seed, reference=GEMMA4 / "gemma4_vanilla_conf_markov" / "reference.json")
+    assert result.device.startswith("cuda") and result.dtype == dtype
+    if temperature == 0:
+        assert result.lossless
+    if dtype == "float32":
+        assert all(r.reference_agreement.identical for r in result.runs)
