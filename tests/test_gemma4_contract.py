@@ -205,6 +205,10 @@ REFUSALS = [
     ("rope-factor-above-one", _rope_full({"rope_type": "proportional", "rope_theta": 1e6,
                                           "partial_rotary_factor": 1.5}),
      E.GeometryLimitError, ["partial_rotary_factor", "1.5"]),
+    # transformers divides every proportional frequency by 'factor': only 1 is computed.
+    ("rope-scaled", _rope_full({"rope_type": "proportional", "rope_theta": 1e6,
+                                "partial_rotary_factor": 0.25, "factor": 8.0}),
+     E.RopeTypeError, ["rope_parameters.full_attention.factor", "8.0"]),
     ("rope-theta-string", _rope_full({"rope_type": "proportional", "rope_theta": "1e6"}),
      E.ConfigError, ["rope_theta"]),
     ("no-global-head-dim", _edit(global_head_dim=_DROP), E.ConfigError,

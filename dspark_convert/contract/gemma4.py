@@ -41,7 +41,7 @@ from dspark_convert.contract.dspark import (
     _positive,
     contract_with_tensors,
 )
-from dspark_convert.contract.qwen3 import check_positive_eps
+from dspark_convert.contract.qwen3 import ConfigErrors, check_positive_eps
 from dspark_convert.contract.tensor_table import GEMMA4_TENSOR_RULES
 from dspark_convert.errors import (
     ConfigError,
@@ -85,6 +85,7 @@ class Gemma4RopeEntry(_Strict):
     rope_type: str
     rope_theta: float
     partial_rotary_factor: float | None = None
+    factor: float | None = None         # transformers' scaling factor: only 1 is supported
 
 
 class Gemma4DSparkConfig(_Strict):
@@ -291,43 +292,59 @@ def _global_kv_heads(cfg: Gemma4DSparkConfig, path: str) -> tuple[int, str]:
     return cfg.num_global_key_value_heads, "num_global_key_value_heads"
 
 
-def _rope(cfg: Gemma4DSparkConfig, path: str) -> Gemma4Rope:
-    """rope_parameters["full_attention"], the only rotary the drafter builds; the top-level
-    rope_type/rope_theta DeepSpec's saved config carries (null theta) are never read."""
-    field = "rope_parameters.full_attention"
-    raw = cfg.rope_parameters.get("full_attention")
+# What full_rope raises for the drafter's own config.json: a missing entry or another RoPE
+# type (28), a malformed entry (13), a value out of range (12).
+ROPE_ERRORS = ConfigErrors(malformed=ConfigError, unsupported=RopeTypeError,
+                           limit=GeometryLimitError)
+
+
+def full_rope(rope_parameters: dict, head_dim: int, *, path: str,
+              field: str = "rope_parameters.full_attention",
+              errors: ConfigErrors = ROPE_ERRORS) -> Gemma4Rope:
+    """``rope_parameters["full_attention"]`` over ``head_dim`` (global_head_dim): the one
+    reader of that entry, for the drafter's config (``errors``: ROPE_ERRORS), the target's
+    text_config (target/gemma4.py) and the runtime (runtime/gemma4.py), each with its own
+    error classes and ``field`` prefix. The top-level rope_type/rope_theta DeepSpec's saved
+    config carries (null theta) are never read. transformers' proportional RoPE
+    (_compute_proportional_rope_parameters) rotates ``int(factor * head_dim // 2)`` pairs
+    and divides every frequency by ``factor`` (a scaling factor, not the partial one): only
+    1 is computed here, another is refused."""
+    raw = rope_parameters.get("full_attention")
     if not isinstance(raw, dict):
-        raise RopeTypeError(f"{path}: field '{field}': expected an object with rope_type "
-                            f"'proportional', found {raw!r}", path=path, field=field,
-                            expected="an object", found=str(raw))
-    entry = validated(Gemma4RopeEntry, raw, error=ConfigError, label=f"{path}: {field}",
+        raise errors.unsupported(f"{path}: field '{field}': expected an object with rope_type "
+                                 f"'proportional', found {raw!r}", path=path, field=field,
+                                 expected="an object", found=str(raw))
+    entry = validated(Gemma4RopeEntry, raw, error=errors.malformed, label=f"{path}: {field}",
                       path=path, hint=_HINT)
     if entry.rope_type not in ROPE_TYPES:
-        raise RopeTypeError(f"{path}: field '{field}.rope_type': expected one of "
-                            f"{', '.join(ROPE_TYPES)}, found {entry.rope_type!r}", path=path,
-                            field=f"{field}.rope_type", expected=list(ROPE_TYPES),
-                            found=entry.rope_type)
+        raise errors.unsupported(f"{path}: field '{field}.rope_type': expected one of "
+                                 f"{', '.join(ROPE_TYPES)}, found {entry.rope_type!r}",
+                                 path=path, field=f"{field}.rope_type",
+                                 expected=list(ROPE_TYPES), found=entry.rope_type)
     if not (math.isfinite(entry.rope_theta) and entry.rope_theta > 0):
-        raise GeometryLimitError(f"{path}: field '{field}.rope_theta': expected a positive "
-                                 f"finite number, found {entry.rope_theta}", path=path,
-                                 field=f"{field}.rope_theta", expected="> 0",
-                                 found=entry.rope_theta)
+        raise errors.limit(f"{path}: field '{field}.rope_theta': expected a positive finite "
+                           f"number, found {entry.rope_theta}", path=path,
+                           field=f"{field}.rope_theta", expected="> 0", found=entry.rope_theta)
+    if entry.factor not in (None, 1.0):
+        raise errors.unsupported(f"{path}: field '{field}.factor': expected 1 or none (a "
+                                 f"scaled RoPE is not supported), found {entry.factor}",
+                                 path=path, field=f"{field}.factor", expected=1.0,
+                                 found=entry.factor)
     factor = entry.partial_rotary_factor
     if entry.rope_type == "default" and factor is not None:
-        raise RopeTypeError(f"{path}: field '{field}.partial_rotary_factor': expected none with "
-                            f"rope_type 'default', found {factor}", path=path,
-                            field=f"{field}.partial_rotary_factor", expected=None, found=factor)
+        raise errors.unsupported(f"{path}: field '{field}.partial_rotary_factor': expected none "
+                                 f"with rope_type 'default', found {factor}", path=path,
+                                 field=f"{field}.partial_rotary_factor", expected=None,
+                                 found=factor)
     factor = 1.0 if factor is None else factor
     if not (math.isfinite(factor) and 0 < factor <= 1):
-        raise GeometryLimitError(f"{path}: field '{field}.partial_rotary_factor': expected a "
-                                 f"number in (0, 1], found {factor}", path=path,
-                                 field=f"{field}.partial_rotary_factor", expected="(0, 1]",
-                                 found=factor)
-    d = cfg.global_head_dim
-    # transformers' _compute_proportional_rope_parameters: int(factor * d // 2) pairs.
+        raise errors.limit(f"{path}: field '{field}.partial_rotary_factor': expected a number "
+                           f"in (0, 1], found {factor}", path=path,
+                           field=f"{field}.partial_rotary_factor", expected="(0, 1]",
+                           found=factor)
     return Gemma4Rope(type=entry.rope_type, theta=float(entry.rope_theta),
-                      partial_rotary_factor=float(factor), head_dim=d,
-                      rotated_pairs=int(factor * d // 2))
+                      partial_rotary_factor=float(factor), head_dim=head_dim,
+                      rotated_pairs=int(factor * head_dim // 2))
 
 
 def _check_final_tap(cfg: Gemma4DSparkConfig, path: str) -> None:
@@ -409,7 +426,7 @@ def build_contract(cfg: Gemma4DSparkConfig, *, path: str = "config.json",
         raise GeometryLimitError(f"{path}: field 'final_logit_softcapping': expected a positive "
                                  f"finite number or null, found {softcap}", path=path,
                                  field="final_logit_softcapping", expected="> 0", found=softcap)
-    rope = _rope(cfg, path)
+    rope = full_rope(cfg.rope_parameters, cfg.global_head_dim, path=path)
     _check_final_tap(cfg, path)
     _check_taps(cfg, path)
     _check_mask_token(cfg, path)

@@ -41,14 +41,14 @@ import torch.nn.functional as F
 from pydantic import ConfigDict
 
 from dspark_convert.contract.gemma4 import ACTIVATION
-from dspark_convert.contract.qwen3 import stop_token_ids
+from dspark_convert.contract.qwen3 import ConfigErrors, stop_token_ids
 from dspark_convert.errors import DSparkError, RuntimeTargetError
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.layers import Rope, attention, linear, split_heads
 from dspark_convert.runtime.loading import STORED_DTYPES, StoredModel, StoredTensor, TensorLoader
 from dspark_convert.runtime.qwen3 import KVCache, TargetOutput
-from dspark_convert.target.gemma4 import TEXT_MODEL_TYPES, Gemma4TargetText, _full_rope
+from dspark_convert.target.gemma4 import TEXT_MODEL_TYPES, Gemma4TargetText, full_rope
 from dspark_convert.util.models import validated
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.strict_json import read_json_strict
@@ -60,6 +60,8 @@ HEAD = "lm_head.weight"
 SLIDING, FULL = "sliding_attention", "full_attention"
 _LAYER_NAME = re.compile(re.escape(PREFIX) + r"layers\.(\d{1,9})\.")
 _LABEL = "text_config."
+RUNTIME_ROPE_ERRORS = ConfigErrors(malformed=RuntimeTargetError, unsupported=RuntimeTargetError,
+                                   limit=RuntimeTargetError)
 
 
 # --- the target's config ---------------------------------------------------------------
@@ -186,16 +188,7 @@ def runtime_config(raw: object, directory: Path) -> Gemma4RuntimeConfig:
     if SLIDING in text.layer_types and not (text.sliding_window and text.sliding_window > 0):
         raise _refuse(label, "sliding_window", "> 0", text.sliding_window,
                       "sliding layers need a window")
-    rope_type, theta, factor = _full_rope(text, label)
-    if rope_type not in ("proportional", "default"):
-        raise _refuse(label, "rope_parameters.full_attention.rope_type",
-                      "proportional or default", rope_type, "an unknown RoPE")
-    extra = text.rope_parameters["full_attention"].get("factor", 1.0)
-    if extra != 1.0:
-        raise _refuse(label, "rope_parameters.full_attention.factor", 1.0, extra,
-                      "a scaled RoPE is not computed here")
-    d_full = text.global_head_dim
-    pairs = int(factor * d_full // 2) if rope_type == "proportional" else d_full // 2
+    rope = full_rope(text, label, RUNTIME_ROPE_ERRORS)
     sliding_theta = 0.0
     if SLIDING in text.layer_types:
         entry = text.rope_parameters.get("sliding_attention")
@@ -214,7 +207,7 @@ def runtime_config(raw: object, directory: Path) -> Gemma4RuntimeConfig:
             kv_field = "num_global_key_value_heads"
         else:
             kv, has_v, kv_field = text.num_key_value_heads, True, "num_key_value_heads"
-        d = d_full if kind == FULL else text.head_dim
+        d = text.global_head_dim if kind == FULL else text.head_dim
         if kv is None or kv <= 0 or text.num_attention_heads % kv:
             raise _refuse(label, kv_field, f"a divisor of {text.num_attention_heads}", kv,
                           f"the KV heads of the {kind} layers")
@@ -228,7 +221,8 @@ def runtime_config(raw: object, directory: Path) -> Gemma4RuntimeConfig:
         gen = read_json_strict(gen_path, error=RuntimeTargetError, label=f"target {gen_path}")
         if isinstance(gen, dict) and "eos_token_id" in gen:
             stops = stop_token_ids(gen["eos_token_id"])
-    return Gemma4RuntimeConfig(text=text, layers=tuple(layers), full_rope=(theta, pairs),
+    return Gemma4RuntimeConfig(text=text, layers=tuple(layers),
+                               full_rope=(rope.theta, rope.rotated_pairs),
                                sliding_rope_theta=sliding_theta, stop_token_ids=stops)
 
 

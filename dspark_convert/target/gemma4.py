@@ -19,12 +19,12 @@ drafter's two copies are both checked against that one matrix.
 
 from __future__ import annotations
 
-import math
 
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.artifact.manifest import TargetConfigRecord
 from dspark_convert.contract import gemma4
+from dspark_convert.contract.qwen3 import ConfigErrors
 from dspark_convert.errors import TargetFormatError
 from dspark_convert.target.model import TargetConfig
 from dspark_convert.util.models import validated
@@ -35,6 +35,8 @@ TEXT_MODEL_TYPES = {"gemma4": "gemma4_text", "gemma4_unified": "gemma4_unified_t
 USUAL = {"rope_theta": ("full-attention rope theta", 1_000_000.0, "Gemma 4"),
          "rms_norm_eps": ("RMS eps", 1e-6, "Gemma 4")}
 _TEXT = "text_config."
+TARGET_ROPE_ERRORS = ConfigErrors(malformed=TargetFormatError, unsupported=TargetFormatError,
+                                  limit=TargetFormatError)
 
 
 class _Strict(BaseModel):
@@ -82,7 +84,8 @@ def read_config(raw: object, label: str) -> TargetConfig:
     cfg = validated(Gemma4TargetConfig, raw, error=TargetFormatError, label=label, path=label)
     text = cfg.text_config
     _check(cfg, label)
-    rope_type, theta, factor = _full_rope(text, label)
+    rope = full_rope(text, label)
+    rope_type, theta, factor = rope.type, rope.theta, rope.partial_rotary_factor
     record = TargetConfigRecord(
         architectures=list(cfg.architectures), model_type=cfg.model_type,
         hidden_size=text.hidden_size, vocab_size=text.vocab_size,
@@ -124,23 +127,12 @@ def _check(cfg: Gemma4TargetConfig, label: str) -> None:
             found=cfg.tie_word_embeddings)
 
 
-def _full_rope(text: Gemma4TargetText, label: str) -> tuple[str, float, float]:
-    """(type, theta, partial factor) of rope_parameters["full_attention"], as the
-    drafter's contract reads its copy (a missing factor is 1.0)."""
-    field = f"{_TEXT}rope_parameters.full_attention"
-    raw = text.rope_parameters.get("full_attention")
-    if not isinstance(raw, dict):
-        raise TargetFormatError(f"{label}: field '{field}': expected an object, found {raw!r}",
-                                path=label, field=field, expected="an object", found=str(raw))
-    entry = validated(gemma4.Gemma4RopeEntry, raw, error=TargetFormatError,
-                      label=f"{label}: {field}", path=label)
-    factor = 1.0 if entry.partial_rotary_factor is None else entry.partial_rotary_factor
-    if not (math.isfinite(entry.rope_theta) and entry.rope_theta > 0):
-        raise TargetFormatError(f"{label}: field '{field}.rope_theta': expected a positive "
-                                f"finite number, found {entry.rope_theta}", path=label,
-                                field=f"{field}.rope_theta", expected="> 0",
-                                found=entry.rope_theta)
-    return entry.rope_type, float(entry.rope_theta), float(factor)
+def full_rope(text: Gemma4TargetText, label: str, errors: ConfigErrors = TARGET_ROPE_ERRORS
+              ) -> gemma4.Gemma4Rope:
+    """rope_parameters["full_attention"] of the text_config, by the contract's one reader
+    of that entry (contract/gemma4.py ``full_rope``), over global_head_dim."""
+    return gemma4.full_rope(text.rope_parameters, text.global_head_dim, path=label,
+                            field=f"{_TEXT}rope_parameters.full_attention", errors=errors)
 
 
 def model_type_problem(contract, drafter_model_type: str | None,
