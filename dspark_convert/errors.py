@@ -500,7 +500,7 @@ class FamilyQuantizeError(QuantizeError):
     exit_code = 85
 
 
-# --- `dspark eval`: prompt sets, options, calibration (exit codes 90-95) --------------------
+# --- `dspark eval`: prompt sets, options, calibration (exit codes 90-93) --------------------
 
 class EvalRefusal(DSparkError):
     kind = "eval"
@@ -528,6 +528,43 @@ class CalibrationMismatchError(EvalRefusal):
     """The calibration was fitted for another artifact (drafter.gguf SHA-256), another
     target, or another block size than the one it is applied to."""
     exit_code = 93
+
+
+# --- `dspark conform`: an engine's drafts against the reference runtime's (exit codes 94-98;
+# dspark_convert/commands/conform.py, the trace format in evaluation/conform.py) ------------
+
+class ConformRefusal(DSparkError):
+    kind = "conform"
+
+
+class TraceFormatError(ConformRefusal):
+    """The trace given to `dspark conform` is unusable: not found, unreadable, over its
+    bounds (bytes, a line's bytes, lines), not UTF-8 JSONL, or a line that breaks the
+    format (not JSON, duplicate keys, an unknown or missing key, a token id that is a
+    boolean, not an integer or negative, an empty context or draft, an empty id), named by
+    its line number; or no line at all."""
+    exit_code = 94
+
+
+class TraceRangeError(ConformRefusal):
+    """A trace line that does not fit the artifact and its target: a token id outside the
+    target's vocabulary, a draft longer than the drafter's block, or a context that with the
+    block runs past the target's positions (the line number named)."""
+    exit_code = 95
+
+
+class ConformInputError(ConformRefusal):
+    """A `dspark conform` option is unusable: --device or --dtype not one of its values, a
+    --max-memory size that does not parse."""
+    exit_code = 96
+
+
+class DraftMismatchError(ConformRefusal):
+    """`dspark conform`: the engine's drafts are not the reference runtime's. The first
+    difference is named: its trace line, the position, both tokens, the row offset when
+    the engine's draft is the reference's read late, and the reference's logit margin
+    (a near tie says so); the report (-o) has the agreement by position."""
+    exit_code = 97
 
 
 # --- `dspark export`: an artifact laid out for another engine (exit codes 100-104;
