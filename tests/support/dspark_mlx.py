@@ -1,0 +1,31 @@
+"""dspark-mlx for the tests: the one way a test finds the engine's interpreter (issue 27). The
+install is tools/dspark_mlx.py's (`make dspark-mlx`; `make test` installs it when missing).
+
+Where the install is missing a test skips, except under CI (``CI=true``), where it FAILS: the
+engine tests are part of what CI proves, and a skip there would hide a broken install step.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from support.tools import load_tool
+
+# tools/dspark_mlx.py imports tools/llama_cpp.py, beside it, by its plain name.
+tool = load_tool("tools/dspark_mlx.py", siblings=("llama_cpp",))
+
+
+def engine() -> Path:
+    """The cached install's interpreter, or a skip (a failure under CI=true) naming how to
+    install it."""
+    problem = tool.install_problem()
+    if problem is not None:
+        message = (f"{tool.PACKAGE} {tool.VERSION} is not installed in {tool.install_dir()} "
+                   f"({problem}): run `make dspark-mlx` (make test installs it)")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return tool.python_path()
