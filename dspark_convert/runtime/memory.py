@@ -2,15 +2,17 @@
 has (runtime/budget.py checks the one against the other).
 
 The estimate is made before any weight is loaded, from the tensor tables of the target
-and the drafter (runtime/qwen3.py ``plan_target``, runtime/weights.py ``plan_drafter``)
-and the longest prompt plus ``max_new_tokens``:
+and the drafter (the target family's ``plan_target``, runtime/qwen3.py or runtime/gemma4.py;
+runtime/weights.py ``plan_drafter``) and the longest prompt plus ``max_new_tokens``:
 
 - weights: every tensor's element count times the compute dtype's size: the loader
   allocates each tensor once, in that dtype (runtime/loading.py), and holds no other copy;
 - activations: the largest working set of one forward (the prefill of the longest prompt
-  or one verify block) plus both caches at the full context: the target's KV cache, the
-  drafter's context K/V, the hidden states kept for the taps, one layer's attention
-  scores and MLP intermediates, the logits and the float32 probabilities of a block;
+  or one verify block; of the target's widest kind of layer, where they differ: Gemma4's
+  sliding and full layers) plus both caches at the full context (``cache_bytes``): the
+  target's KV cache, every layer at its own geometry, the drafter's context K/V, the
+  hidden states kept for the taps, one layer's attention scores and MLP intermediates,
+  the logits and the float32 probabilities of a block;
 - runtime: the process itself. On the CPU: the interpreter, torch and the libraries smoke
   imports, measured (RUNTIME_CPU_BYTES) plus the loader's staging buffer. On CUDA the
   check is on the device's memory: the caching allocator's slack and the staging buffer.
@@ -68,35 +70,57 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
     """(bytes of the activations, the positions the caches are sized for)."""
     cfg = target.config
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    # The widest layer's attention (Gemma4's full and sliding layers differ; the runtime
-    # config gives the largest of each).
-    nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    nh = cfg.num_attention_heads
     c = drafter.contract
-    g = c.geometry
     B = c.block.block_size
     taps = len(c.taps.hidden_state_indices)
     T = longest_prompt + max_new_tokens + B        # a verify block may run past the end
     S = max(longest_prompt, B)                      # rows of the largest forward
 
-    # Caches at the full context: target K/V per layer, drafter context K/V per draft layer.
-    caches = cfg.kv_elements_per_token() * T * es
-    caches += 2 * g.num_draft_layers * g.num_key_value_heads * g.head_dim * T * es
-    # One target layer on S rows: the residual and the kept taps, q/k/v before and after
-    # norm and RoPE, K/V repeated for the grouped heads, the attention scores and their
-    # softmax (float32 on the math path) and the boolean mask, the cache's concatenation,
-    # the MLP's gate, up and product.
-    layer = (taps + 3) * S * H * es
-    layer += 2 * S * (nh + 2 * nkv) * d * es
-    layer += 2 * nh * T * d * es
-    layer += _attention_scores(nh, S, T, d, es, device) + S * T
-    layer += 2 * nkv * T * d * es
-    layer += 3 * S * I * es
+    caches = cache_bytes(cfg, c, T, es)
+    # One target layer on S rows, the largest of the target's kinds of layer: the residual
+    # and the kept taps, q/k/v before and after norm and RoPE, K/V repeated for the grouped
+    # heads, the attention scores and their softmax (float32 on the math path) and the
+    # boolean mask, the cache's concatenation, the MLP's gate, up and product.
+    def layer(nkv: int, d: int) -> int:
+        size = (taps + 3) * S * H * es
+        size += 2 * S * (nh + 2 * nkv) * d * es
+        size += 2 * nh * T * d * es
+        size += _attention_scores(nh, S, T, d, es, device) + S * T
+        size += 2 * nkv * T * d * es
+        return size + 3 * S * I * es
+
+    widest = max(layer(nkv, d) for nkv, d in _attention_shapes(cfg))
     # The drafter on the prompt's context cells: features (taps x H) and fc's output.
     context = S * (taps + 1) * H * es
     # A block's logits: target verify logits and probabilities, drafter base and corrected
     # logits and their probabilities (float32).
     logits = B * V * (2 * es + 2 * 4) + V * es
-    return caches + max(layer, context) + logits, T
+    return caches + max(widest, context) + logits, T
+
+
+def cache_bytes(cfg, contract, positions: int, es: int) -> int:
+    """Both caches at ``positions`` positions, ``es`` bytes an element: the target's keys
+    and values over every layer (its config's ``kv_elements_per_token``; the runtime keeps
+    every position, a sliding window is a mask) and the drafter's context keys and values
+    in each draft layer, at its contract's geometry (a Gemma4 drafter's is the target's
+    global one: num_global_key_value_heads of global_head_dim)."""
+    g = contract.geometry
+    drafter = 2 * g.num_draft_layers * g.num_key_value_heads * g.head_dim
+    return (cfg.kv_elements_per_token() + drafter) * positions * es
+
+
+def _attention_shapes(cfg) -> set[tuple[int, int]]:
+    """(KV heads, head_dim) of each kind of attention layer the target has. A runtime
+    config whose layers differ declares them in its ``layers`` field (runtime/gemma4.py:
+    sliding layers 8 x 256, full ones 1 x 512 at gemma-4-12B-it), each with ``kv_heads``
+    and ``head_dim``; in any other every layer has the config's own (runtime/qwen3.py).
+    Not the largest heads with the largest head_dim: no layer has 8 heads of 512 there.
+    The declared field (a dataclass's), not any attribute: a Qwen3 config keeps config.json's
+    unknown fields as attributes, and a field named ``layers`` there means nothing."""
+    if "layers" in getattr(type(cfg), "__dataclass_fields__", ()):
+        return {(g.kv_heads, g.head_dim) for g in cfg.layers}
+    return {(cfg.num_key_value_heads, cfg.head_dim)}
 
 
 def _attention_scores(nh: int, S: int, T: int, d: int, es: int, device: torch.device) -> int:
