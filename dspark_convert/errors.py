@@ -567,8 +567,8 @@ class DraftMismatchError(ConformRefusal):
     exit_code = 97
 
 
-# --- `dspark export`: an artifact laid out for another engine (exit codes 100-104;
-# dspark_convert/commands/export.py) ---------------------------------------------------------
+# --- `dspark export`: an artifact laid out for another engine (exit codes 100-109;
+# dspark_convert/commands/export.py, export_deepspec.py) -------------------------------------
 
 class ExportRefusal(DSparkError):
     kind = "export"
@@ -609,6 +609,20 @@ class FamilyExportError(ExportRefusal):
     """An artifact of a drafter family the engine cannot run as trained (llama.cpp 0c1e570
     applies no final logit softcap to a Gemma4 DSpark drafter): nothing written."""
     exit_code = 105
+
+
+class QuantizedExportError(ExportRefusal):
+    """A quantized artifact given to `dspark export --engine deepspec`: DeepSpec's layout
+    holds the source's BF16 weights, which quantization has lost (export the BF16 parent
+    the artifact names)."""
+    exit_code = 106
+
+
+class ExportOptionError(ExportRefusal):
+    """`dspark export`'s options do not fit the engine: --engine llama.cpp needs
+    --target-gguf, --engine deepspec needs --target, and an option of the other engine
+    (--target, --target-gguf, --keep-embedding) is refused rather than ignored."""
+    exit_code = 107
 
 
 # --- another engine's own runs beside ours: `dspark eval --engine` (exit codes 110-119;

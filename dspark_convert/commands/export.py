@@ -41,12 +41,14 @@ from dspark_convert.artifact import llama_cpp as L
 from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, padded, read_metadata
 from dspark_convert.artifact.writer import KeyValue, header_of
 from dspark_convert.checks import Check
+from dspark_convert.commands.export_deepspec import ENGINE as DEEPSPEC
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import (
     DSparkError,
     EngineConfidenceHeadError,
     EngineMarkovHeadError,
     ExportArtifactError,
+    ExportOptionError,
     InternalError,
     IntegrityError,
     TargetGGUFError,
@@ -59,7 +61,19 @@ from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
 
-ENGINES = (L.ENGINE,)                  # the engines `export` lays files out for
+ENGINES = (L.ENGINE, DEEPSPEC)        # the engines `export` lays files out for
+
+# The options each engine's export takes, and the one it needs (--engine deepspec:
+# commands/export_deepspec.py), with what it names; any other is refused (107), not ignored.
+ENGINE_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    L.ENGINE: (("--target-gguf", "--keep-embedding"), "--target-gguf"),
+    DEEPSPEC: (("--target",), "--target"),
+}
+_NEEDED_FOR = {
+    "--target-gguf": "TARGET.gguf, the target model's GGUF file llama.cpp runs (-m)",
+    "--target": ("the target model (a directory or org/name@<commit>): the embedding and head "
+                 "the artifact stripped are the target's"),
+}
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,22 @@ class _Planned:
     source_offset: int
     source_nbytes: int
     widen: bool                        # BF16 -> F32
+
+
+def check_engine_options(engine: str, given: dict[str, object]) -> None:
+    """``given`` (option -> value; None or False: not given) against what ``engine``'s
+    export takes (ENGINE_OPTIONS): the option it needs present, none of another engine's."""
+    takes, needs = ENGINE_OPTIONS[engine]
+    if given.get(needs) is None:
+        raise ExportOptionError(f"--engine {engine}: needs {needs} {_NEEDED_FOR[needs]}",
+                                field=needs, expected=f"{needs} given", found="missing")
+    for option, value in given.items():
+        if value is not None and value is not False and option not in takes:
+            others = [e for e, (opts, _) in ENGINE_OPTIONS.items() if option in opts]
+            raise ExportOptionError(
+                f"{option}: given with --engine {engine}, which takes {', '.join(takes)}; "
+                f"expected it only with --engine {' or '.join(others)}", field=option,
+                expected=f"not given with --engine {engine}", found="given")
 
 
 # --- the artifact -----------------------------------------------------------------------------
