@@ -633,8 +633,8 @@ class EngineError(DSparkError):
 
 
 class EngineOptionError(EngineError):
-    """--engine is not NAME=BIN_DIR with a known engine (llama.cpp), is given twice, or
-    comes without the --target-gguf the engine's runs need (or the reverse)."""
+    """--engine is not llama.cpp=BIN_DIR or dspark-mlx[=PYTHON], names one engine twice, or
+    llama.cpp comes without the --target-gguf its runs need (or the reverse)."""
     exit_code = 110
 
 
@@ -659,6 +659,41 @@ class EngineOutputError(EngineError):
     writes it, the log exceeds its bound, or what it printed contradicts itself (a draft's
     context length, the prompt's token count); the eval refuses rather than guess."""
     exit_code = 113
+
+
+# dspark-mlx's runs (dspark_convert/evaluation/engine_dspark_mlx.py): a Python library run by
+# a script of ours in its own interpreter, its records read back as llama.cpp's log is.
+
+class MlxInstallError(EngineError):
+    """--engine dspark-mlx[=PYTHON]: the interpreter does not exist, is not an executable
+    file or cannot be run, or it runs another dspark-mlx or mlx than the eval reads
+    (dspark-mlx 0.1.0 with mlx 0.32.4: `make dspark-mlx` installs them)."""
+    exit_code = 114
+
+
+class MlxRunError(EngineError):
+    """A dspark-mlx run failed: a non-zero exit (its traceback's last line names the
+    exception), a signal or a timeout; named in one line with the run (the target alone,
+    an artifact), the command line and the engine's last lines of output."""
+    exit_code = 115
+
+
+class MlxOutputError(EngineError):
+    """dspark-mlx's records cannot be read as expected: a record that is not one strict JSON
+    object of its kind's keys and types, out of its place, out of range (a token id outside
+    the vocabulary, a block of another size, a time longer than the run), over its bound,
+    or contradicting itself (the committed positions a draft was made from, a cycle's tokens
+    that are not its accepted drafts and one more, a summary's counts); the eval refuses
+    rather than guess."""
+    exit_code = 116
+
+
+class MlxWeightsError(EngineError):
+    """The checkpoint handed to dspark-mlx would leave a parameter it builds at its random
+    initialisation (dspark-mlx checks unexpected keys only, never missing ones: a missing
+    embed_tokens or lm_head is silently random); named, with every such parameter. A
+    confidence head's alone is reported, not refused: advisory, unused at threshold 0."""
+    exit_code = 117
 
 
 # --- `dspark gate`: the release policy and its verdict (exit codes 120-129) -----------------
