@@ -31,6 +31,11 @@ builds the pair, converts the drafter with --target (wall, peak RSS), then runs 
 smoke` on it with --max-memory 8GB in float32 and bfloat16: both must refuse (78) before
 loading, at a small peak RSS; it prints the refusal lines and the estimate's parts
 (runtime/memory.py ``estimate_memory`` on the same plans, in-process).
+
+Measured on the development machine (2 cores, 23.5 GiB, 2026-12-02, 64-token prompt, 16 new
+tokens; bench/RESULTS.md): convert --target 36-44 s at 91 MB peak RSS, 2.83 GB drafter.gguf;
+smoke refused (78) in 6-10 s at 0.29 GB peak RSS, estimates 27.07 GB (bfloat16: target
+23.81 GB, drafter 2.83 GB) and 53.77 GB (float32).
 """
 
 from __future__ import annotations
@@ -180,17 +185,25 @@ def make_sparse_pair(g: Gemma4Geometry, root: Path) -> tuple[Path, Path]:
 
 # --- the measurement ------------------------------------------------------------------------
 
-def measured(*args: str, out: Path | None = None) -> tuple[int, float, int, str]:
+# The command is started by a bare interpreter, not forked from this process: Linux carries
+# the high-water RSS of a process' image before exec into its ru_maxrss, and this one has
+# imported torch (runtime/gemma4.py's tensor table) by then (tests/test_runtime_memory.py).
+LAUNCHER = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
+def measured(*args: str) -> tuple[int, float, int, str]:
     """(exit code, wall seconds, peak RSS bytes, stderr) of `dspark ARGS` in its own
-    process, started from this small one (its ru_maxrss is the child's own)."""
+    process."""
     start = time.perf_counter()
-    with open(out or os.devnull, "wb") as stdout:
-        proc = subprocess.Popen([str(DSPARK), *args], stdout=stdout, stderr=subprocess.PIPE,
-                                env={**os.environ, "COLUMNS": "400"})
-        stderr = proc.stderr.read().decode()
-        _pid, status, usage = os.wait4(proc.pid, 0)
-    return (os.waitstatus_to_exitcode(status), time.perf_counter() - start,
-            usage.ru_maxrss * 1024, stderr)
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, str(DSPARK), *args],
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"})
+    code, maxrss_kib = (int(word) for word in proc.stdout.split())
+    return code, time.perf_counter() - start, maxrss_kib * 1024, proc.stderr
 
 
 def estimates(target: Path, artifact: Path, prompt: int, new: int) -> dict[str, object]:
