@@ -44,7 +44,7 @@ from dspark_convert.contract.families import GEMMA4
 from dspark_convert.formats.safetensors import read_checkpoint
 from dspark_convert.runtime import gemma4 as G
 from dspark_convert.runtime.budget import format_bytes
-from dspark_convert.runtime.memory import _attention_shapes, cache_bytes, estimate_memory
+from dspark_convert.runtime.memory import cache_bytes, estimate_memory
 from dspark_convert.runtime.weights import load_drafter_weights, plan_drafter
 
 # bench/sparse_gemma4.py (beside sparse_models.py and make_checkpoint.py): loaded by path.
@@ -129,7 +129,7 @@ def test_12b_caches_are_sliding_and_global_kv(pair12, es):
     assert cache_bytes(cfg, contract, positions, es) == \
         (KV_PER_POSITION_12B + DRAFTER_KV_PER_POSITION_12B) * positions * es
     # One forward's working set is sized per kind of layer, not for 8 KV heads of 512.
-    assert _attention_shapes(cfg) == {SLIDING, FULL}
+    assert cfg.attention_shapes() == {SLIDING, FULL}
 
 
 # --- the estimate against what the runtime holds (the tiny fixture target) --------------------

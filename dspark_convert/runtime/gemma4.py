@@ -122,18 +122,14 @@ class Gemma4RuntimeConfig:
     def softcap(self) -> float | None:
         return self.text.final_logit_softcapping
 
-    # The widest attention a layer has (the memory estimate's working set).
-    @property
-    def num_key_value_heads(self) -> int:
-        return max(g.kv_heads for g in self.layers)
-
-    @property
-    def head_dim(self) -> int:
-        return max(g.head_dim for g in self.layers)
-
     def kv_elements_per_token(self) -> int:
         """Keys and values one position costs in the KV cache, over every layer."""
         return sum(2 * g.kv_heads * g.head_dim for g in self.layers)
+
+    def attention_shapes(self) -> set[tuple[int, int]]:
+        """(KV heads, head_dim) of each kind of attention layer: sliding and full differ
+        (gemma-4-12B-it: 8 x 256 and 1 x 512)."""
+        return {(g.kv_heads, g.head_dim) for g in self.layers}
 
 
 def _refuse(label: str, field: str, expected, found, why: str) -> RuntimeTargetError:

@@ -90,7 +90,9 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
         size += 2 * nkv * T * d * es
         return size + 3 * S * I * es
 
-    widest = max(layer(nkv, d) for nkv, d in _attention_shapes(cfg))
+    # Each kind of layer's own (KV heads, head_dim): not the most heads with the widest
+    # head_dim (gemma-4-12B-it has no layer of 8 heads of 512).
+    widest = max(layer(nkv, d) for nkv, d in cfg.attention_shapes())
     # The drafter on the prompt's context cells: features (taps x H) and fc's output.
     context = S * (taps + 1) * H * es
     # A block's logits: target verify logits and probabilities, drafter base and corrected
@@ -110,29 +112,17 @@ def cache_bytes(cfg, contract, positions: int, es: int) -> int:
     return (cfg.kv_elements_per_token() + drafter) * positions * es
 
 
-def _attention_shapes(cfg) -> set[tuple[int, int]]:
-    """(KV heads, head_dim) of each kind of attention layer the target has. A runtime
-    config whose layers differ declares them in its ``layers`` field (runtime/gemma4.py:
-    sliding layers 8 x 256, full ones 1 x 512 at gemma-4-12B-it), each with ``kv_heads``
-    and ``head_dim``; in any other every layer has the config's own (runtime/qwen3.py).
-    Not the largest heads with the largest head_dim: no layer has 8 heads of 512 there.
-    The declared field (a dataclass's), not any attribute: a Qwen3 config keeps config.json's
-    unknown fields as attributes, and a field named ``layers`` there means nothing."""
-    if "layers" in getattr(type(cfg), "__dataclass_fields__", ()):
-        return {(g.kv_heads, g.head_dim) for g in cfg.layers}
-    return {(cfg.num_key_value_heads, cfg.head_dim)}
-
-
 def _attention_scores(nh: int, S: int, T: int, d: int, es: int, device: torch.device) -> int:
-    """What scaled_dot_product_attention with a boolean mask holds for S queries over T keys.
-    Measured on the CPU (torch 2.13, 8 heads, S = T = 4000): float32 takes the math path,
-    scores and softmax materialised in float32: 1096 MiB for 488 MiB of scores, so 2.5x
-    the scores are counted; bfloat16 takes the blocked flash kernel: 21 MiB. On CUDA the
-    kernel choice depends on the build and the GPU: the scores are counted, twice."""
+    """What scaled_dot_product_attention with a boolean mask holds for S queries over T keys,
+    as runtime/layers.py calls it (3-D [heads, tokens, d] tensors). Measured on the CPU
+    (torch 2.13, 8 heads, S = T = 4000): both float32 and bfloat16 take the math path, the
+    scores and softmax materialised in float32: 1175 and 1167 MiB for 488 MiB of float32
+    scores, so 2.5x those are counted. (torch's blocked flash kernel, 21-42 MiB, is taken
+    only for 4-D inputs; the runtime keeps the 3-D call, whose float32 results the reference
+    traces were matched with: a 4-D call moves them by up to 8e-7.) On CUDA the kernel
+    choice depends on the build and the GPU: the scores are counted, twice."""
     if device.type == "cpu":
-        if es >= 4:
-            return int(2.5 * nh * S * T * 4)
-        return 2 * nh * S * d * 4
+        return int(2.5 * nh * S * T * 4)
     return 2 * nh * S * T * es
 
 

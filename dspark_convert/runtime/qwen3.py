@@ -59,6 +59,10 @@ class RuntimeConfig(Qwen3Config):
         """Keys and values one position costs in the KV cache, over every layer."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 
+    def attention_shapes(self) -> set[tuple[int, int]]:
+        """(KV heads, head_dim) of each kind of attention layer: one kind here."""
+        return {(self.num_key_value_heads, self.head_dim)}
+
 
 # What the runtime refuses of a target's config: it runs a dense Qwen3 only (70).
 RUNTIME_ERRORS = ConfigErrors(malformed=RuntimeTargetError, unsupported=RuntimeTargetError,
