@@ -233,8 +233,9 @@ def test_12b_smoke_prints_the_estimate_and_refuses_before_loading(pair12, artifa
     gb = format_bytes
     assert_one_error_line(
         (code, stderr), 78, "memory: expected at most 8.00 GB (--max-memory on cpu)",
-        f"found an estimate of {gb(est.total)} for {dtype} (weights {gb(est.weights)}, "
-        f"activations {gb(est.activations)}, runtime {gb(est.runtime)})")
+        f"found an estimate of {gb(est.total)} for {dtype} (weights {gb(est.weights)}: "
+        f"{gb(est.target_weights)} target + {gb(est.drafter_weights)} drafter, activations "
+        f"{gb(est.activations)} at {est.context_tokens:,} positions, runtime {gb(est.runtime)})")
     # Nothing loaded: the interpreter, torch and the pairing's 8 MiB buffers (0.28 GB).
     assert peak < 450 * 2**20, peak
     assert seconds < SECONDS

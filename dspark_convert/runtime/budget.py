@@ -109,7 +109,9 @@ def budget_report(estimate: MemoryEstimate, *, available: int | None, source: st
         raise MemoryBudgetError(
             f"memory: expected at most {gb(budget)} ({budget_source} on {estimate.device}), "
             f"found an estimate of {gb(estimate.total)} for {estimate.dtype} (weights "
-            f"{gb(estimate.weights)}, activations {gb(estimate.activations)}, runtime "
-            f"{gb(estimate.runtime)}); use {hint}", field="memory", expected=budget,
+            f"{gb(estimate.weights)}: {gb(estimate.target_weights)} target + "
+            f"{gb(estimate.drafter_weights)} drafter, activations {gb(estimate.activations)} "
+            f"at {estimate.context_tokens:,} positions, runtime {gb(estimate.runtime)}); use "
+            f"{hint}", field="memory", expected=budget,
             found=estimate.total)
     return memory
