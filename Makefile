@@ -56,7 +56,7 @@ demo: $(STAMP)
 # The whole suite, the slow tests included: what CI runs (.ci/run). It builds llama.cpp and
 # installs dspark-mlx first when the cache lacks them: the engine tests run in CI and fail
 # there without them.
-test: $(STAMP) llama-cpp dspark-mlx
+test: $(STAMP) llama-cpp dspark-mlx speculators
 	$(PYCACHE) $(BIN)/python -m pytest -q
 
 # llama.cpp 0c1e570 from the pinned llama-cpp-python sdist (SHA-256 checked), built into
@@ -75,6 +75,15 @@ llama-cpp: $(STAMP)
 .PHONY: dspark-mlx
 dspark-mlx: $(STAMP)
 	$(BIN)/python tools/dspark_mlx.py install
+
+# speculators 0.9.0 with transformers 5.19.0 and exactly what its DSpark/DFlash classes import,
+# every wheel pinned by version and SHA-256 (pip install --require-hashes --no-deps), into a
+# venv in $DSPARK_ENGINE_CACHE (default ~/.cache/dspark-convert)/speculators-0.9.0/
+# (tools/speculators.py); torch is the project's, linked in. A whole install there is reused,
+# anything else replaced. From nothing: about a minute on 2 cores.
+.PHONY: speculators
+speculators: $(STAMP)
+	$(BIN)/python tools/speculators.py install
 
 # The inner loop (under a minute on 2 cores): the suite without the tests marked slow, on
 # every core (pytest-xdist; a module stays in one worker, so its fixtures are built once),
