@@ -29,3 +29,27 @@ def engine() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return tool.python_path()
+
+
+def raw_records(python: Path, request: dict, tmp: Path, timeout: float = 300) -> bytes:
+    """The records dspark-mlx's run writes, as bytes: the eval's own runner
+    (engine_dspark_mlx.RUNNER) run in ``python`` on ``request``, as the eval runs it; what
+    the hostile-record tests edit one way each and feed to the reader."""
+    import json
+    import subprocess
+
+    from dspark_convert.evaluation import engine_dspark_mlx as M
+
+    script, req = tmp / "runner.py", tmp / "request.json"
+    script.write_text(M.RUNNER, encoding="utf-8")
+    req.write_text(json.dumps(request), encoding="utf-8")
+    r, w = os.pipe()
+    proc = subprocess.Popen([str(python), "-I", "-B", str(script), str(req), str(w)],
+                            pass_fds=(w,), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=M.environment())
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        data = fh.read()
+    err = proc.communicate(timeout=timeout)[1]
+    assert proc.returncode == 0, err[-2000:]
+    return data
