@@ -216,6 +216,58 @@ class OutputPathError(OutputError):
     exit_code = 32
 
 
+# --- speculators-format sources: vllm-project/speculators 0.9.0's DSpark and DFlash checkpoints
+# (exit codes 33-39; contract/speculators.py, docs/SPECULATORS.md) ---------------------------
+
+class SpeculatorsError(DSparkError):
+    kind = "speculators"
+
+
+class SampleFromAnchorMissingError(SpeculatorsError):
+    """A speculators-format config.json without ``sample_from_anchor``: speculators 0.9.0's
+    own schema reads it true for a DSpark drafter (false for DFlash), vLLM 0.33 reads it false
+    (vllm #56792: acceptance under 1%, still lossless, so nobody notices). The block layout is
+    never guessed: ``--sample-from-anchor true|false`` states it."""
+    exit_code = 33
+
+
+class AnchorLayoutError(SpeculatorsError):
+    """``sample_from_anchor`` false, in config.json or stated with --sample-from-anchor: the
+    anchor-as-bonus layout (block slot k predicts position p+k, block_size - 1 drafts), another
+    block layout than the artifact format's (anchor first: slot j predicts p+1+j), the only
+    one Strata, llama.cpp and the reference runtime run."""
+    exit_code = 34
+
+
+class DraftVocabularyError(SpeculatorsError):
+    """A reduced draft vocabulary: ``draft_vocab_size`` below the vocabulary, or ``d2t`` /
+    ``t2d`` tensors (the draft-to-target map and its mask): the artifact format has no
+    vocabulary map yet."""
+    exit_code = 35
+
+
+class SpeculatorsTargetError(SpeculatorsError):
+    """A speculators-format source without --target: speculators never saves the embedding
+    (nor a full-vocabulary head) and records no target layer count; the target supplies them,
+    as the DeepSpec twin's copies would have been checked against it."""
+    exit_code = 36
+
+
+class SpeculatorsModelError(SpeculatorsError):
+    """A speculators-format config the artifact format cannot express: a
+    ``speculators_model_type`` other than dspark or dflash, a ``transformer_layer_config``
+    that is not Qwen3's (speculators 0.9.0's DSpark and DFlash layers are Qwen3's, so a Gemma4
+    DSpark drafter has no speculators form), a ``target_hidden_size`` other than the hidden
+    size, or an algorithm or proposal that contradicts the config."""
+    exit_code = 37
+
+
+class SampleFromAnchorOptionError(SpeculatorsError):
+    """--sample-from-anchor given for a source that is not in speculators' format (DeepSpec's
+    layout is always anchor first), or contradicting the value its config.json states."""
+    exit_code = 38
+
+
 # --- artifacts (validate / inspect) --------------------------------------------------------
 
 class ArtifactError(DSparkError):
