@@ -122,6 +122,19 @@ class DSparkDrafter:
                 self.ctx_values[i] = torch.cat([self.ctx_values[i], v], dim=1)
         self.length += features.shape[0]
 
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` context cells (positions 0 .. length-1), as
+        ``KVCache.crop`` keeps the target's: a context that shares only a prefix with the
+        committed one continues from there (`dspark conform`: evaluation/proposals.py)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop to {length} context cells: expected 0..{self.length}")
+        if length == 0:
+            self.reset()
+            return
+        self.ctx_keys = [k[:, :length] for k in self.ctx_keys]
+        self.ctx_values = [v[:, :length] for v in self.ctx_values]
+        self.length = length
+
     def _kv(self, layer: int, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         p = f"layers.{layer}.self_attn."
         k = split_heads(linear(x, self.w[p + "k_proj.weight"]), self.kv_heads, self.head_dim)
