@@ -25,6 +25,8 @@ def _models() -> dict:
     from dspark_convert.evaluation.report import EvalReport
     from dspark_convert.commands.gate_policy import Policy
     from dspark_convert.commands.gate_report import GateReport
+    from dspark_convert.commands.conform import ConformResult
+    from dspark_convert.evaluation.conform import TraceRecord
 
     return {
         "dspark-config.schema.json": DSparkConfig,
@@ -37,6 +39,8 @@ def _models() -> dict:
         "calibration.schema.json": CalibrationFile,
         "gate-policy.schema.json": Policy,
         "gate-report.schema.json": GateReport,
+        "conform-trace.schema.json": TraceRecord,
+        "conform-report.schema.json": ConformResult,
     }
 
 

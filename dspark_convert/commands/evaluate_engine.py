@@ -14,8 +14,12 @@ On the eval's prompts and settings, at temperature 0 with the confidence cut off
    common_speculative_types_from_gguf), and a plain DFlash drafter also with draft-dspark
    (what ``dspark export`` advises: draft-dflash reads DeepSpec's block one row late):
    tau, acceptance by position, llama.cpp's decode speed, lossless (its text equal to
-   llama.cpp's target alone) and the proposal check (evaluation/proposals.py) of every
-   draft against the reference runtime's drafter, the one this eval loaded.
+   llama.cpp's target alone) and the proposal check of every draft against the reference
+   runtime's drafter, the one this eval loaded: the drafts read from llama.cpp's log are
+   written as a `dspark conform` trace (``trace-llama.cpp-<artifact>-<spec type>.jsonl`` in
+   the report directory, each line's id its prompt) and checked by conform's one check
+   (evaluation/proposals.py ``check_lines``), prompt by prompt, the first difference naming
+   its trace line and llama.cpp's draft call.
 
 What llama.cpp cannot run is listed in ``not_run`` with ``engine: "llama.cpp"`` and the
 reason: another temperature or a confidence threshold (the check is greedy, the cutoff
@@ -44,12 +48,14 @@ from dspark_convert.errors import (
     TargetGGUFMismatchError,
 )
 from dspark_convert.evaluation import engine_llama_cpp as L
+from dspark_convert.evaluation.conform import trace_bytes
 from dspark_convert.evaluation.proposals import (
     EngineDraft,
     FirstDifference,
     ProposalCheck,
     ReferenceProposer,
     check_proposals,
+    engine_lines,
 )
 from dspark_convert.evaluation.report import (
     EngineInfo,
@@ -286,7 +292,7 @@ def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, 
                  system_info: str | None) -> EngineRun:
     proposer = ReferenceProposer(model, art.drafter)
     vocab = spec.vocabulary
-    prompt_runs, checks, all_drafts, lengths = [], [], [], []
+    prompt_runs, checks, all_drafts, lengths, trace = [], [], [], [], []
     dec_tokens = dec_seconds = 0.0
     progress.start(f"llama.cpp: {art.name} ({L.SPEC_TYPES[kind]})", len(kept))
     try:
@@ -297,8 +303,11 @@ def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, 
                                     what=f"{shown(art.name)} with {L.SPEC_TYPES[kind]}, prompt "
                                          f"{shown(p.key)}")
             drafted = [d for d in run.drafts if d.tokens]
-            check = check_proposals([EngineDraft(d.call, d.context, d.anchor, d.tokens)
-                                     for d in drafted], proposer)
+            engine = [EngineDraft(d.call, d.context, d.anchor, d.tokens) for d in drafted]
+            # The trace's lines of this prompt, and the check of exactly those lines.
+            first_line = len(trace) + 1
+            trace += engine_lines(engine, first_line=first_line, id=p.key)
+            check = check_proposals(engine, proposer, first_line=first_line, id=p.key)
             checks.append((p.key, check))
             new = _cut(run.output_ids, max_new_tokens, stops)
             target = target_out[p.key]
@@ -318,12 +327,16 @@ def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, 
     finally:
         progress.finish()
     losses = [r.lossless for r in prompt_runs if r.lossless is not None]
-    return EngineRun(engine=spec.name, kind="drafter", artifact=art.name,
-                     spec_type=L.SPEC_TYPES[kind], drafter_file_sha256=exported.sha256,
-                     temperature=0.0, prompts=prompt_runs, prompts_skipped=list(skipped),
-                     new_tokens=sum(r.new_tokens for r in prompt_runs),
-                     seconds=sum(r.seconds for r in prompt_runs),
-                     tokens_per_second=dec_tokens / dec_seconds if dec_seconds > 0 else None,
-                     tau=_tau(lengths), acceptance_by_position=_by_position(all_drafts),
-                     lossless=all(losses) if losses else None, proposals=_merge(checks),
-                     system_info=system_info)
+    result = EngineRun(engine=spec.name, kind="drafter", artifact=art.name,
+                       spec_type=L.SPEC_TYPES[kind], drafter_file_sha256=exported.sha256,
+                       temperature=0.0, prompts=prompt_runs, prompts_skipped=list(skipped),
+                       new_tokens=sum(r.new_tokens for r in prompt_runs),
+                       seconds=sum(r.seconds for r in prompt_runs),
+                       tokens_per_second=dec_tokens / dec_seconds if dec_seconds > 0 else None,
+                       tau=_tau(lengths), acceptance_by_position=_by_position(all_drafts),
+                       lossless=all(losses) if losses else None, proposals=_merge(checks),
+                       system_info=system_info,
+                       trace=(f"trace-{spec.name}-{art.name}-{L.SPEC_TYPES[kind]}.jsonl"
+                              if trace else None))     # no draft, no trace (nothing compared)
+    result._trace = trace_bytes(trace)
+    return result

@@ -73,6 +73,7 @@ from dspark_convert.errors import (
     SourceNotFoundError,
     StrataRuleError,
 )
+from dspark_convert.evaluation.proposals import NEAR_TIE
 from dspark_convert.util.json_out import dumps
 from dspark_convert.util.atomic import (
     PACKAGE_READ,
@@ -432,9 +433,10 @@ class _EntryRun:
 # The llama.cpp stage's tolerance. A draft of llama.cpp that differs from the reference
 # runtime's where our logit margin between the two tokens is under NEAR_TIE is a near tie its
 # bf16 arithmetic broke the other way (docs/ENGINES.md measures 0.003), not a misreading,
-# which leaves a wide margin or reads the block rows late; and at least MIN_AGREEMENT of the
-# drafts must be equal (only the first difference of each prompt is located).
-NEAR_TIE = 0.01
+# which leaves a wide margin or reads the block rows late: the proposal check's own
+# ``near_tie`` (evaluation/proposals.py, the check `dspark conform` runs); and at least
+# MIN_AGREEMENT of the drafts must be equal (only the first difference of each prompt is
+# located).
 MIN_AGREEMENT = 0.9
 ADVISED = "draft-dspark"    # the --spec-type `dspark export` advises for every drafter
 
@@ -451,8 +453,7 @@ def _misread(run) -> str | None:
     """Why llama.cpp's drafts are not the reference's, or None (near ties aside)."""
     for p in run.prompts:
         d = p.proposals.first_difference if p.proposals is not None else None
-        if d is not None and (d.row_offset or d.reference_margin is None
-                              or d.reference_margin >= NEAR_TIE):
+        if d is not None and not d.near_tie:
             return _difference(d, p.id)
     c = run.proposals
     if c is not None and c.compared and c.equal < MIN_AGREEMENT * c.compared:

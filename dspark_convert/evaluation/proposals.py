@@ -1,18 +1,29 @@
 """The proposal check: every draft another engine made, against the reference runtime's own
-proposal from the same committed tokens and the same anchor (issue 20, deliverable 4).
+proposal from the same committed tokens and the same anchor (issue 20, deliverable 4; the
+one check of `dspark conform` and `dspark eval --engine`, issue 27).
 
 At temperature 0 a proposal is a function of three things only: the committed tokens (whose
 target features are the drafter's context cells), the anchor (the last committed token,
-the block's first row) and the drafter. So for each draft the engine reports, the reference
-runs the target over the committed tokens, commits their features as context cells,
-proposes from the anchor (docs/REFERENCE.md §2: query j predicts the token at start+1+j)
-and compares token for token. A block read one row off, a stale context cell, a wrong tap,
-a wrong head: each shows at the first draft it touches, as the first difference: which
-draft call, which position, the engine's token and the reference's.
+the block's first row) and the drafter. So for each draft (a ``TraceLine``: the committed
+tokens up to and including the anchor, and the engine's draft), the reference runs the
+target over the committed tokens before the anchor, commits their features as context
+cells, proposes from the anchor (docs/REFERENCE.md §2: query j predicts the token at
+start+1+j) and compares token for token. A block read one row off, a stale context cell, a
+wrong tap, a wrong head: each shows at the first draft it touches, as the first difference:
+which line, which position, the engine's token and the reference's.
 
-The engine's contexts grow by extension (each cycle commits the anchor and the accepted
-drafts), so the target and the drafter's cells are extended incrementally, not recomputed;
-a context that is not an extension of the previous one starts afresh.
+Contexts that share a prefix share its prefill. ``check_lines`` takes the lines in the
+order of their contexts (sorted as token sequences: a context comes right before the ones
+that extend it, and contexts with a common prefix are consecutive), and
+``ReferenceProposer`` keeps the target's KV cache and the drafter's context cells of the
+last context: the next one crops both back to the prefix they share (``KVCache.crop``,
+``DSparkDrafter.crop``) and runs the target over the rest only. An engine's contexts grow
+by extension (each cycle commits the anchor and the accepted drafts), so a trace of N
+drafts costs the target about the tokens it committed, not N prefills; interleaved
+requests (a batch) cost no more than one request after the other. Rows computed in
+another chunking differ from a one-shot prefill by rounding only (float32: ~1e-6, far
+below ``NEAR_TIE``). The result does not depend on the lines' order: the counts are sums,
+and the first difference is the one of the lowest line.
 """
 
 from __future__ import annotations
@@ -20,29 +31,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+from dspark_convert.util.progress import NoProgress, Progress
+
+# A difference where the reference's logit of its own token exceeds its logit of the
+# engine's by less than this is a near tie: another engine's arithmetic (bf16 activations,
+# another summation order) may break it the other way (docs/ENGINES.md measures 0.003 for
+# llama.cpp); a misreading leaves a wide margin or reads the block rows late.
+NEAR_TIE = 0.01
 
 
 class FirstDifference(BaseModel):
-    """Where the engine first departs from the reference."""
+    """Where the engine first departs from the reference: the lowest line whose draft
+    differs, at its first differing position."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    draft_call: int                    # the engine's draft call, 1 = its first
+    line: int                          # the trace line (1 = the first)
+    id: str | int | None               # the line's "id", when it has one
+    draft_call: int | None             # the engine's draft call (1 = its first) where the
+                                       # eval read it from the engine's log; None from a trace
     position: int                      # 0 = the first draft token after the anchor
     engine_token: int
-    reference_token: int
+    reference_token: int               # -1: past the reference's block
     context_tokens: int                # committed tokens before the anchor
     anchor: int
-    engine_draft: list[int]            # the whole draft of that call, both sides
+    engine_draft: list[int]            # the whole draft of that line, both sides
     reference_draft: list[int]
     # s > 0 when the engine's whole draft is the reference's read s rows late
     # (engine[k] == reference[k + s] for every k): the signature of a block read off by s.
     row_offset: int | None
     # The reference's logit of its own token minus its logit of the engine's, at that
-    # position (float32): a few thousandths is a near tie another engine's arithmetic (bf16
-    # activations) may break the other way; a misreading leaves a wide margin.
+    # position (in the compute dtype): a few thousandths is a near tie another engine's
+    # arithmetic may break the other way; a misreading leaves a wide margin.
     reference_margin: float | None
+    near_tie: bool                     # margin below NEAR_TIE and no row offset
     prompt: str | None = None          # the prompt it was met on (set by the eval)
 
 
@@ -58,23 +83,59 @@ class ProposalCheck(BaseModel):
     positions_equal: list[int]
     first_difference: FirstDifference | None
 
+    def agreement_by_position(self) -> list[float | None]:
+        """Drafts equal to the reference's at position k over those that reach k."""
+        return [e / c if c else None for c, e in zip(self.positions_compared, self.positions_equal)]
 
-@dataclass(frozen=True)
-class EngineDraft:
-    """What the comparison needs of one engine draft."""
 
-    call: int
-    context: tuple[int, ...]
-    anchor: int
-    tokens: tuple[int, ...]
+@dataclass(frozen=True, eq=False)
+class TraceLine:
+    """One draft an engine made: ``packed`` holds its context (every committed token up to
+    and including the anchor) as big-endian uint32, 4 bytes an id (a trace of long contexts
+    stays small in memory), which sorts as the token sequences do."""
+
+    line: int
+    packed: bytes
+    draft: tuple[int, ...]
+    id: str | int | None = None
+
+    @classmethod
+    def of(cls, line: int, context: Sequence[int], draft: Sequence[int],
+           id: str | int | None = None) -> "TraceLine":
+        return cls(line=line, packed=np.asarray(context, dtype=">u4").tobytes(),
+                   draft=tuple(int(t) for t in draft), id=id)
+
+    @property
+    def context(self) -> np.ndarray:
+        return np.frombuffer(self.packed, dtype=">u4")
+
+    @property
+    def context_length(self) -> int:
+        return len(self.packed) // 4
+
+    @property
+    def anchor(self) -> int:
+        return int(self.context[-1])
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """The length of the longest common prefix of two id arrays."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
 
 
 class ReferenceProposer:
     """The reference runtime's greedy proposal for a context and an anchor (the cutoff
-    off), extending the target's cache and the drafter's context cells as contexts grow."""
+    off). The target's cache and the drafter's context cells of the last context are kept:
+    a context sharing a prefix with it is cropped back to that prefix and extended."""
 
     def __init__(self, target, drafter) -> None:
         self.target, self.drafter = target, drafter
+        self.target_tokens = 0         # tokens the target ran, over every proposal
+        self.proposals = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -82,65 +143,97 @@ class ReferenceProposer:
 
         self.cache = KVCache()
         self.drafter.reset()
-        self.done: list[int] = []
+        self.done = np.zeros(0, dtype=np.int64)
         self.logits = None             # the last proposal's corrected logits [B, V]
 
+    def _crop(self, length: int) -> None:
+        if length == 0:
+            self._reset()
+            return
+        self.cache.crop(length)
+        self.drafter.crop(length)
+        self.done = self.done[:length]
+
     def propose(self, context: Sequence[int], anchor: int) -> tuple[int, ...]:
+        """The proposal after ``context`` (the committed tokens before the anchor)."""
         import torch
 
-        context = list(context)
-        if context[: len(self.done)] != self.done:
-            self._reset()
-        new = context[len(self.done):]
+        ids = np.asarray(context, dtype=np.int64)
+        keep = common_prefix(self.done, ids)
+        if keep < len(self.done):
+            self._crop(keep)
+        new = ids[keep:]
         with torch.inference_mode():
-            if new:
+            if len(new):
                 out = self.target.forward(torch.tensor(new, dtype=torch.long,
                                                        device=self.target.device), self.cache,
                                           keep=self.drafter.hidden_state_indices,
                                           last_logits_only=True)
                 self.drafter.add_context(self.drafter.features(out.hidden_states))
-                self.done += new
-            proposal = self.drafter.propose(anchor)
+                self.done = np.concatenate([self.done, new])
+                self.target_tokens += len(new)
+            proposal = self.drafter.propose(int(anchor))
             self.logits = proposal.corrected_logits
+            self.proposals += 1
             return tuple(int(t) for t in proposal.tokens.tolist())
 
 
-def check_proposals(drafts: Sequence[EngineDraft], proposer: ReferenceProposer) -> ProposalCheck:
-    """Compare every non-empty engine draft with the reference's proposal."""
+def check_lines(lines: Sequence[TraceLine], proposer: ReferenceProposer, *,
+                progress: Progress | None = None) -> ProposalCheck:
+    """Compare every line's draft with the reference's proposal from its context: the one
+    check (`dspark conform`, `dspark eval --engine`). Lines are run in the order of their
+    contexts, so that shared prefixes are prefilled once; the result is the same in any
+    order. An empty draft compares nothing."""
+    progress = progress or NoProgress()
+    width = max((len(x.draft) for x in lines), default=0)
+    pos_compared, pos_equal = [0] * width, [0] * width
     compared = equal = 0
-    pos_compared: list[int] = []
-    pos_equal: list[int] = []
-    first = None
-    for d in drafts:
-        if not d.tokens:
-            continue
-        ref = proposer.propose(d.context, d.anchor)
-        compared += 1
-        same = True
-        for k, tok in enumerate(d.tokens):
-            while len(pos_compared) <= k:
-                pos_compared.append(0)
-                pos_equal.append(0)
-            pos_compared[k] += 1
-            want = ref[k] if k < len(ref) else None
-            if want == tok:
-                pos_equal[k] += 1
+    differing: dict[int, tuple[tuple[int, ...], int, float | None]] = {}
+    order = sorted(range(len(lines)), key=lambda i: lines[i].packed)
+    progress.start("drafts", len(lines))
+    try:
+        for i in order:
+            x = lines[i]
+            progress.advance(1)
+            if not x.draft:
                 continue
-            if first is None:               # the first position that differs, of all drafts
-                margin = None
-                logits = proposer.logits
-                if want is not None and logits is not None and 0 <= tok < logits.shape[-1]:
-                    margin = float(logits[k, want].float() - logits[k, tok].float())
-                first = FirstDifference(draft_call=d.call, position=k, engine_token=tok,
-                                        reference_token=-1 if want is None else want,
-                                        context_tokens=len(d.context), anchor=d.anchor,
-                                        engine_draft=list(d.tokens), reference_draft=list(ref),
-                                        row_offset=row_offset(d.tokens, ref),
-                                        reference_margin=margin)
-            same = False
-        equal += same
+            context = x.context
+            ref = proposer.propose(context[:-1], int(context[-1]))
+            compared += 1
+            first = None
+            for k, tok in enumerate(x.draft):
+                pos_compared[k] += 1
+                if k < len(ref) and ref[k] == tok:
+                    pos_equal[k] += 1
+                elif first is None:
+                    first = k
+            if first is None:
+                equal += 1
+            else:
+                differing[i] = (ref, first, _margin(proposer.logits, ref, x.draft, first))
+    finally:
+        progress.finish()
+    difference = None
+    if differing:
+        i = min(differing, key=lambda j: lines[j].line)
+        x, (ref, k, margin) = lines[i], differing[i]
+        offset = row_offset(x.draft, ref)
+        difference = FirstDifference(
+            line=x.line, id=x.id, draft_call=None, position=k, engine_token=x.draft[k],
+            reference_token=ref[k] if k < len(ref) else -1, context_tokens=x.context_length - 1,
+            anchor=x.anchor, engine_draft=list(x.draft), reference_draft=list(ref),
+            row_offset=offset, reference_margin=margin,
+            near_tie=offset is None and margin is not None and margin < NEAR_TIE)
     return ProposalCheck(compared=compared, equal=equal, positions_compared=pos_compared,
-                         positions_equal=pos_equal, first_difference=first)
+                         positions_equal=pos_equal, first_difference=difference)
+
+
+def _margin(logits, ref: Sequence[int], draft: Sequence[int], k: int) -> float | None:
+    """The reference's logit of its token minus its logit of the engine's, at position k."""
+    tok = draft[k]
+    if logits is None or k >= len(ref) or k >= logits.shape[0] or not 0 <= tok < logits.shape[-1]:
+        return None
+    return float(logits[k, ref[k]].float() - logits[k, tok].float())
 
 
 def row_offset(engine: Sequence[int], reference: Sequence[int], most: int = 2) -> int | None:
@@ -151,3 +244,38 @@ def row_offset(engine: Sequence[int], reference: Sequence[int], most: int = 2) -
         if n > 0 and all(engine[k] == reference[k + s] for k in range(n)):
             return s
     return None
+
+
+# --- an engine's drafts as read from its own log (`dspark eval --engine`) -------------------
+
+@dataclass(frozen=True)
+class EngineDraft:
+    """One draft as the eval reads it from an engine's log: its draft call, the committed
+    tokens before the anchor, the anchor, what it proposed."""
+
+    call: int
+    context: tuple[int, ...]
+    anchor: int
+    tokens: tuple[int, ...]
+
+
+def engine_lines(drafts: Sequence[EngineDraft], *, first_line: int = 1,
+                 id: str | int | None = None) -> list[TraceLine]:
+    """The engine's non-empty drafts as trace lines (numbered from ``first_line``): what
+    the eval writes as the engine's trace and checks."""
+    drafted = [d for d in drafts if d.tokens]
+    return [TraceLine.of(first_line + n, (*d.context, d.anchor), d.tokens, id)
+            for n, d in enumerate(drafted)]
+
+
+def check_proposals(drafts: Sequence[EngineDraft], proposer: ReferenceProposer | None, *,
+                    first_line: int = 1, id: str | int | None = None) -> ProposalCheck:
+    """``check_lines`` of an engine's drafts (``engine_lines``), the first difference
+    naming the engine's draft call too. No draft (or only empty ones) compares nothing."""
+    drafted = [d for d in drafts if d.tokens]
+    check = check_lines(engine_lines(drafted, first_line=first_line, id=id), proposer)
+    d = check.first_difference
+    if d is None:
+        return check
+    return check.model_copy(update={"first_difference": d.model_copy(
+        update={"draft_call": drafted[d.line - first_line].call})})

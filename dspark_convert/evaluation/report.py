@@ -2,7 +2,8 @@
 
 ``write_report(report, out_dir)`` builds the whole directory in a hidden temporary sibling
 (``atomic.atomic_directory``) and renames it into place: ``report.json``, ``report.md``,
-the PNGs of ``plots.py`` and one ``calibration-<artifact>.json`` per calibrated artifact.
+the PNGs of ``plots.py``, one ``calibration-<artifact>.json`` per calibrated artifact and
+one trace of each engine run's drafts (``trace-<engine>-<artifact>-<spec type>.jsonl``).
 An interrupted write leaves nothing; a partial report (``complete`` false, after Ctrl-C)
 is written the same way and says so at the top of report.md.
 """
@@ -14,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from dspark_convert.runtime.budget import MemoryReport
 from dspark_convert.util.atomic import atomic_directory, write_error
@@ -151,6 +152,11 @@ class EngineRun(BaseModel):
     # path ran), as llama-completion of the same build printed it on this machine
     # (llama-speculative-simple prints none); None in a report written before issue 25.
     system_info: str | None = None
+    # The drafts the engine made, as a `dspark conform` trace (evaluation/conform.py): this
+    # file in the report directory, what ``proposals`` checked; None for the target alone
+    # and in a report written before issue 27. ``_trace`` holds its bytes until written.
+    trace: str | None = None
+    _trace: bytes | None = PrivateAttr(default=None)
 
 
 class EngineInfo(BaseModel):
@@ -482,6 +488,10 @@ def _engine_section(report: EvalReport) -> list[str]:
                    f"{_f(r.tokens_per_second, 0)} | {lossless} | "
                    f"{compared} | {first} |")
     out.append("")
+    traces = [r.trace for r in report.engine_runs if r.trace is not None]
+    if traces:
+        out += ["The drafts of each run, as `dspark conform` reads them (docs/CONFORMANCE.md): "
+                + ", ".join(f"[{md_cell(t)}]({md_cell(t)})" for t in traces) + ".", ""]
     if e.system_info:
         out += [f"llama.cpp's system info: `{md_cell(e.system_info)}`", ""]
     runs = [r for r in report.engine_runs if r.acceptance_by_position]
@@ -526,6 +536,10 @@ def write_report(report: EvalReport, out_dir: str | os.PathLike, *, force: bool 
                 names.append(art.calibration_file)
         plot_names = write_plots(report, tmp) if plots else []
         names += plot_names
+        for run in report.engine_runs:          # each engine run's drafts, as a trace
+            if run.trace is not None and run._trace is not None:
+                _write_bytes(tmp / run.trace, run._trace)
+                names.append(run.trace)
         # Compact: the cycles of every prompt make an indented file ten times larger.
         _write_bytes(tmp / "report.json", (dumps(report, compact=True) + "\n").encode())
         _write_bytes(tmp / "report.md", render_markdown(report, plots=plot_names).encode())
