@@ -77,14 +77,17 @@ def evaluate(
         "confidence logits before the threshold, for the artifact it was made for; "
         "repeatable.")] = None,
     max_memory: MaxMemoryOpt = None,
-    engine: Annotated[Optional[str], typer.Option(
-        "--engine", metavar="llama.cpp=BIN_DIR", help="Also run another engine's own binaries "
-        "on the same prompts (temperature 0): the target alone and each artifact it can run, "
-        "exported on the fly; with the proposal check of every draft against ours "
-        "(docs/ENGINES.md).")] = None,
+    engine: Annotated[Optional[list[str]], typer.Option(
+        "--engine", metavar="ENGINE", help="Also run another engine on the same prompts "
+        "(temperature 0): the target alone and each artifact it can run, exported on the fly, "
+        "with the proposal check of every draft against ours (docs/ENGINES.md). "
+        "llama.cpp=BIN_DIR (its binaries; needs --target-gguf) or dspark-mlx[=PYTHON] "
+        "(dspark-mlx's interpreter; default: the install of `make dspark-mlx`); repeatable, "
+        "each engine once.")] = None,
     target_gguf: Annotated[Optional[Path], typer.Option(
-        "--target-gguf", metavar="FILE", help="The target as the engine runs it (with "
-        "--engine llama.cpp: its converter's GGUF of --target).")] = None,
+        "--target-gguf", metavar="FILE", help="The target as llama.cpp runs it (with "
+        "--engine llama.cpp: its converter's GGUF of --target); dspark-mlx runs --target "
+        "itself.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing report directory, "
                                                         "atomically.")] = False,
     as_json: JsonOpt = False,
@@ -193,7 +196,8 @@ def _print_summary(report, output: str, written: list[Path]) -> None:
         if r.proposals is not None:
             # Nothing compared is never a pass (issue 25): said, not shown as a clean 0/0.
             parts.append(f"proposals {r.proposals.equal}/{r.proposals.compared} equal to ours"
-                         if r.proposals.compared else "NOTHING COMPARED: llama.cpp drafted nothing")
+                         if r.proposals.compared else f"NOTHING COMPARED: {r.engine} drafted "
+                         "nothing")
         what = "target alone" if r.kind == "target" else f"{r.artifact} ({r.spec_type})"
         out.print(escape(f"  {r.engine} {what}: " + ", ".join(parts)))
         d = r.proposals.first_difference if r.proposals else None

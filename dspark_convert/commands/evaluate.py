@@ -427,7 +427,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
              on_estimate: Callable[[MemoryReport], None] | None = None,
              progress: Progress | None = None,
              run_progress: Progress | None = None,
-             engine: str | None = None,
+             engine: str | Sequence[str] | None = None,
              target_gguf: str | os.PathLike | None = None) -> EvalReport:
     """Run the eval and return its report (see the module docstring). ``prompts``: a JSONL
     path, a loaded ``PromptSet`` or None (the package's golden prompt set). A threshold of
@@ -452,17 +452,29 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     the runs have begun (a Ctrl-C while the inputs are checked and the models loaded is a
     plain KeyboardInterrupt: nothing to report).
 
-    ``engine`` ("llama.cpp=BIN_DIR") with ``target_gguf``: that engine's own runs beside
-    ours on the same prompts (commands/evaluate_engine.py), checked before anything runs."""
+    ``engine``: one or more of "llama.cpp=BIN_DIR" (with ``target_gguf``) and
+    "dspark-mlx[=PYTHON]": each engine's own runs beside ours on the same prompts
+    (commands/evaluate_engine.py, commands/evaluate_dspark_mlx.py), in the order given, each
+    checked before anything runs."""
     progress = progress or NoProgress()
     run_progress = run_progress or progress
     # The options first: a bad one is refused before torch is imported.
     check_options(artifacts=artifacts, temperatures=temperatures, thresholds=thresholds,
                   max_new_tokens=max_new_tokens, seed=seed, held_out=held_out, dtype=dtype,
                   device=device, max_memory=max_memory)
-    from dspark_convert.commands.evaluate_engine import check_target_gguf, parse_engine, run_engine
+    from dspark_convert.commands.evaluate_dspark_mlx import parse_python, run_dspark_mlx
+    from dspark_convert.commands.evaluate_engine import (
+        check_target_gguf,
+        parse_engine,
+        run_engine,
+        split_engines,
+    )
 
-    engine_spec = parse_engine(engine, target_gguf)
+    engines = split_engines(engine, target_gguf)
+    engine_spec = (parse_engine(f"llama.cpp={engines['llama.cpp']}", target_gguf)
+                   if "llama.cpp" in engines else None)
+    # dspark-mlx's interpreter is run once (what it runs: 114 unless the pinned versions).
+    mlx_spec = parse_python(engines["dspark-mlx"]) if "dspark-mlx" in engines else None
     from dspark_convert.commands.binding import refuse_family
     for artifact in artifacts:
         refuse_family(artifact, "eval")
@@ -470,7 +482,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     # artifacts are validated and the target is hashed: a missing, FIFO or malformed file is
     # one line at once. Matched with its artifact and the target's identity after those.
     calibration_files = [(c, *read_calibration_file(c)) for c in calibrations]
-    engine_info, engine_runs = None, []
+    engine_infos, engine_runs = [], []
     from dspark_convert.commands.binding import bind, open_run_target
     from dspark_convert.commands.smoke import resolve_device, verify_mode
     from dspark_convert.runtime.loading import compute_dtype
@@ -571,12 +583,20 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                                       confidence_threshold=0.0, reason=result))
             else:
                 fitted[art.name] = result
-        if engine_spec is not None:
-            engine_info, engine_runs, engine_not_run = run_engine(
-                engine_spec, arts=arts, prompts=resolved,
-                texts={r.key: r.prompt for r in prompt_set.records}, model=model,
-                max_new_tokens=max_new_tokens, temperatures=temps, thresholds=cuts,
-                stops=runner.stops, progress=run_progress)
+        for name in engines:
+            if name == "llama.cpp":
+                engine_info, runs_of, engine_not_run = run_engine(
+                    engine_spec, arts=arts, prompts=resolved,
+                    texts={r.key: r.prompt for r in prompt_set.records}, model=model,
+                    max_new_tokens=max_new_tokens, temperatures=temps, thresholds=cuts,
+                    stops=runner.stops, progress=run_progress)
+            else:
+                engine_info, runs_of, engine_not_run = run_dspark_mlx(
+                    mlx_spec, arts=arts, prompts=resolved, target=opened, model=model,
+                    max_new_tokens=max_new_tokens, temperatures=temps, thresholds=cuts,
+                    stops=runner.stops, vocab_size=cfg.vocab_size, progress=run_progress)
+            engine_infos.append(engine_info)
+            engine_runs += runs_of
             not_run += engine_not_run
     except KeyboardInterrupt:
         interrupted = True
@@ -592,10 +612,10 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                            reason=_never_calibrates(a, len(resolved)) or reason)
                     for a in arts if calibrate and a.name not in fitted
                     and a.name not in listed]
-        if engine_spec is not None and not engine_runs:
-            not_run.append(NotRun(kind="target", artifact=None, temperature=0.0,
-                                  confidence_threshold=None, engine=engine_spec.name,
-                                  reason=reason))
+        finished = {e.engine for e in engine_infos}
+        not_run += [NotRun(kind="target", artifact=None, temperature=0.0,
+                           confidence_threshold=None, engine=name, reason=reason)
+                    for name in engines if name not in finished]
 
     artifacts_out = []
     for art in arts:
@@ -623,7 +643,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         settings=settings, environment=environment, target=identity,
         prompt_set=prompt_set.info(), artifacts=artifacts_out, runs=runs, not_run=not_run,
         lossless=all(checks) if checks else None, memory_estimate=memory,
-        engine=engine_info, engine_runs=engine_runs)
+        engine=engine_infos[0] if engine_infos else None, engines=engine_infos,
+        engine_runs=engine_runs)
     if interrupted:
         raise EvalInterrupted(report) from None
     return report

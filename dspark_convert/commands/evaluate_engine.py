@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,34 @@ from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
 
-ENGINES = (L.ENGINE,)
+# The engines --engine names: llama.cpp=BIN_DIR (here), dspark-mlx[=PYTHON]
+# (commands/evaluate_dspark_mlx.py). The same name twice is refused.
+ENGINES = (L.ENGINE, "dspark-mlx")
+ENGINE_FORMS = {L.ENGINE: "llama.cpp=BIN_DIR", "dspark-mlx": "dspark-mlx[=PYTHON]"}
+
+
+def split_engines(specs: str | Sequence[str] | None,
+                  target_gguf: str | os.PathLike | None) -> dict[str, str | None]:
+    """Each ``--engine NAME[=VALUE]``, checked before anything runs (110): a known engine,
+    each once, llama.cpp with its BIN_DIR, --target-gguf with llama.cpp and only then.
+    Returns name -> value (None: dspark-mlx's default interpreter), in the order given."""
+    specs = [specs] if isinstance(specs, str) else list(specs or ())
+    out: dict[str, str | None] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if name not in ENGINES or (sep and not value) or (name == L.ENGINE and not sep):
+            raise EngineOptionError(f"--engine {shown(spec)!r}: expected NAME=BIN_DIR with NAME "
+                                    f"{L.ENGINE}, or dspark-mlx[=PYTHON]", field="engine",
+                                    expected=" | ".join(ENGINE_FORMS.values()), found=shown(spec))
+        if name in out:
+            raise EngineOptionError(f"--engine {name}: given twice; expected each engine once",
+                                    field="engine", expected="each engine once", found=name)
+        out[name] = value if sep else None
+    if target_gguf is not None and L.ENGINE not in out:
+        raise EngineOptionError("--target-gguf: given without --engine llama.cpp=BIN_DIR; "
+                                "expected both or neither", field="target_gguf",
+                                expected="--engine llama.cpp=DIR", found=str(target_gguf))
+    return out
 
 
 @dataclass(frozen=True)
@@ -82,7 +110,8 @@ class EngineSpec:
 
 
 def parse_engine(spec: str | None, target_gguf: str | os.PathLike | None) -> EngineSpec | None:
-    """``--engine NAME=BIN_DIR`` with ``--target-gguf``: checked before anything runs."""
+    """``--engine llama.cpp=BIN_DIR`` with ``--target-gguf``: checked before anything runs
+    (run_eval splits the --engine options first: ``split_engines``)."""
     if spec is None:
         if target_gguf is not None:
             raise EngineOptionError("--target-gguf: given without --engine; expected both or "
@@ -90,10 +119,9 @@ def parse_engine(spec: str | None, target_gguf: str | os.PathLike | None) -> Eng
                                     found=str(target_gguf))
         return None
     name, sep, directory = spec.partition("=")
-    if not sep or name not in ENGINES or not directory:
-        raise EngineOptionError(f"--engine {shown(spec)!r}: expected NAME=BIN_DIR with NAME one of "
-                                f"{', '.join(ENGINES)}", field="engine",
-                                expected="llama.cpp=BIN_DIR", found=shown(spec))
+    if not sep or name != L.ENGINE or not directory:
+        raise EngineOptionError(f"--engine {shown(spec)!r}: expected llama.cpp=BIN_DIR",
+                                field="engine", expected="llama.cpp=BIN_DIR", found=shown(spec))
     if target_gguf is None:
         raise EngineOptionError(f"--engine {name}: needs --target-gguf TARGET.gguf, the target as "
                                 "llama.cpp runs it (its converter's file)", field="target_gguf",
@@ -150,11 +178,12 @@ def _kinds(art) -> list[str]:
     return ["dflash", "dspark"] if art.markov == "none" else ["dspark"]
 
 
-def _tau(lengths: list[int]) -> float | None:
+def mean_acceptance(lengths: list[int]) -> float | None:
+    """tau: the mean of accepted+1 over an engine's drafts (None: it drafted nothing)."""
     return sum(lengths) / len(lengths) if lengths else None
 
 
-def _by_position(drafts) -> list[float] | None:
+def rates_by_position(drafts) -> list[float] | None:
     """P(accepted > k | proposed > k) over the drafts (DeepSpec's conditional rate)."""
     longest = max((len(d.tokens) for d in drafts), default=0)
     if not longest:
@@ -166,7 +195,9 @@ def _by_position(drafts) -> list[float] | None:
     return out
 
 
-def _merge(checks: list[tuple[str, ProposalCheck]]) -> ProposalCheck | None:
+def merge_checks(checks: list[tuple[str, ProposalCheck]]) -> ProposalCheck | None:
+    """The per-prompt proposal checks of a run as one (the first difference of the first
+    prompt that has one, naming it)."""
     if not checks:
         return None
     width = max(len(c.positions_compared) for _, c in checks)
@@ -183,7 +214,9 @@ def _merge(checks: list[tuple[str, ProposalCheck]]) -> ProposalCheck | None:
                          positions_equal=pe, first_difference=first)
 
 
-def _cut(ids, n: int, stops) -> list[int]:
+def cut_at_stop(ids, n: int, stops) -> list[int]:
+    """An engine's output as the eval compares it: its first ``n`` tokens, up to and with
+    the first stop token."""
     out = list(ids)[:n]
     hit = next((i for i, t in enumerate(out) if t in stops), None)
     return out if hit is None else out[: hit + 1]
@@ -309,7 +342,7 @@ def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, 
             trace += engine_lines(engine, first_line=first_line, id=p.key)
             check = check_proposals(engine, proposer, first_line=first_line, id=p.key)
             checks.append((p.key, check))
-            new = _cut(run.output_ids, max_new_tokens, stops)
+            new = cut_at_stop(run.output_ids, max_new_tokens, stops)
             target = target_out[p.key]
             mine = vocab.text(new)
             lossless = mine.startswith(target.text) if target.ended else mine == target.text
@@ -333,8 +366,8 @@ def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, 
                        new_tokens=sum(r.new_tokens for r in prompt_runs),
                        seconds=sum(r.seconds for r in prompt_runs),
                        tokens_per_second=dec_tokens / dec_seconds if dec_seconds > 0 else None,
-                       tau=_tau(lengths), acceptance_by_position=_by_position(all_drafts),
-                       lossless=all(losses) if losses else None, proposals=_merge(checks),
+                       tau=mean_acceptance(lengths), acceptance_by_position=rates_by_position(all_drafts),
+                       lossless=all(losses) if losses else None, proposals=merge_checks(checks),
                        system_info=system_info,
                        trace=(f"trace-{spec.name}-{art.name}-{L.SPEC_TYPES[kind]}.jsonl"
                               if trace else None))     # no draft, no trace (nothing compared)

@@ -115,34 +115,45 @@ class EnginePromptRun(BaseModel):
     id: str
     prompt_tokens: int
     new_tokens: int
-    completion_ids: list[int] | None   # the new tokens; None for the target alone (llama.cpp
-                                       # prints its text only: ``text_sha256`` names it)
-    text_sha256: str                   # of the generated text's first max_new_tokens tokens
-    seconds: float                     # the whole llama.cpp process
+    completion_ids: list[int] | None   # the new tokens; None for llama.cpp's target alone
+                                       # (it prints its text only: ``text_sha256`` names it)
+    # Of the generated text's first max_new_tokens tokens (llama.cpp); None where the engine
+    # gives token ids, not text (dspark-mlx: ``completion_ids``).
+    text_sha256: str | None
+    seconds: float                     # llama.cpp: the whole process; dspark-mlx: its
+                                       # generation of this prompt (the loading aside)
     acceptance_lengths: list[int] | None
-    lossless: bool | None              # the text equals llama.cpp's target alone
+    lossless: bool | None              # the output equals the engine's own target alone
     proposals: ProposalCheck | None
     statistics: str | None             # llama.cpp's own statistics line, timings left out
 
 
+# The engines `dspark eval --engine` runs beside the reference runtime.
+ENGINE_NAMES = Literal["llama.cpp", "dspark-mlx"]
+
+
 class EngineRun(BaseModel):
     """One engine run over the prompts it could take: the target alone, or an artifact
-    exported for it (``dspark export``). ``tau``: mean accepted+1 per draft llama.cpp made
-    (its first draft is made from the prompt's last token: docs/ENGINES.md)."""
+    exported for it (``dspark export``: llama.cpp's GGUF, DeepSpec's layout for dspark-mlx).
+    ``tau``: mean accepted+1 per draft the engine made (both make their first draft from the
+    prompt's last token: docs/ENGINES.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    engine: Literal["llama.cpp"]
+    engine: ENGINE_NAMES
     kind: Literal["target", "drafter"]
     artifact: str | None
-    spec_type: str | None              # --spec-type (draft-dspark, draft-dflash)
-    drafter_file_sha256: str | None    # the exported file llama.cpp ran
+    spec_type: str | None              # llama.cpp's --spec-type (draft-dspark, draft-dflash);
+                                       # dspark-mlx's loop (generate_eager)
+    drafter_file_sha256: str | None    # the exported file the engine ran (dspark-mlx: the
+                                       # export's model.safetensors)
     temperature: float
     prompts: list[EnginePromptRun]
     prompts_skipped: list[SkippedPrompt]
     new_tokens: int
     seconds: float
-    tokens_per_second: float | None    # llama.cpp's own decode speed, over all prompts
+    tokens_per_second: float | None    # llama.cpp's own decode speed; dspark-mlx's new tokens
+                                       # over its generation time; over all prompts
     tau: float | None
     acceptance_by_position: list[float] | None   # P(accepted > k | proposed > k)
     lossless: bool | None
@@ -157,16 +168,23 @@ class EngineRun(BaseModel):
     # and in a report written before issue 27. ``_trace`` holds its bytes until written.
     trace: str | None = None
     _trace: bytes | None = PrivateAttr(default=None)
+    # dspark-mlx: the parameters it built for the drafter that no key of the exported
+    # checkpoint maps to, left at their random initialisation (it checks unexpected keys
+    # only): [] when every one was assigned; only the advisory confidence head's may be
+    # here (anything else is refused, 117). None for llama.cpp and the target alone.
+    random_parameters: list[str] | None = None
 
 
 class EngineInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    engine: Literal["llama.cpp"]
-    binaries: str
-    target_gguf: str
-    target_gguf_sha256: str
-    system_info: str | None = None     # the line every run of the build printed (EngineRun)
+    engine: ENGINE_NAMES
+    binaries: str                      # llama.cpp's bin directory; dspark-mlx's interpreter
+    target_gguf: str | None            # llama.cpp's target file (None for dspark-mlx, which
+    target_gguf_sha256: str | None     # runs --target's own directory)
+    # The line every run of the build printed (llama.cpp's system_info); dspark-mlx: its
+    # version, mlx's and its device, mlx-lm's and mlx-vlm's, Python's.
+    system_info: str | None = None
 
 
 class ArtifactReport(BaseModel):
@@ -222,8 +240,9 @@ class EvalReport(BaseModel):
     # device had; None when nothing was loaded (no device).
     memory_estimate: MemoryReport | None = None
     # --engine: the other engine's own runs beside ours, on the prompts it could take.
-    engine: EngineInfo | None = None
-    engine_runs: list[EngineRun] = []
+    engine: EngineInfo | None = None   # the first --engine's (every one: ``engines``)
+    engines: list[EngineInfo] = []     # each --engine, in the order given
+    engine_runs: list[EngineRun] = []  # every engine's runs, by engine
 
     def run(self, kind: str, artifact: str | None, temperature: float,
             threshold: float | None) -> RunReport | None:
@@ -449,28 +468,48 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
     return "\n".join(out)
 
 
+# How report.md introduces each engine's runs: what ran, on what, handed which files.
+def _llama_cpp_intro(e: EngineInfo) -> str:
+    return (f"Binaries `{md_cell(e.binaries)}`, target `{md_cell(e.target_gguf or '-')}` (SHA-256 "
+            f"`{(e.target_gguf_sha256 or '-')[:16]}…`); temperature 0, the cutoff off; each "
+            "artifact exported by `dspark export`. tau: mean accepted+1 per draft llama.cpp made "
+            "(its first draft is made from the prompt's last token).")
+
+
+def _dspark_mlx_intro(e: EngineInfo) -> str:
+    return (f"Interpreter `{md_cell(e.binaries)}`, on --target's own directory; temperature 0, "
+            "the cutoff off, token ids; each artifact exported by `dspark export --engine "
+            "deepspec` (DeepSpec's layout, every tensor bit-exact) and run by its "
+            "`generate_eager`. tau: mean accepted+1 per draft dspark-mlx made (its first draft is "
+            "made from the prompt's last token).")
+
+
+ENGINE_INTROS = {"llama.cpp": _llama_cpp_intro, "dspark-mlx": _dspark_mlx_intro}
+
+
 def _engine_section(report: EvalReport) -> list[str]:
-    """--engine: the other engine's runs beside ours, and the proposal check."""
-    if report.engine is None:
-        return []
-    e = report.engine
+    """--engine: each other engine's runs beside ours, and the proposal check."""
+    engines = report.engines or ([report.engine] if report.engine is not None else [])
+    out: list[str] = []
+    for e in engines:
+        out += _one_engine(e, [r for r in report.engine_runs if r.engine == e.engine])
+    return out
+
+
+def _one_engine(e: EngineInfo, runs: list[EngineRun]) -> list[str]:
     out = [f"## {md_cell(e.engine)} beside the reference", "",
-           f"Binaries `{md_cell(e.binaries)}`, target `{md_cell(e.target_gguf)}` (SHA-256 "
-           f"`{e.target_gguf_sha256[:16]}…`); temperature 0, the cutoff off; each artifact "
-           "exported by `dspark export`. tau: mean accepted+1 per draft llama.cpp made (its "
-           "first draft is made from the prompt's last token). Proposals: drafts equal, token "
-           "for token, to the reference runtime's proposal from the same committed tokens and "
-           "anchor.", "",
+           ENGINE_INTROS[e.engine](e) + " Proposals: drafts equal, token for token, to the "
+           "reference runtime's proposal from the same committed tokens and anchor.", "",
            "| run | spec type | prompts | tau | its own mean acc len (mean over prompts) | "
            "tok/s | lossless | "
            "proposals equal | first difference |",
            "|---|---|---|---|---|---|---|---|---|"]
-    for r in report.engine_runs:
+    for r in runs:
         lossless = "-" if r.lossless is None else ("yes" if r.lossless else "**NO**")
         p = r.proposals
         compared = "-" if p is None else f"{p.equal} / {p.compared}"
         if p is not None and p.compared == 0:
-            compared = "**none: llama.cpp drafted nothing**"
+            compared = f"**none: {md_cell(e.engine)} drafted nothing**"
         first = "-"
         if p is not None and p.first_difference is not None:
             d = p.first_difference
@@ -488,22 +527,35 @@ def _engine_section(report: EvalReport) -> list[str]:
                    f"{_f(r.tokens_per_second, 0)} | {lossless} | "
                    f"{compared} | {first} |")
     out.append("")
-    traces = [r.trace for r in report.engine_runs if r.trace is not None]
+    traces = [r.trace for r in runs if r.trace is not None]
     if traces:
         out += ["The drafts of each run, as `dspark conform` reads them (docs/CONFORMANCE.md): "
                 + ", ".join(f"[{md_cell(t)}]({md_cell(t)})" for t in traces) + ".", ""]
+    for r in runs:
+        if r.random_parameters is None:
+            continue
+        if r.random_parameters:
+            out.append(f"{md_cell(r.artifact)}: dspark-mlx keeps its "
+                       f"{md_cell(', '.join(r.random_parameters))} at their random "
+                       "initialisation (the artifact has no confidence head; dspark-mlx builds "
+                       "one, advisory: unused at threshold 0).")
+        else:
+            out.append(f"{md_cell(r.artifact)}: every parameter dspark-mlx built was assigned "
+                       "from the exported checkpoint (none left at its random initialisation).")
+        out.append("")
     if e.system_info:
-        out += [f"llama.cpp's system info: `{md_cell(e.system_info)}`", ""]
-    runs = [r for r in report.engine_runs if r.acceptance_by_position]
-    if runs:
-        B = max(len(r.acceptance_by_position) for r in runs)
-        out.append("| llama.cpp acceptance by position | " + " | ".join(f"k={k}" for k in range(B)) + " |")
+        out += [f"{md_cell(e.engine)}'s system info: `{md_cell(e.system_info)}`", ""]
+    by_position = [r for r in runs if r.acceptance_by_position]
+    if by_position:
+        B = max(len(r.acceptance_by_position) for r in by_position)
+        out.append(f"| {md_cell(e.engine)} acceptance by position | "
+                   + " | ".join(f"k={k}" for k in range(B)) + " |")
         out.append("|---|" + "---|" * B)
-        for r in runs:
+        for r in by_position:
             out.append(f"| {md_cell(r.artifact)} ({r.spec_type}) | "
                        + " | ".join(_f(x) for x in r.acceptance_by_position) + " |")
         out.append("")
-    skipped = report.engine_runs[0].prompts_skipped if report.engine_runs else []
+    skipped = runs[0].prompts_skipped if runs else []
     if skipped:
         out.append(f"Prompts {md_cell(e.engine)} did not run ({len(skipped)}):")
         out.append("")
