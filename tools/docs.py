@@ -134,12 +134,43 @@ def llama_cpp_export_table() -> str:
     return "\n".join(rows)
 
 
+def _cell(text: str | None) -> str:
+    return "-" if text is None else text.replace("|", "\\|")
+
+
+def speculators_fields_table() -> str:
+    """config.json in DeepSpec's and speculators' formats (contract/speculators.FIELDS)."""
+    from dspark_convert.contract.speculators import FIELDS
+
+    rows = ["| DeepSpec `config.json` | speculators `config.json` | rule |", "|---|---|---|"]
+    for r in FIELDS:
+        deepspec = f"`{r.deepspec}`" if r.deepspec and " " not in r.deepspec else _cell(r.deepspec)
+        spec = f"`{r.speculators}`" if r.speculators else "-"
+        rows.append(f"| {deepspec} | {spec} | {_cell(r.rule)} |")
+    return "\n".join(rows)
+
+
+def speculators_keys_table() -> str:
+    """The weights in both formats (contract/speculators.KEYS)."""
+    from dspark_convert.contract.speculators import KEYS
+
+    rows = ["| DeepSpec weight | speculators weight | rule |", "|---|---|---|"]
+    for r in KEYS:
+        deepspec = f"`{r.deepspec}`" if r.deepspec and " " not in r.deepspec else _cell(r.deepspec)
+        spec = f"`{r.speculators}`" if r.speculators and " " not in r.speculators else \
+            _cell(r.speculators)
+        rows.append(f"| {deepspec} | {spec} | {_cell(r.rule)} |")
+    return "\n".join(rows)
+
+
 SECTIONS = {
     "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table,
                                 "gemma4-tensors": lambda: tensor_table(GEMMA4_TENSOR_RULES)},
     "docs/EXIT_CODES.md": {"exit-codes": exit_code_table},
     "docs/BAD_INPUTS.md": {"limits": limits_table},
     "docs/ENGINES.md": {"llama-cpp-export": llama_cpp_export_table},
+    "docs/SPECULATORS.md": {"speculators-fields": speculators_fields_table,
+                            "speculators-keys": speculators_keys_table},
 }
 # Pages whose generated parts depend on what the page holds (one block per command).
 RENDERERS = {"docs/CLI.md": cli_docs.render}

@@ -82,6 +82,19 @@ class HubRecord(_Record):
     files: list[HubFileRecord]
 
 
+class SpeculatorsRecord(_Record):
+    """A source in vllm-project/speculators' format (docs/SPECULATORS.md), converted as its
+    DeepSpec twin: source.config then holds the twin's config.json, this the file as it was."""
+    format: Literal["speculators"]
+    version: str = Field(description="the speculators release whose format was read")
+    model_type: Literal["dspark", "dflash"] = Field(description="speculators_model_type")
+    sample_from_anchor: Literal[True] = Field(description="the block layout: anchor first")
+    layout_stated_by: Literal["config", "option"] = Field(
+        description="config.json's sample_from_anchor, or --sample-from-anchor for a config "
+        "without it")
+    config: dict = Field(description="the source config.json, verbatim")
+
+
 class SourceRecord(_Record):
     repo: str | None = Field(description="Hub repo id; null for a local directory")
     revision: str = Field(description="40-hex commit, or 'local'")
@@ -95,13 +108,18 @@ class SourceRecord(_Record):
     config: dict = Field(description="the source config.json, verbatim")
     hub: HubRecord | None = Field(default=None, description="Hub sources: the commit and what "
                                   "each file was verified against; absent for a local directory")
+    speculators: SpeculatorsRecord | None = Field(
+        default=None, description="a speculators-format source: how it was read, its "
+        "config.json verbatim (config is then its DeepSpec twin's); absent for DeepSpec's")
 
     @model_serializer(mode="wrap")
     def _omit_absent_hub(self, handler):
-        # A local source's manifest keeps the bytes it had before Hub sources existed.
+        # A local source's manifest keeps the bytes it had before Hub sources existed (and a
+        # DeepSpec source's, before speculators-format sources).
         data = handler(self)
-        if data.get("hub") is None:
-            data.pop("hub", None)
+        for key in ("hub", "speculators"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import enum
+from typing import Annotated, Optional
 
 import typer
 
@@ -26,6 +27,12 @@ from dspark_convert.cli.errors import run
 from dspark_convert.util.json_out import dumps
 
 
+class Layout(str, enum.Enum):
+    """--sample-from-anchor's values."""
+    true = "true"
+    false = "false"
+
+
 @app.command()
 def convert(
     source: Annotated[str, typer.Argument(help="A DSpark checkpoint directory (config.json + "
@@ -37,11 +44,19 @@ def convert(
     resolve: ResolveOpt = False,
     sha256: Sha256Opt = None,
     lock: LockOpt = None,
+    sample_from_anchor: Annotated[Optional[Layout], typer.Option(
+        "--sample-from-anchor", help="A speculators-format checkpoint whose config.json lacks "
+        "sample_from_anchor: its block layout, as trained (speculators' schema reads the "
+        "missing field true for DSpark, vLLM 0.33 false; it is never guessed). true: the "
+        "anchor first (DeepSpec's layout); false is refused (34). Refused for any other "
+        "source or against the config's own value (38).")] = None,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Convert a checkpoint (a directory, or a Hub source org/name@<commit>) into
-    OUTPUT/drafter.gguf + OUTPUT/manifest.json."""
+    OUTPUT/drafter.gguf + OUTPUT/manifest.json. DeepSpec's checkpoints, and speculators'
+    format (a DSpark or DFlash drafter speculators saved; it needs --target:
+    docs/SPECULATORS.md)."""
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
@@ -52,8 +67,10 @@ def convert(
             from dspark_convert.source.hub.source import HubOptions
             from dspark_convert.source.hub.spec import parse_pins
             hub = HubOptions(resolve=resolve, pins=parse_pins(sha256 or []), lock=lock)
+        layout = None if sample_from_anchor is None else sample_from_anchor is Layout.true
         result = do_convert(source, output, force=force, target=target, hub=hub,
-                            progress=RichProgress(enabled=not quiet and not as_json))
+                            progress=RichProgress(enabled=not quiet and not as_json),
+                            sample_from_anchor=layout)
         m = result.manifest
         target_checks = m.target.checks if m.target else []
         warnings = [c for c in m.checks + target_checks if c.status == "warning"]

@@ -57,6 +57,7 @@ from dspark_convert.artifact.manifest import (
     HubRecord,
     Manifest,
     SourceRecord,
+    SpeculatorsRecord,
     StrippedTensor,
     TargetRecord,
     TensorRecord,
@@ -67,7 +68,8 @@ from dspark_convert.source.hub.source import HubOptions, open_hub_source
 from dspark_convert.source.hub.spec import looks_like_hub_spec
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import TensorEntry
-from dspark_convert.source.checkpoint import Source, open_source
+from dspark_convert.contract.speculators import SPECULATORS_VERSION
+from dspark_convert.source.checkpoint import Source, SpeculatorsOptions, open_source
 from dspark_convert.artifact.engines import engine_checks, engine_records, written_reports
 from dspark_convert.util.text import shown
 
@@ -337,7 +339,8 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
             progress: Progress | None = None, identity: SourceIdentity | None = None,
             file_check: FileCheck | None = None,
             target: str | os.PathLike | Target | None = None,
-            hub: HubOptions | None = None) -> ConvertResult:
+            hub: HubOptions | None = None,
+            sample_from_anchor: bool | None = None) -> ConvertResult:
     """Convert a local checkpoint directory into ``output`` (refused if it exists, unless
     ``force``). Raises a DSparkError subclass for every refusal; writes nothing then.
 
@@ -347,7 +350,12 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
     ``org/name@<commit>``, which is downloaded or found in the HF cache and verified.
     ``target`` (a model directory, ``org/name@<commit>``, or an open ``target.Target``) is
     checked against the drafter (pairing.py): geometry and tokenizer before anything is
-    written, the embedding and head identity before the output is renamed into place."""
+    written, the embedding and head identity before the output is renamed into place.
+
+    A checkpoint in speculators' format (contract/speculators.py) is converted as its
+    DeepSpec twin: it needs ``target`` (its layer count, and the embedding and head
+    speculators never saves), and ``sample_from_anchor`` states the block layout of a config
+    without one (refused for any other source)."""
     progress = progress or NoProgress()
     hub_source = None
     if not looks_like_hub_spec(source_path):
@@ -364,7 +372,22 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
         snap = hub_source.snapshot
         identity = SourceIdentity(name=snap.repo, repository=snap.repo, revision=snap.commit)
         refuse_overlap(output, [(source_path, "the source snapshot")])
-    source = open_source(source_path)
+    opened: list = []
+
+    def target_layers() -> int | None:
+        """The target's layer count, for a speculators-format source only (opening it)."""
+        if target is None:
+            return None
+        from dspark_convert.target.model import Target, open_target
+
+        opened.append(target if isinstance(target, Target) else
+                      open_target(target, progress=progress))
+        return opened[0].config.num_hidden_layers
+
+    source = open_source(source_path, SpeculatorsOptions(target_layers=target_layers,
+                                                         sample_from_anchor=sample_from_anchor))
+    if opened:
+        target = opened[0]                   # opened once, paired below
     identity = identity or SourceIdentity(name=source.name)
     tensors = source.checkpoint.tensors
     # A wrong target is refused here, before anything is written.
@@ -420,7 +443,25 @@ def _checks(source: Source, records: list[TensorRecord], stripped: list[Stripped
         Check.passed("dtype", "BF16 bytes copied unchanged" if source.dtype == "BF16"
                      else f"{source.dtype} source rounded to BF16 (nearest-even)"),
     ]
+    spec = source.speculators
+    if spec is not None:
+        r = spec.reading
+        checks.insert(1, Check.passed(
+            "source.format", f"speculators {SPECULATORS_VERSION} {r.model_type} checkpoint, read as "
+            f"its DeepSpec twin (docs/SPECULATORS.md); sample_from_anchor true "
+            f"({'config.json' if r.layout_stated_by == 'config' else '--sample-from-anchor'}); "
+            "embedding and head: the target's"))
     return checks + engine_checks(engines)
+
+
+def _speculators_record(source: Source) -> SpeculatorsRecord | None:
+    spec = source.speculators
+    if spec is None:
+        return None
+    return SpeculatorsRecord(format="speculators", version=SPECULATORS_VERSION,
+                             model_type=spec.reading.model_type,
+                             sample_from_anchor=spec.reading.sample_from_anchor,
+                             layout_stated_by=spec.reading.layout_stated_by, config=spec.config)
 
 
 def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, prov: Provenance,
@@ -437,7 +478,7 @@ def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, pro
                               sha256=passed.file_sha256[p.name]) for p in _source_files(source)],
             weights_sha256=prov.source_sha256, dtype=source.dtype,
             rounded_to_bf16=source.dtype != "BF16", stripped=stripped,
-            config=source.raw_config, hub=hub),
+            config=source.raw_config, hub=hub, speculators=_speculators_record(source)),
         target=target,
         contract=source.contract,
         artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=gguf_sha, tensors=records),

@@ -8,17 +8,38 @@ safetensors headers, config.json against the contract, the tensor inventory. Val
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dspark_convert.contract.families import Family, family_named, family_of
 from dspark_convert.contract.inventory import check_inventory
+from dspark_convert.contract import speculators
 from dspark_convert.contract.dspark import DSparkConfig, FeatureContract, config_dtype
-from dspark_convert.errors import ConfigError, SourceNotFoundError
+from dspark_convert.errors import (ConfigError, ContractViolation, DSparkError,
+                                   SampleFromAnchorOptionError, SourceNotFoundError,
+                                   SpeculatorsTargetError)
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.artifact.format import check_storable
 from dspark_convert.util.strict_json import NotVerbatimError, check_verbatim, read_json_strict
 from dspark_convert.util.text import shown
+
+@dataclass(frozen=True)
+class SpeculatorsOptions:
+    """What reading a speculators-format checkpoint needs beyond it (contract/speculators.py):
+    the target's layer count (asked for only when the source is one: it opens the target)
+    and the block layout the user stated (--sample-from-anchor), if any."""
+    target_layers: Callable[[], int | None] = lambda: None
+    sample_from_anchor: bool | None = None
+
+
+@dataclass(frozen=True)
+class SpeculatorsSource:
+    """A source in speculators' format: how it was read, and its config.json verbatim (the
+    Source's raw_config is then its DeepSpec twin's, which the contract was built from)."""
+    reading: speculators.Reading
+    config: dict
+
 
 @dataclass(frozen=True)
 class Source:
@@ -28,6 +49,7 @@ class Source:
     contract: FeatureContract
     checkpoint: Checkpoint
     dtype: str                  # the common source dtype: BF16, F16 or F32
+    speculators: SpeculatorsSource | None = field(default=None)
 
     @property
     def name(self) -> str:
@@ -40,7 +62,31 @@ class Source:
 def read_contract(directory: Path) -> tuple[dict, Family, object, object]:
     """config.json read strictly by the reader of the family its ``architectures`` names
     (contract/families.py), and the contract the family's rules derive: (raw, family,
-    config, contract). Every family; ``dspark inspect`` shows what it returns."""
+    config, contract). Every family; ``dspark inspect`` shows what it returns. A
+    speculators-format config needs the target (read_source)."""
+    raw, family, cfg, contract, _ = read_source(directory)
+    return raw, family, cfg, contract
+
+
+def _as_speculators_field(exc: DSparkError, path: str) -> DSparkError:
+    """A refusal of the twin's config, naming the speculators field it was read from."""
+    if exc.field is None:
+        return exc
+    theirs = speculators.speculators_field(exc.field)
+    message = exc.message.replace(f"field '{exc.field}'",
+                                  f"field '{theirs}' (DeepSpec's '{exc.field}')", 1)
+    if message == exc.message:
+        message = f"{path}: field '{theirs}' (DeepSpec's '{exc.field}'): {exc.message}"
+    return type(exc)(message, path=exc.path, field=theirs, tensor=exc.tensor,
+                     expected=exc.expected, found=exc.found)
+
+
+def read_source(directory: Path, options: SpeculatorsOptions | None = None
+                ) -> tuple[dict, Family, object, object, SpeculatorsSource | None]:
+    """read_contract's (raw, family, config, contract), and how a speculators-format
+    config.json was read (None for DeepSpec's): its DeepSpec twin's config is then ``raw``,
+    and its refusals name speculators' fields."""
+    options = options or SpeculatorsOptions()
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise SourceNotFoundError(f"{directory}: config.json not found", path=str(config_path),
@@ -55,12 +101,38 @@ def read_contract(directory: Path) -> tuple[dict, Family, object, object]:
         raise ConfigError(f"{config_path}: field '{exc.where}': {exc.why}; expected JSON that "
                           "manifest.json can keep verbatim", path=str(config_path),
                           field=exc.where, expected="verbatim JSON", found=exc.why) from None
-    family = family_of(raw, path=str(config_path))
-    cfg = family.parse_config(raw, path=str(config_path))
-    contract = family.build_contract(cfg, path=str(config_path))
-    # Every value the metadata will hold, against its GGUF type (u32, f32 ...).
-    check_storable(contract, path=str(config_path))
-    return raw, family, cfg, contract
+    label = str(config_path)
+    spec = None
+    if speculators.is_speculators_config(raw):
+        layers = options.target_layers()
+        if layers is None:
+            raise SpeculatorsTargetError(
+                f"{label}: a speculators-format checkpoint (speculators_model_type "
+                f"{shown(str(raw['speculators_model_type']))}): it holds no embedding and "
+                "records no target layer count; convert it with --target (the target model)",
+                path=label, field="speculators_model_type", expected="--target",
+                found="no target")
+        reading = speculators.read_config(raw, path=label, num_target_layers=layers,
+                                          sample_from_anchor=options.sample_from_anchor)
+        spec = SpeculatorsSource(reading=reading, config=raw)
+        raw = reading.twin
+    elif options.sample_from_anchor is not None:
+        raise SampleFromAnchorOptionError(
+            f"--sample-from-anchor: {label} is DeepSpec's config (no speculators_model_type), "
+            "whose block layout is always anchor first; expected the option only for a "
+            "speculators-format checkpoint without sample_from_anchor", path=label,
+            field="sample_from_anchor", expected="no option", found="given")
+    try:
+        family = family_of(raw, path=label)
+        cfg = family.parse_config(raw, path=label)
+        contract = family.build_contract(cfg, path=label)
+        # Every value the metadata will hold, against its GGUF type (u32, f32 ...).
+        check_storable(contract, path=label)
+    except ContractViolation as exc:
+        if spec is None:
+            raise
+        raise _as_speculators_field(exc, label) from None
+    return raw, family, cfg, contract, spec
 
 
 def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
@@ -80,7 +152,9 @@ def check_checkpoint_inventory(checkpoint: Checkpoint, cfg: DSparkConfig,
                            expected_dtype=config_dtype(cfg, path=str(checkpoint.files.config)))
 
 
-def open_source(path: str | os.PathLike) -> Source:
+def open_source(path: str | os.PathLike, options: SpeculatorsOptions | None = None) -> Source:
+    """A checkpoint checked against its contract: DeepSpec's, or speculators' format read as
+    its DeepSpec twin (``options``: contract/speculators.py)."""
     directory = Path(path)
     if not directory.exists():
         hint = ""
@@ -89,7 +163,12 @@ def open_source(path: str | os.PathLike) -> Source:
         raise SourceNotFoundError(f"{path}: no such directory{hint}", path=str(path),
                                   expected="a checkpoint directory", found="missing")
     checkpoint = read_checkpoint(directory)
-    raw, cfg, contract = load_config(directory)
+    raw, _family, cfg, contract, spec = read_source(directory, options)
+    if spec is not None:
+        label = str(checkpoint.files.index or checkpoint.files.weights[0])
+        problem = speculators.vocabulary_map_error(label, set(checkpoint.tensors))
+        if problem is not None:
+            raise problem
     dtype = check_checkpoint_inventory(checkpoint, cfg, contract)
     return Source(directory=directory, raw_config=raw, config=cfg, contract=contract,
-                  checkpoint=checkpoint, dtype=dtype)
+                  checkpoint=checkpoint, dtype=dtype, speculators=spec)
