@@ -20,6 +20,7 @@ class Engine(str, enum.Enum):
     importing the command for --help would load gguf and numpy)."""
     llama_cpp = "llama.cpp"
     deepspec = "deepspec"
+    speculators = "speculators"
 
 
 @app.command()
@@ -30,12 +31,14 @@ def export(
     # Text, not a Path: a Path would turn an empty -o "" into "." (util/atomic.check_outputs).
     output: Annotated[str, typer.Option("--output", "-o", metavar="<path>",
                                          help="The file to create (llama.cpp: the drafter "
-                                         "GGUF) or directory (deepspec: config.json + "
-                                         "model.safetensors).")],
+                                         "GGUF) or directory (deepspec, speculators: "
+                                         "config.json + model.safetensors).")],
     engine: Annotated[Engine, typer.Option(
         "--engine",
-        help="The engine to lay the drafter out for: llama.cpp (0c1e570), or deepspec "
-        "(DeepSpec's own checkpoint, which vLLM, SGLang and dspark-mlx read).")],
+        help="The engine to lay the drafter out for: llama.cpp (0c1e570), deepspec "
+        "(DeepSpec's own checkpoint, which vLLM, SGLang and dspark-mlx read), or speculators "
+        "(vllm-project/speculators 0.9.0's format, which vLLM 0.33 serves: "
+        "docs/SPECULATORS.md).")],
     target_gguf: Annotated[Optional[Path], typer.Option(
         "--target-gguf", metavar="TARGET.gguf", help="llama.cpp: the target model's GGUF file, "
         "the one llama.cpp runs (-m): checked against the artifact, and its tokenizer "
@@ -44,7 +47,9 @@ def export(
         "--target", help="deepspec: the target model, a directory or org/name@<40-hex commit> "
         "on the Hub: paired with the artifact as `validate --target` does, and the source of "
         "the embedding and head the artifact stripped (checked against the SHA-256 recorded "
-        "at convert).")] = None,
+        "at convert). speculators: the same target, paired the same way, recorded as the "
+        "verifier (its repo id, or the directory as given), whose embedding and head "
+        "speculators and vLLM load.")] = None,
     keep_embedding: Annotated[bool, typer.Option(
         "--keep-embedding", help="llama.cpp: carry the target's token_embd.weight, as "
         "llama.cpp's own converter does. llama.cpp 0c1e570 then uses it as the drafter's head "
@@ -58,7 +63,9 @@ def export(
     """Write the drafter as an engine loads it: llama.cpp's drafter file
     (llama-speculative-simple -md), from a validated artifact and the target GGUF it runs
     with; or DeepSpec's checkpoint (config.json + model.safetensors, every tensor bit-exact,
-    the embedding and head from the target)."""
+    the embedding and head from the target); or speculators' (config.json +
+    model.safetensors, sample_from_anchor always written, the target recorded as the
+    verifier)."""
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
@@ -67,6 +74,11 @@ def export(
         check_engine_options(engine.value, {"--target-gguf": target_gguf, "--target": target,
                                             "--keep-embedding": keep_embedding})
         progress = RichProgress(enabled=not quiet and not as_json)
+        if engine is Engine.speculators:
+            from dspark_convert.commands.export_speculators import export_speculators
+
+            return _print_speculators(export_speculators(artifact, target, output, force=force,
+                                                         progress=progress), artifact, as_json)
         if engine is Engine.deepspec:
             from dspark_convert.commands.export_deepspec import export_deepspec
 
@@ -109,6 +121,25 @@ def _print_deepspec(result, artifact: Path, as_json: bool) -> int:
     out = _out()
     out.print(escape(f"exported {artifact} -> {result.output} for {result.engine}"))
     out.print(escape(f"  {result.drafter}, {result.tensors} tensors"))
+    for f in result.files:
+        out.print(escape(f"  {f.path}: {f.size:,} bytes, sha256 {f.sha256}"))
+    for check in result.checks:
+        print_check(out, check)
+    return 0
+
+
+def _print_speculators(result, artifact: Path, as_json: bool) -> int:
+    if as_json:
+        print(dumps({
+            "ok": True, "engine": result.engine, "output": str(result.output),
+            "drafter": result.drafter, "files": [f.model_dump() for f in result.files],
+            "tensors": result.tensors, "verifier": result.verifier,
+            "artifact_sha256": result.artifact_sha256,
+            "checks": [c.model_dump() for c in result.checks]}, indent=2))
+        return 0
+    out = _out()
+    out.print(escape(f"exported {artifact} -> {result.output} for {result.engine}"))
+    out.print(escape(f"  {result.drafter}, {result.tensors} tensors, verifier {result.verifier}"))
     for f in result.files:
         out.print(escape(f"  {f.path}: {f.size:,} bytes, sha256 {f.sha256}"))
     for check in result.checks:

@@ -42,6 +42,7 @@ from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, pa
 from dspark_convert.artifact.writer import KeyValue, header_of
 from dspark_convert.checks import Check
 from dspark_convert.commands.export_deepspec import ENGINE as DEEPSPEC
+from dspark_convert.commands.export_speculators import ENGINE as SPECULATORS
 from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import (
     DSparkError,
@@ -61,18 +62,19 @@ from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
 
-ENGINES = (L.ENGINE, DEEPSPEC)        # the engines `export` lays files out for
+ENGINES = (L.ENGINE, DEEPSPEC, SPECULATORS)  # the engines `export` lays files out for
 
 # The options each engine's export takes, and the one it needs (--engine deepspec:
 # commands/export_deepspec.py), with what it names; any other is refused (107), not ignored.
 ENGINE_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     L.ENGINE: (("--target-gguf", "--keep-embedding"), "--target-gguf"),
     DEEPSPEC: (("--target",), "--target"),
+    SPECULATORS: (("--target",), "--target"),     # the verifier (commands/export_speculators.py)
 }
 _NEEDED_FOR = {
     "--target-gguf": "TARGET.gguf, the target model's GGUF file llama.cpp runs (-m)",
     "--target": ("the target model (a directory or org/name@<commit>): the embedding and head "
-                 "the artifact stripped are the target's"),
+                 "the artifact stripped are the target's (speculators: the verifier it records)"),
 }
 
 
