@@ -6,9 +6,10 @@ reference runtime (commands/evaluate_dspark_mlx.py), and the findings of docs/EN
 Every run here is the real engine: dspark-mlx 0.1.0 with mlx 0.32.4, as `make dspark-mlx`
 installs them (support/dspark_mlx: a missing install skips, and FAILS under CI=true). The
 hostile records are a real run's records, edited one way each and fed to the reader, a pure
-function of the bytes it reads; the runner's own failures (a signal, a timeout) are real
-processes: a wrapper of ours standing where the interpreter stands, since dspark-mlx will
-not crash on demand."""
+function of the bytes it reads; the runner's own failures (a signal, a traceback, a timeout)
+are the real engine failing in a real process. The cases that run the engine over the golden
+models more than once are marked slow; the reading, the refusals of the option and one run
+end to end (the canary) are not."""
 
 from __future__ import annotations
 
@@ -254,6 +255,7 @@ def test_a_run_killed_by_a_signal_is_115_naming_it(python, qwen3):
     assert "dspark-mlx (the golden drafter) failed, killed by SIGSEGV; command: " in e.value.message
 
 
+@pytest.mark.slow
 def test_a_traceback_is_115_naming_the_exception(python, qwen3):
     """An empty prompt: mlx-lm's attention cannot reshape an empty array; the traceback's
     last line names the exception."""
@@ -264,6 +266,7 @@ def test_a_traceback_is_115_naming_the_exception(python, qwen3):
                      vocab_size=VOCAB, max_new_tokens=N)
 
 
+@pytest.mark.slow
 def test_a_run_past_its_time_is_stopped_and_115(python, qwen3):
     _, checkpoint = qwen3
     with pytest.raises(MlxRunError, match=r"still running after 0.5 s; stopped") as e:
@@ -272,6 +275,7 @@ def test_a_run_past_its_time_is_stopped_and_115(python, qwen3):
     assert e.value.exit_code == 115
 
 
+@pytest.mark.slow
 def test_a_target_its_host_refuses_is_a_refusal_not_a_failure(python, qwen3, tmp_path):
     """A directory without a model: mlx-lm's own exception while loading is dspark-mlx
     refusing the target (the eval lists its runs as not run, with it)."""
@@ -283,6 +287,7 @@ def test_a_target_its_host_refuses_is_a_refusal_not_a_failure(python, qwen3, tmp
     assert "(raised at " in refused.reason
 # --- what dspark-mlx is handed: complete, or refused --------------------------------------------
 
+@pytest.mark.slow
 def test_a_checkpoint_without_lm_head_loads_silently_and_is_refused_117(python, qwen3, tmp_path):
     """dspark-mlx checks unexpected keys only: a DeepSpec checkpoint without lm_head.weight
     loads without a word and drafts from a random head. The eval checks what it built (every
@@ -378,6 +383,7 @@ def test_eval_runs_dspark_mlx_beside_the_reference(qwen3_eval):
     assert "dspark-mlx vanilla_conf_markov (generate_eager): 48 new tokens" in proc.stdout
 
 
+@pytest.mark.slow
 def test_conform_checks_the_eval_s_trace_the_same_way(qwen3_eval, paired_artifacts):
     """One check: `dspark conform` on the trace the eval wrote agrees with the eval."""
     from support.cli import run_cli
@@ -391,6 +397,7 @@ def test_conform_checks_the_eval_s_trace_the_same_way(qwen3_eval, paired_artifac
     assert (result["check"]["compared"], result["check"]["equal"]) == (21, 21)
 
 
+@pytest.mark.slow
 def test_dspark_mlx_s_target_departs_from_the_reference_s_where_bf16_breaks_a_near_tie(qwen3_eval):
     """docs/ENGINES.md, dspark-mlx finding 2: its host computes the target in bfloat16 (the
     weights' dtype): on deepspec-0 its greedy output leaves the reference's (float32) at the
