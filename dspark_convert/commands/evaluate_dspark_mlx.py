@@ -121,6 +121,7 @@ def run_dspark_mlx(spec: MlxSpec, *, arts, prompts, target, model, max_new_token
             progress.start(f"dspark-mlx: export {art.name} --engine deepspec", 1)
             try:
                 result = export_deepspec(art.path, target, out)
+                progress.advance(1)
             except ExportRefusal as exc:
                 not_run.append(_not_run("drafter", art.name,
                                         f"dspark export --engine deepspec refuses it: {exc.message}"))
@@ -140,6 +141,7 @@ def run_dspark_mlx(spec: MlxSpec, *, arts, prompts, target, model, max_new_token
             alone = M.run_target(spec.python, target.directory.absolute(),
                                  exported[0][1] / "config.json", ids, vocab_size=vocab_size,
                                  max_new_tokens=max_new_tokens)
+            progress.advance(len(ids))
         finally:
             progress.finish()
         if isinstance(alone, M.Refused):
@@ -170,6 +172,7 @@ def run_dspark_mlx(spec: MlxSpec, *, arts, prompts, target, model, max_new_token
                                     vocab_size=vocab_size, block_size=art.block_size,
                                     max_new_tokens=max_new_tokens,
                                     what=f"{shown(art.name)} with {LOOP}")
+                progress.advance(1)
             finally:
                 progress.finish()
             if isinstance(run, M.Refused):
