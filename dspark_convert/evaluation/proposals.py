@@ -12,14 +12,16 @@ start+1+j) and compares token for token. A block read one row off, a stale conte
 wrong tap, a wrong head: each shows at the first draft it touches, as the first difference:
 which line, which position, the engine's token and the reference's.
 
-Contexts that share a prefix share its prefill. ``check_lines`` takes the lines in the
-order of their contexts (sorted as token sequences: a context comes right before the ones
-that extend it, and contexts with a common prefix are consecutive), and
-``ReferenceProposer`` keeps the target's KV cache and the drafter's context cells of the
-last context: the next one crops both back to the prefix they share (``KVCache.crop``,
-``DSparkDrafter.crop``) and runs the target over the rest only. An engine's contexts grow
-by extension (each cycle commits the anchor and the accepted drafts), so a trace of N
-drafts costs the target about the tokens it committed, not N prefills; interleaved
+Contexts that share a prefix share its prefill. ``ReferenceProposer`` keeps the target's
+KV cache and the drafter's context cells of the last context: the next one crops both back
+to the prefix they share (``KVCache.crop``, ``DSparkDrafter.crop``) and runs the target over
+the rest only. ``check_lines`` orders the lines for it (``_chain_order``): sorted as token
+sequences (contexts with a common prefix consecutive, a context right before those that
+extend it), cut into chains of contexts that extend one another, each chain run longest
+first, so that the target runs a chain in one forward and each shorter context of it is a
+crop. An engine's contexts grow by extension (each cycle commits the anchor and the
+accepted drafts), so a trace of N drafts costs the target the distinct tokens it
+committed, in one forward a request, not N prefills nor N small forwards; interleaved
 requests (a batch) cost no more than one request after the other. Rows computed in
 another chunking differ from a one-shot prefill by rounding only (float32: ~1e-6, far
 below ``NEAR_TIE``). The result does not depend on the lines' order: the counts are sums,
@@ -189,16 +191,17 @@ def check_lines(lines: Sequence[TraceLine], proposer: ReferenceProposer, *,
     pos_compared, pos_equal = [0] * width, [0] * width
     compared = equal = 0
     differing: dict[int, tuple[tuple[int, ...], int, float | None]] = {}
-    order = sorted(range(len(lines)), key=lambda i: lines[i].packed)
+    last, ref = None, ()
     progress.start("drafts", len(lines))
     try:
-        for i in order:
+        for i in _chain_order(lines):
             x = lines[i]
             progress.advance(1)
             if not x.draft:
                 continue
-            context = x.context
-            ref = proposer.propose(context[:-1], int(context[-1]))
+            if x.packed != last:           # the same context again: the same proposal
+                context = x.context
+                ref, last = proposer.propose(context[:-1], int(context[-1])), x.packed
             compared += 1
             first = None
             for k, tok in enumerate(x.draft):
@@ -226,6 +229,22 @@ def check_lines(lines: Sequence[TraceLine], proposer: ReferenceProposer, *,
             near_tie=offset is None and margin is not None and margin < NEAR_TIE)
     return ProposalCheck(compared=compared, equal=equal, positions_compared=pos_compared,
                          positions_equal=pos_equal, first_difference=difference)
+
+
+def _chain_order(lines: Sequence[TraceLine]) -> list[int]:
+    """The lines' indices in the order they are run: sorted by context, cut into chains
+    (runs in which each context extends the one before), each chain longest first. The
+    target then runs a chain's tokens in one forward (its longest context, from where the
+    last chain's prefix ends), and every shorter context of the chain is a crop of it, with
+    no forward at all: one prefill a chain, not a forward a line."""
+    order = sorted(range(len(lines)), key=lambda i: lines[i].packed)
+    out: list[int] = []
+    start = 0
+    for k in range(1, len(order) + 1):
+        if k == len(order) or not lines[order[k]].packed.startswith(lines[order[k - 1]].packed):
+            out += reversed(order[start:k])
+            start = k
+    return out
 
 
 def _margin(logits, ref: Sequence[int], draft: Sequence[int], k: int) -> float | None:
