@@ -311,7 +311,7 @@ def test_a_run_that_drafted_nothing_compares_nothing_and_says_so(spec_log, vocab
     info = EngineInfo(engine="llama.cpp", binaries="b", target_gguf="t", target_gguf_sha256="0" * 64)
 
     class _Report:           # what _engine_section reads of an EvalReport
-        engine, engine_runs = info, [run]
+        engine, engines, engine_runs = info, [info], [run]
 
     assert "**none: llama.cpp drafted nothing**" in "\n".join(_engine_section(_Report))
 
