@@ -90,7 +90,7 @@ class DeepSpecExportResult:
 
 
 @dataclass(frozen=True)
-class _Planned:
+class PlannedTensor:
     name: str                          # the source (state-dict) name
     shape: tuple[int, ...]             # torch order
     nbytes: int                        # BF16 bytes written
@@ -117,7 +117,7 @@ def _refuse_quantized(kv: dict, label: str) -> None:
         field=QUANTIZATION_KEY, expected="a BF16 artifact (dspark convert's)", found=qtype)
 
 
-def _validated(artifact: Path, target, progress: Progress):
+def validated_for_export(artifact: Path, target, progress: Progress):
     """validate_artifact with the target: a failure of the pairing is raised as its own
     refusal (60-68); any other, as the artifact's (100), as export --engine llama.cpp does."""
     from dspark_convert.commands.validate import validate_artifact
@@ -173,7 +173,7 @@ def _source_weights(manifest: Manifest) -> list[FileRecord]:
             if f.path != CONFIG_FILE and not f.path.endswith(".index.json")]
 
 
-def _header_for(plan: list[_Planned], manifest: Manifest) -> bytes:
+def _header_for(plan: list[PlannedTensor], manifest: Manifest) -> bytes:
     """The header of the first HEADER_METADATA whose file has the size of the source's one
     weights file; the first (save_pretrained's) when none has, or the source was sharded."""
     tensors = [(t.name, t.shape, t.nbytes) for t in plan]
@@ -187,7 +187,7 @@ def _header_for(plan: list[_Planned], manifest: Manifest) -> bytes:
     return headers[0]
 
 
-def _plan(contract, gguf, manifest: Manifest, target) -> list[_Planned]:
+def _plan(contract, gguf, manifest: Manifest, target) -> list[PlannedTensor]:
     """Every tensor the source held, sorted by name (the safetensors library's order for
     one dtype): the artifact's from drafter.gguf, the stripped ones from the target."""
     from dspark_convert.target.model import hash_target_tensors
@@ -203,7 +203,7 @@ def _plan(contract, gguf, manifest: Manifest, target) -> list[_Planned]:
         shape = tuple(spec.shape)
         if spec.gguf_name is not None:
             info = infos[spec.gguf_name]
-            plan.append(_Planned(spec.source_name, shape, info.nbytes, gguf.path,
+            plan.append(PlannedTensor(spec.source_name, shape, info.nbytes, gguf.path,
                                  info.data_offset, info.nbytes, "BF16",
                                  recorded[spec.gguf_name], recorded[spec.gguf_name],
                                  str(gguf.path)))
@@ -215,7 +215,7 @@ def _plan(contract, gguf, manifest: Manifest, target) -> list[_Planned]:
                 raise InternalError(f"{spec.source_name}: the target's {entry.name} "
                                     f"{list(entry.shape)} or the recorded {record.shape} is "
                                     f"not {list(shape)}, which the pairing checked")
-            plan.append(_Planned(spec.source_name, shape, 2 * entry.nbytes // _itemsize(entry.dtype),
+            plan.append(PlannedTensor(spec.source_name, shape, 2 * entry.nbytes // _itemsize(entry.dtype),
                                  entry.file, entry.begin, entry.nbytes, entry.dtype,
                                  hashed[role], record.sha256 if record.dtype == "BF16" else None,
                                  f"target {entry.file}"))
@@ -226,7 +226,7 @@ def _itemsize(dtype: str) -> int:
     return {"BF16": 2, "F16": 2, "F32": 4}[dtype]
 
 
-class _Writer:
+class SafetensorsWriter:
     """The one sequential write of model.safetensors: header, then each tensor, hashed."""
 
     def __init__(self, fh, progress: Progress, shown: Path) -> None:
@@ -242,7 +242,7 @@ class _Writer:
         self.digest.update(data)
         self.size += len(data)
 
-    def run(self, header: bytes, plan: list[_Planned]) -> None:
+    def run(self, header: bytes, plan: list[PlannedTensor]) -> None:
         self.put(header)
         buffer = memoryview(bytearray(BLOCK))      # BLOCK holds whole F32/BF16 elements
         handles: dict[Path, object] = {}
@@ -255,7 +255,7 @@ class _Writer:
             for handle in handles.values():
                 handle.close()
 
-    def _tensor(self, fh, t: _Planned, buffer: memoryview) -> None:
+    def _tensor(self, fh, t: PlannedTensor, buffer: memoryview) -> None:
         fh.seek(t.offset)
         read, written = hashlib.sha256(), hashlib.sha256()
         done = 0
@@ -286,7 +286,7 @@ class _Writer:
                     path=t.origin, tensor=t.name, expected=want, found=got)
 
 
-def _open(t: _Planned):
+def _open(t: PlannedTensor):
     try:
         return open(t.path, "rb")
     except OSError as exc:
@@ -294,7 +294,7 @@ def _open(t: _Planned):
                              "expected the file unchanged", path=t.origin) from None
 
 
-def _changed(t: _Planned, how: str) -> IntegrityError:
+def _changed(t: PlannedTensor, how: str) -> IntegrityError:
     return IntegrityError(f"{t.origin}: the file {how} while '{t.name}' was read; expected it "
                           "unchanged", path=t.origin, tensor=t.name)
 
@@ -396,7 +396,7 @@ def export_deepspec(artifact: str | os.PathLike, target: str | os.PathLike | Tar
         _refuse_quantized(peek, label)
 
     opened = target if isinstance(target, Target) else open_target(target, progress=progress)
-    report = _validated(artifact, opened, progress)
+    report = validated_for_export(artifact, opened, progress)
     gguf = report.gguf
     kv = read_metadata(gguf, path=label)
     _refuse_quantized(kv, label)                     # the file validate read
@@ -419,7 +419,7 @@ def export_deepspec(artifact: str | os.PathLike, target: str | os.PathLike | Tar
         except OSError as exc:
             raise write_error(exc, out / WEIGHTS_FILE) from None
         with fh:
-            writer = _Writer(fh, progress, out / WEIGHTS_FILE)
+            writer = SafetensorsWriter(fh, progress, out / WEIGHTS_FILE)
             progress.start(f"export {WEIGHTS_FILE} for DeepSpec",
                            sum(t.source_nbytes for t in plan))
             try:

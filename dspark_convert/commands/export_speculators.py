@@ -37,10 +37,10 @@ from dspark_convert.artifact.manifest import FileRecord
 from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY
 from dspark_convert.checks import Check
 from dspark_convert.commands.export_deepspec import (
-    _Planned,
-    _validated,
-    _Writer,
+    PlannedTensor,
+    SafetensorsWriter,
     safetensors_header,
+    validated_for_export,
 )
 from dspark_convert.contract import speculators as S
 from dspark_convert.contract.families import QWEN3
@@ -98,7 +98,7 @@ def verifier_of(target: Target) -> tuple[str, list[str]]:
             list(target.config.architectures))
 
 
-def _plan(contract, gguf, manifest) -> list[_Planned]:
+def _plan(contract, gguf, manifest) -> list[PlannedTensor]:
     infos = {t.name: t for t in gguf.tensors}
     recorded = {t.name: t.sha256 for t in manifest.artifact.tensors}
     names = S.written_tensors([s.source_name for s in contract.written_tensors])
@@ -107,7 +107,7 @@ def _plan(contract, gguf, manifest) -> list[_Planned]:
         if spec.source_name not in names:
             continue
         info = infos[spec.gguf_name]
-        plan.append(_Planned(spec.source_name, tuple(spec.shape), info.nbytes, gguf.path,
+        plan.append(PlannedTensor(spec.source_name, tuple(spec.shape), info.nbytes, gguf.path,
                              info.data_offset, info.nbytes, "BF16", recorded[spec.gguf_name],
                              recorded[spec.gguf_name], str(gguf.path)))
     return sorted(plan, key=lambda t: t.name)
@@ -150,7 +150,7 @@ def export_speculators(artifact: str | os.PathLike, target: str | os.PathLike | 
         _refuse(peek, peek_contract, label)
 
     opened = target if isinstance(target, Target) else open_target(target, progress=progress)
-    report = _validated(artifact, opened, progress)
+    report = validated_for_export(artifact, opened, progress)
     gguf = report.gguf
     kv = read_metadata(gguf, path=label)
     contract = contract_from_metadata(kv, path=label)
@@ -176,7 +176,7 @@ def export_speculators(artifact: str | os.PathLike, target: str | os.PathLike | 
         except OSError as exc:
             raise write_error(exc, out / WEIGHTS_FILE) from None
         with fh:
-            writer = _Writer(fh, progress, out / WEIGHTS_FILE)
+            writer = SafetensorsWriter(fh, progress, out / WEIGHTS_FILE)
             progress.start(f"export {WEIGHTS_FILE} for speculators",
                            sum(t.source_nbytes for t in plan))
             try:
