@@ -46,7 +46,7 @@ from dspark_convert.errors import DSparkError, RuntimeTargetError
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.layers import Rope, attention, linear, split_heads
-from dspark_convert.runtime.loading import STORED_DTYPES, StoredModel, StoredTensor, TensorLoader
+from dspark_convert.runtime.loading import StoredModel, StoredTensor, TensorLoader, stored_tensors
 from dspark_convert.runtime.qwen3 import KVCache, TargetOutput
 from dspark_convert.target.gemma4 import TEXT_MODEL_TYPES, Gemma4TargetText, full_rope
 from dspark_convert.util.models import validated
@@ -288,21 +288,7 @@ def plan_target(directory: str | os.PathLike, *, config: object | None = None,
             f"the {len(present)} layer(s) the safetensors headers hold, found {n}",
             path=str(directory / "config.json"), field=_LABEL + "num_hidden_layers",
             expected=len(present), found=n)
-    tensors: dict[str, StoredTensor] = {}
-    for name, shape in tensor_shapes(cfg).items():
-        entry = entries.get(name)
-        if entry is None:
-            raise RuntimeTargetError(f"target {directory}: tensor {name!r} is missing",
-                                     path=str(directory), tensor=name, expected=list(shape),
-                                     found="absent")
-        if entry.shape != shape or entry.dtype not in STORED_DTYPES:
-            raise RuntimeTargetError(
-                f"target {entry.file}: tensor {name!r}: expected {list(shape)} BF16/F16/F32, "
-                f"found {list(entry.shape)} {entry.dtype}", path=str(entry.file), tensor=name,
-                expected=list(shape), found=list(entry.shape))
-        tensors[name] = StoredTensor(name=name, file=entry.file, offset=entry.begin,
-                                     nbytes=entry.nbytes, dtype=STORED_DTYPES[entry.dtype],
-                                     shape=shape)
+    tensors = stored_tensors(entries, tensor_shapes(cfg), directory, RuntimeTargetError)
     return TargetPlan(directory=directory, config=cfg, tensors=tensors)
 
 
@@ -342,6 +328,32 @@ def embed_scale(hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
     """sqrt(H), rounded to the compute dtype as transformers' buffer is (62.0 for 3840 in
     bfloat16; 8 exactly for the fixtures' 64)."""
     return torch.tensor(float(hidden_size) ** 0.5, dtype=torch.float32).to(dtype)
+
+def project_kv(x: torch.Tensor, w: dict, p: str, heads: int, head_dim: int, has_v_proj: bool,
+               rope: Rope, start: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Gemma4 attention's keys and values at positions start, ...: K = rope(k_norm(k_proj
+    x)); V = v_norm(v_proj x), or under k_eq_v v_norm(k_proj x) (taken before k_norm, not
+    rotated). ``p``: the layer's weight-name prefix up to ``self_attn.``."""
+    k_raw = split_heads(linear(x, w[p + "k_proj.weight"]), heads, head_dim)
+    v_raw = (split_heads(linear(x, w[p + "v_proj.weight"]), heads, head_dim) if has_v_proj
+             else k_raw)
+    k = rope.apply(gemma_norm(k_raw, w[p + "k_norm.weight"], eps), start)
+    return k, gemma_norm(v_raw, None, eps)
+
+
+def layer_rest(h: torch.Tensor, a: torch.Tensor, w: dict, p: str, eps: float) -> torch.Tensor:
+    """The rest of a Gemma4 decoder layer once its attention gave ``a``: the sandwich
+    (post-attention norm, residual; pre-/post-feedforward norms around the GELU-tanh MLP,
+    residual), then the layer scalar on the whole residual stream. The target's layers and
+    the drafter's alike; ``p``: the layer's weight-name prefix."""
+    h = h + gemma_norm(linear(a, w[p + "self_attn.o_proj.weight"]),
+                       w[p + "post_attention_layernorm.weight"], eps)
+    x = gemma_norm(h, w[p + "pre_feedforward_layernorm.weight"], eps)
+    h = h + gemma_norm(gelu_mlp(x, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
+                                w[p + "mlp.down_proj.weight"]),
+                       w[p + "post_feedforward_layernorm.weight"], eps)
+    return h * w[p + "layer_scalar"]
+
 
 
 # --- the target ------------------------------------------------------------------------
@@ -393,22 +405,12 @@ class Gemma4Target:
             x = gemma_norm(h, w[p + "input_layernorm.weight"], eps)
             q = split_heads(linear(x, w[p + "self_attn.q_proj.weight"]), nh, g.head_dim)
             q = rope.apply(gemma_norm(q, w[p + "self_attn.q_norm.weight"], eps), start)
-            k_raw = split_heads(linear(x, w[p + "self_attn.k_proj.weight"]), g.kv_heads,
-                                g.head_dim)
-            v_raw = (split_heads(linear(x, w[p + "self_attn.v_proj.weight"]), g.kv_heads,
-                                 g.head_dim) if g.has_v_proj else k_raw)
-            k = rope.apply(gemma_norm(k_raw, w[p + "self_attn.k_norm.weight"], eps), start)
-            v = gemma_norm(v_raw, None, eps)
+            k, v = project_kv(x, w, p + "self_attn.", g.kv_heads, g.head_dim, g.has_v_proj,
+                              rope, start, eps)
             keys, values = cache.append(i, k, v)
             window = t.sliding_window if g.kind == SLIDING else None
             a = attention(q, keys, values, causal_offset=start, scale=1.0, window=window)
-            h = h + gemma_norm(linear(a, w[p + "self_attn.o_proj.weight"]),
-                               w[p + "post_attention_layernorm.weight"], eps)
-            x = gemma_norm(h, w[p + "pre_feedforward_layernorm.weight"], eps)
-            h = h + gemma_norm(gelu_mlp(x, w[p + "mlp.gate_proj.weight"],
-                                        w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"]),
-                               w[p + "post_feedforward_layernorm.weight"], eps)
-            h = h * w[p + "layer_scalar"]
+            h = layer_rest(h, a, w, p, eps)
             hidden.append(h if keep is None or i + 1 in keep else None)
         hidden[-1] = gemma_norm(h, w[NORM], eps)
         final = hidden[-1][-1:] if last_logits_only else hidden[-1]
@@ -437,14 +439,8 @@ class Gemma4Drafter(DSparkDrafter):
         return gemma_norm(x, weight, self.eps)
 
     def _kv(self, layer: int, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K = rope(k_norm(k_proj x)); V = v_norm(k_proj x) under k_eq_v (before k_norm,
-        not rotated), else v_norm(v_proj x)."""
-        p = f"layers.{layer}.self_attn."
-        k_raw = split_heads(linear(x, self.w[p + "k_proj.weight"]), self.kv_heads, self.head_dim)
-        v_raw = k_raw if self.k_eq_v else split_heads(linear(x, self.w[p + "v_proj.weight"]),
-                                                      self.kv_heads, self.head_dim)
-        k = self.rope.apply(self._norm(k_raw, self.w[p + "k_norm.weight"]), start)
-        return k, self._norm(v_raw, None)
+        return project_kv(x, self.w, f"layers.{layer}.self_attn.", self.kv_heads, self.head_dim,
+                          not self.k_eq_v, self.rope, start, self.eps)
 
     @torch.inference_mode()
     def block_hidden(self, anchor: int, *, stages: dict | None = None) -> torch.Tensor:
@@ -467,13 +463,7 @@ class Gemma4Drafter(DSparkDrafter):
                 k = torch.cat([self.ctx_keys[i], k], dim=1)
                 v = torch.cat([self.ctx_values[i], v], dim=1)
             a = attention(q, k, v, causal_offset=None, scale=1.0)
-            h = h + gemma_norm(linear(a, w[p + "self_attn.o_proj.weight"]),
-                               w[p + "post_attention_layernorm.weight"], eps)
-            x = gemma_norm(h, w[p + "pre_feedforward_layernorm.weight"], eps)
-            h = h + gemma_norm(gelu_mlp(x, w[p + "mlp.gate_proj.weight"],
-                                        w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"]),
-                               w[p + "post_feedforward_layernorm.weight"], eps)
-            h = h * w[p + "layer_scalar"]
+            h = layer_rest(h, a, w, p, eps)
             if stages is not None:
                 stages[f"layer_out.{i}"] = h
         return gemma_norm(h, w["norm.weight"], eps)

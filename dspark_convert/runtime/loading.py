@@ -175,3 +175,26 @@ class TensorLoader:
             # Synchronous: the staging buffer is reused by the next chunk.
             target_rows.copy_(chunk)
         return dest
+
+
+def stored_tensors(entries, shapes: dict[str, tuple[int, ...]], directory: Path,
+                   error: type[DSparkError]) -> dict[str, StoredTensor]:
+    """Where each tensor of ``shapes`` (name -> torch shape, in load order) is in a target
+    checkpoint's headers (``entries``: formats/safetensors.py's), each checked present, of
+    that shape and a dtype the loader reads; refused as ``error`` naming the tensor. No
+    tensor byte is read (every family's plan_target)."""
+    tensors: dict[str, StoredTensor] = {}
+    for name, shape in shapes.items():
+        entry = entries.get(name)
+        if entry is None:
+            raise error(f"target {directory}: tensor {name!r} is missing", path=str(directory),
+                        tensor=name, expected=list(shape), found="absent")
+        if entry.shape != shape or entry.dtype not in STORED_DTYPES:
+            raise error(f"target {entry.file}: tensor {name!r}: expected {list(shape)} "
+                        f"BF16/F16/F32, found {list(entry.shape)} {entry.dtype}",
+                        path=str(entry.file), tensor=name, expected=list(shape),
+                        found=list(entry.shape))
+        tensors[name] = StoredTensor(name=name, file=entry.file, offset=entry.begin,
+                                     nbytes=entry.nbytes, dtype=STORED_DTYPES[entry.dtype],
+                                     shape=shape)
+    return tensors

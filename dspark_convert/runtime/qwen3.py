@@ -36,7 +36,7 @@ from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
-from dspark_convert.runtime.loading import STORED_DTYPES, StoredModel, StoredTensor, TensorLoader
+from dspark_convert.runtime.loading import StoredModel, StoredTensor, TensorLoader, stored_tensors
 
 EMBED = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
@@ -200,21 +200,7 @@ def plan_target(directory: str | os.PathLike, *, config: Qwen3Config | None = No
                                  tensor=exc.tensor) from None
     entries = checkpoint.tensors
     _check_layer_count(entries, cfg, directory)
-    tensors: dict[str, StoredTensor] = {}
-    for name, shape in tensor_shapes(cfg).items():
-        entry = entries.get(name)
-        if entry is None:
-            raise RuntimeTargetError(f"target {directory}: tensor {name!r} is missing",
-                                     path=str(directory), tensor=name, expected=list(shape),
-                                     found="absent")
-        if entry.shape != shape or entry.dtype not in STORED_DTYPES:
-            raise RuntimeTargetError(
-                f"target {entry.file}: tensor {name!r}: expected {list(shape)} BF16/F16/F32, "
-                f"found {list(entry.shape)} {entry.dtype}", path=str(entry.file), tensor=name,
-                expected=list(shape), found=list(entry.shape))
-        tensors[name] = StoredTensor(name=name, file=entry.file, offset=entry.begin,
-                                     nbytes=entry.nbytes, dtype=STORED_DTYPES[entry.dtype],
-                                     shape=shape)
+    tensors = stored_tensors(entries, tensor_shapes(cfg), directory, RuntimeTargetError)
     return TargetPlan(directory=directory, config=cfg, tensors=tensors)
 
 
