@@ -76,9 +76,9 @@ def test_the_pins_are_every_distribution_of_the_install_and_the_file_pip_read(in
     assert "dspark-mlx==0.1.0 --hash=sha256:" in lines[[p[0] for p in tool.PINS].index("dspark-mlx")]
     assert f"mlx[cpu]=={tool.MLX} --hash=sha256:" in "\n".join(lines)
     site = installed / SITE
-    names = sorted(tool._normal(p.name[: -len(".dist-info")].rpartition("-")[0])
+    names = sorted(tool.venvs.normal_name(p.name[: -len(".dist-info")].rpartition("-")[0])
                    for p in site.glob("*.dist-info"))
-    assert names == sorted(tool._normal(p[0]) for p in tool.PINS)
+    assert names == sorted(tool.venvs.normal_name(p[0]) for p in tool.PINS)
     assert not (site / "pip").exists()
     assert sorted(p.name for p in (installed / "venv" / "bin").iterdir()) == [
         "python", "python3", f"python{tool.PYTHON[0]}.{tool.PYTHON[1]}"]

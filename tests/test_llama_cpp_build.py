@@ -353,13 +353,14 @@ time.sleep(600)
 _DRIVER = r"""
 import importlib.util, sys
 from pathlib import Path
+sys.path.insert(0, str(Path(sys.argv[1]).parent))   # engine_cache beside it, as a script finds it
 spec = importlib.util.spec_from_file_location("llama_cpp_build", sys.argv[1])
 b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
-b.catch_signals()
+b.cache.catch_signals()
 try:
     b.run_step([sys.executable, "-c", sys.argv[2], sys.argv[3]], Path(sys.argv[4]), "a tree")
-except b.Interrupted as exc:
+except b.cache.Interrupted as exc:
     sys.exit(128 + exc.signum)
 """
 
@@ -380,7 +381,7 @@ def test_an_interrupt_ends_every_process_of_the_step(signum, tmp_path):
         child, grand = map(int, pids.read_text().split())
         assert _running(child) and _running(grand)
         proc.send_signal(signum)
-        proc.communicate(timeout=support.build.GRACE_S + 30)
+        proc.communicate(timeout=support.build.cache.GRACE_S + 30)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signum
@@ -431,7 +432,7 @@ def test_an_interrupt_during_the_compile_ends_cmake_ninja_and_the_compilers(sign
             assert time.monotonic() < deadline, "no compiler of this build was seen running"
             time.sleep(0.1)
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=support.build.GRACE_S + 60)
+        _, err = proc.communicate(timeout=support.build.cache.GRACE_S + 60)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signum, err

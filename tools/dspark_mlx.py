@@ -30,29 +30,29 @@ place when complete; the console scripts pip writes into ``venv/bin`` are remove
 name the temporary directory; the engine is run as ``venv/bin/python``). A killed install
 leaves only a temporary, removed by the next run; Ctrl-C or SIGTERM ends pip and removes it.
 
-Standard library only: it runs before (and without) the package's own environment. The
-helpers it shares with tools/llama_cpp.py (the cache, removing, signals) are imported from it.
+Standard library only: it runs before (and without) the package's own environment. What it
+shares with tools/llama_cpp.py and tools/speculators.py is imported from tools/engine_cache.py
+(the cache's location, removing, temporaries, signals, bounded reads, the JSON info file) and
+tools/engine_venv.py (pinned wheel installs, the distributions and their RECORDs).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import csv
-import errno
 import hashlib
-import io
 import json
 import os
 import platform
 import signal
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import llama_cpp as shared   # tools/llama_cpp.py, beside it: the cache, removing, signals
+import engine_cache as cache   # tools/engine_cache.py, beside it: the cache, removing, signals
+import engine_venv as venvs    # tools/engine_venv.py: pinned wheel installs, RECORD checks
+
+InstallError = venvs.InstallError
 
 PACKAGE = "dspark-mlx"
 VERSION = "0.1.0"
@@ -140,12 +140,7 @@ EXTRAS = {"mlx": "[cpu]"}
 INFO_FILE = "install-info.json"
 REQUIREMENTS_FILE = "requirements.txt"
 INFO_MAX_BYTES = 64 * 1024      # ours is under 1 KiB; a bigger file is not ours (read bounded)
-RECORD_MAX_BYTES = 16 << 20     # the largest RECORD of the pins is ~600 KB
 PYTHON_PROBE_SECONDS = 60
-
-
-class InstallError(Exception):
-    """A step failed or the cache is not a whole install; the message says which."""
 
 
 def requirements_text() -> str:
@@ -165,7 +160,7 @@ def expected_info() -> dict:
 
 
 def install_dir() -> Path:
-    return shared.cache_root() / DIR_NAME
+    return cache.cache_root() / DIR_NAME
 
 
 def python_path(root: Path | None = None) -> Path:
@@ -177,99 +172,17 @@ def _site_packages(root: Path) -> Path:
     return root / "venv" / "lib" / f"python{PYTHON[0]}.{PYTHON[1]}" / "site-packages"
 
 
-def _normal(name: str) -> str:
-    """A distribution's name as PEP 503 compares it."""
-    out, dash = [], False
-    for c in name.lower():
-        if c in "-_.":
-            dash = True
-            continue
-        if dash and out:
-            out.append("-")
-        dash = False
-        out.append(c)
-    return "".join(out)
-
-
 # --- is this a whole install ---------------------------------------------------------------
-
-def _read_bounded(path: Path, limit: int, expected: str) -> bytes:
-    """A regular file's bytes, never following a link nor waiting on a FIFO, at most
-    ``limit``; InstallError naming what was found."""
-    shown = shared._shown(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise InstallError(f"{shown}: missing; {expected}") from None
-    except OSError as exc:
-        what = "a symbolic link" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})"
-        raise InstallError(f"{shown}: {what}; {expected}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise InstallError(f"{shown}: {shared._kind(mode)}; {expected}")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise InstallError(f"{shown}: unreadable ({exc.strerror}); {expected}") from None
-    finally:
-        os.close(fd)
-    if size > limit:
-        raise InstallError(f"{shown}: over {limit} bytes; {expected}")
-    return b"".join(chunks)
-
 
 def read_info(path: Path) -> dict:
     """install-info.json as a JSON object (strict: no duplicate key, no NaN)."""
     expected = f"expected the JSON object tools/dspark_mlx.py writes (at most {INFO_MAX_BYTES} bytes)"
-    data = _read_bounded(path, INFO_MAX_BYTES, expected)
-    shown = shared._shown(path)
-    try:
-        info = json.loads(data.decode("utf-8"), object_pairs_hook=shared._no_duplicates,
-                          parse_constant=shared._refuse_constant)
-    except UnicodeDecodeError:
-        raise InstallError(f"{shown}: not UTF-8; {expected}") from None
-    except RecursionError:
-        raise InstallError(f"{shown}: nested too deep; {expected}") from None
-    except ValueError as exc:
-        raise InstallError(f"{shown}: not JSON ({exc}); {expected}") from None
-    if not isinstance(info, dict):
-        raise InstallError(f"{shown}: a JSON {shared._JSON_KIND.get(type(info), 'value')} "
-                           f"{shared._brief(info)}; {expected}")
-    return info
+    return cache.read_json_object(path, INFO_MAX_BYTES, expected, InstallError)
 
 
 def _check_info(root: Path) -> None:
     path = root / INFO_FILE
-    info, want = read_info(path), expected_info()
-    shown = shared._shown(path)
-    for key, value in want.items():
-        if key not in info:
-            raise InstallError(f"{shown}: no {key!r}; expected {shared._brief(value)}")
-        if info[key] != value or type(info[key]) is not type(value):
-            raise InstallError(f"{shown}: {key} is {shared._brief(info[key])}, expected "
-                               f"{shared._brief(value)}")
-    extra = sorted(set(info) - set(want))
-    if extra:
-        raise InstallError(f"{shown}: unexpected key {shared._brief(extra[0])}; expected only "
-                           f"{', '.join(want)}")
-
-
-def _check_dir(path: Path, what: str) -> None:
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        raise InstallError(f"{shared._shown(path)}: missing; expected {what}") from None
-    except OSError as exc:
-        raise InstallError(f"{shared._shown(path)}: unreadable ({exc.strerror}); expected "
-                           f"{what}") from None
-    if not stat.S_ISDIR(mode):
-        raise InstallError(f"{shared._shown(path)}: {shared._kind(mode)}; expected {what}")
+    cache.check_info(path, read_info(path), expected_info(), InstallError)
 
 
 def _check_python(root: Path) -> None:
@@ -277,7 +190,7 @@ def _check_python(root: Path) -> None:
     runs as CPython of the pinned version."""
     python = python_path(root)
     if not (python.is_file() and os.access(python, os.X_OK)):
-        raise InstallError(f"{shared._shown(python)}: not an executable file; expected the "
+        raise InstallError(f"{cache.shown(python)}: not an executable file; expected the "
                            "venv's interpreter")
     want = f"{PYTHON[0]}.{PYTHON[1]}"
     try:
@@ -286,99 +199,29 @@ def _check_python(root: Path) -> None:
                               capture_output=True, text=True, timeout=PYTHON_PROBE_SECONDS,
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InstallError(f"{shared._shown(python)}: does not run ({exc}); expected CPython "
+        raise InstallError(f"{cache.shown(python)}: does not run ({exc}); expected CPython "
                            f"{want}") from None
     if proc.returncode != 0 or proc.stdout.split() != [want, "cpython"]:
-        raise InstallError(f"{shared._shown(python)}: runs as {proc.stdout.strip()[:60]!r} (exit "
+        raise InstallError(f"{cache.shown(python)}: runs as {proc.stdout.strip()[:60]!r} (exit "
                            f"{proc.returncode}); expected CPython {want}")
-
-
-def _distributions(site: Path) -> dict[str, tuple[str, Path]]:
-    """normalised name -> (version, its .dist-info directory), from the directory names."""
-    found: dict[str, tuple[str, Path]] = {}
-    for entry in sorted(site.iterdir()):
-        if not entry.name.endswith(".dist-info"):
-            continue
-        name, sep, version = entry.name[: -len(".dist-info")].rpartition("-")
-        if not sep:
-            raise InstallError(f"{shared._shown(entry)}: not a NAME-VERSION.dist-info directory")
-        found[_normal(name)] = (version, entry)
-    return found
-
-
-def _urlsafe_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
-
-
-def _check_record(site: Path, dist_info: Path) -> int:
-    """Every file a distribution's RECORD lists with a hash has that hash (console scripts
-    outside site-packages, which `install` removes, aside); returns the files checked."""
-    record = dist_info / "RECORD"
-    data = _read_bounded(record, RECORD_MAX_BYTES, "expected the RECORD pip wrote")
-    checked = 0
-    for row in csv.reader(io.StringIO(data.decode("utf-8", "replace"))):
-        if len(row) != 3:
-            raise InstallError(f"{shared._shown(record)}: a row of {len(row)} fields; expected "
-                               "path, hash, size")
-        rel, digest, _ = row
-        if not digest:
-            continue                    # RECORD itself, compiled files: pip lists no hash
-        if rel.startswith("../"):
-            continue                    # console scripts in venv/bin: removed by install
-        algo, _, want = digest.partition("=")
-        path = site / rel
-        if algo != "sha256":
-            raise InstallError(f"{shared._shown(record)}: {rel} hashed with {algo!r}; expected "
-                               "sha256")
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            raise InstallError(f"{shared._shown(path)}: missing; {dist_info.name}'s RECORD "
-                               "lists it") from None
-        if not stat.S_ISREG(mode):
-            raise InstallError(f"{shared._shown(path)}: {shared._kind(mode)}; expected the "
-                               f"regular file {dist_info.name}'s RECORD lists")
-        if _urlsafe_sha256(path) != want:
-            raise InstallError(f"{shared._shown(path)}: its SHA-256 is not the one "
-                               f"{dist_info.name}'s RECORD lists (changed since pip installed it)")
-        checked += 1
-    return checked
 
 
 def check_install(root: Path | None = None) -> None:
     """None when ``root`` (default: the cache's) is a whole install of the pins; else
     InstallError, one line naming the path and what was expected."""
     root = install_dir() if root is None else root
-    _check_dir(root, f"the directory of a {PACKAGE} {VERSION} install")
+    venvs.check_dir(root, f"the directory of a {PACKAGE} {VERSION} install")
     _check_info(root)
     req = root / REQUIREMENTS_FILE
-    if _read_bounded(req, INFO_MAX_BYTES, "expected the pinned requirements") != \
+    if venvs.read_bounded(req, INFO_MAX_BYTES, "expected the pinned requirements") != \
             requirements_text().encode():
-        raise InstallError(f"{shared._shown(req)}: not the pinned requirements this script "
+        raise InstallError(f"{cache.shown(req)}: not the pinned requirements this script "
                            "writes")
-    _check_dir(root / "venv", "the install's virtual environment")
+    venvs.check_dir(root / "venv", "the install's virtual environment")
     _check_python(root)
     site = _site_packages(root)
-    _check_dir(site, "the venv's site-packages")
-    found = _distributions(site)
-    want = {_normal(name): version for name, version, _ in PINS}
-    for name, version in want.items():
-        if name not in found:
-            raise InstallError(f"{shared._shown(site)}: no {name} distribution; expected "
-                               f"{name}=={version}")
-        if found[name][0] != version:
-            raise InstallError(f"{shared._shown(found[name][1])}: {name} {found[name][0]}; "
-                               f"expected {version}")
-    extra = sorted(set(found) - set(want))
-    if extra:
-        raise InstallError(f"{shared._shown(found[extra[0]][1])}: {extra[0]} is installed and "
-                           "not pinned; expected the pinned distributions only")
-    for name in sorted(want):
-        _check_record(site, found[name][1])
+    venvs.check_dir(site, "the venv's site-packages")
+    venvs.check_distributions(site, PINS)
 
 
 def install_problem(root: Path | None = None) -> str | None:
@@ -396,25 +239,6 @@ def is_installed(root: Path | None = None) -> bool:
 
 # --- installing ---------------------------------------------------------------------------
 
-def _run_step(cmd: list[str], log: Path, what: str) -> None:
-    print(f"{PACKAGE}: {what} (log: {log})", flush=True)
-    with open(log, "ab") as out:
-        proc = None
-        try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            code = proc.wait()
-        except FileNotFoundError:
-            raise InstallError(f"{what}: {cmd[0]} not found") from None
-        except BaseException:
-            if proc is not None:
-                shared.end_processes(proc)
-            raise
-    if code != 0:
-        tail = log.read_text(errors="replace").splitlines()[-15:]
-        raise InstallError(f"{what} failed (exit {code}): {' '.join(cmd)}\n" + "\n".join(tail))
-
-
 def _this_python_fits() -> None:
     """The venv is made from this interpreter: it must be what the pins are for."""
     impl = sys.implementation.name
@@ -426,14 +250,6 @@ def _this_python_fits() -> None:
                            "interpreter")
 
 
-def _remove_console_scripts(root: Path) -> None:
-    """The scripts in venv/bin (pip's console scripts, venv's activate scripts) name the
-    temporary directory the install was made in; only the interpreter's links are kept."""
-    for entry in (root / "venv" / "bin").iterdir():
-        if not entry.name.startswith("python"):
-            shared._remove(entry)
-
-
 def install(*, quiet_pip: bool = True) -> Path:
     """Install into the cache unless a whole install is there (anything else there is
     replaced); returns the install directory."""
@@ -442,52 +258,30 @@ def install(*, quiet_pip: bool = True) -> Path:
         return final
     _this_python_fits()
     final.parent.mkdir(parents=True, exist_ok=True)
-    shared._remove_stale(final)
-    work = shared._temporary(final, "install")
+    cache.remove_stale(final)
+    work = cache.temporary(final, "install")
     try:
-        shared._remove(work)
+        cache.remove(work)
         work.mkdir()
         log = work / "install.log"
         (work / REQUIREMENTS_FILE).write_text(requirements_text())
-        _run_step([sys.executable, "-m", "venv", "--without-pip", str(work / "venv")], log,
-                  "python -m venv --without-pip")
-        _run_step([sys.executable, "-m", "pip", "--python", str(python_path(work)), "install",
-                   "--disable-pip-version-check", "--no-input", *(["--quiet"] if quiet_pip else []),
-                   "--require-hashes", "--only-binary", ":all:", "--no-warn-script-location",
-                   "-r", str(work / REQUIREMENTS_FILE)], log,
-                  f"pip install --require-hashes {PACKAGE}=={VERSION} mlx[cpu]=={MLX} and the "
-                  f"{len(PINS) - 3} distributions they need (about a minute)")
-        _remove_console_scripts(work)
+        venvs.run_step(PACKAGE, [sys.executable, "-m", "venv", "--without-pip",
+                                 str(work / "venv")], log, "python -m venv --without-pip")
+        venvs.run_step(PACKAGE, [sys.executable, "-m", "pip", "--python", str(python_path(work)),
+                                 "install", "--disable-pip-version-check", "--no-input",
+                                 *(["--quiet"] if quiet_pip else []), "--require-hashes",
+                                 "--only-binary", ":all:", "--no-warn-script-location",
+                                 "-r", str(work / REQUIREMENTS_FILE)], log,
+                       f"pip install --require-hashes {PACKAGE}=={VERSION} mlx[cpu]=={MLX} and "
+                       f"the {len(PINS) - 3} distributions they need (about a minute)")
+        venvs.remove_console_scripts(work)
         log.unlink()
         (work / INFO_FILE).write_text(json.dumps(expected_info(), indent=2) + "\n")
         check_install(work)             # what `path` will accept, or a failure
-        return _replace(work, final)
+        return cache.put_in_place(work, final, is_installed)
     except BaseException:
-        shared._remove_quietly(work)
+        cache.remove_quietly(work)
         raise
-
-
-def _replace(work: Path, final: Path) -> Path:
-    """``work`` (a whole install) put at ``final``; whatever was there is renamed aside and
-    removed; another run's whole install that got there first is kept."""
-    if is_installed(final):
-        shared._remove(work)
-        return final
-    aside = shared._temporary(final, "old")
-    with shared._signals_blocked():
-        shared._remove(aside)
-        try:
-            os.rename(final, aside)
-        except FileNotFoundError:
-            pass
-        try:
-            os.rename(work, final)
-        except OSError:
-            if not is_installed(final):
-                raise
-            shared._remove(work)
-        shared._remove_quietly(aside)
-    return final
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -501,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "path":
         root = install_dir()
         if not os.path.lexists(root):
-            print(f"{PACKAGE} {VERSION} is not installed in {shared._shown(root)}: run {how}",
+            print(f"{PACKAGE} {VERSION} is not installed in {cache.shown(root)}: run {how}",
                   file=sys.stderr)
             return 1
         problem = install_problem(root)
@@ -511,11 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(python_path(root))
         return 0
-    shared.catch_signals()
+    cache.catch_signals()
     started = time.monotonic()
     try:
         root = install()
-    except shared.Interrupted as exc:
+    except cache.Interrupted as exc:
         if is_installed():
             print(f"{PACKAGE}: {exc.name} after the install was in place: {python_path()}",
                   file=sys.stderr)

@@ -26,26 +26,27 @@ the temporary. ``DSPARK_LLAMA_CPP_SDIST=PATH`` uses a local copy of the sdist in
 downloading it (its SHA-256 is checked all the same); a download is kept in the cache
 (``sdist/``, checked again at each use).
 
-Standard library only: it runs before (and without) the package's own environment.
+Standard library only: it runs before (and without) the package's own environment. What it
+shares with tools/dspark_mlx.py and tools/speculators.py (the cache's location, removing,
+temporaries, signals, the bounded read of the info file) is tools/engine_cache.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import hashlib
 import json
 import os
 import platform
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 from typing import NamedTuple
+
+import engine_cache as cache   # tools/engine_cache.py, beside it: the cache, removing, signals
 
 PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
@@ -80,25 +81,11 @@ CMAKE_OPTIONS = BASE_OPTIONS + PORTABLE_OPTIONS
 NATIVE_OPTIONS = BASE_OPTIONS + ("-DGGML_NATIVE=ON",)
 INFO_FILE = "build-info.json"
 INFO_MAX_BYTES = 64 * 1024      # ours is under 2 KiB; a bigger file is not ours (read bounded)
-TMP_MARK = ".tmp-"
 CPUINFO = Path("/proc/cpuinfo")
-# How long the build's processes get to end after SIGTERM (ninja ends its compilers) before
-# SIGKILL.
-GRACE_S = 5.0
 
 
 class BuildError(Exception):
     """A step failed; the message says which and what to do."""
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived during a build. A BaseException, as KeyboardInterrupt is:
-    nothing on the way may take it for a failure and go on."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-        self.name = signal.Signals(signum).name
 
 
 class Variant(NamedTuple):
@@ -132,13 +119,8 @@ def expected_info(native: bool = False) -> dict:
             "cmake_options": list(v.cmake_options), "binaries": list(BINARIES)}
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("DSPARK_ENGINE_CACHE")
-                or Path.home() / ".cache" / "dspark-convert")
-
-
 def build_dir(native: bool = False) -> Path:
-    return cache_root() / f"llama.cpp-{COMMIT}{variant(native).suffix}"
+    return cache.cache_root() / f"llama.cpp-{COMMIT}{variant(native).suffix}"
 
 
 def bin_dir(native: bool = False) -> Path:
@@ -186,103 +168,18 @@ def missing_cpu_flags(native: bool = False, cpuinfo: Path | None = None) -> tupl
 
 # --- is this a whole build ----------------------------------------------------------------
 
-def _shown(path: Path | str) -> str:
-    """A path on one line: as it is when printable, else escaped."""
-    text = str(path)
-    return text if text.isprintable() else ascii(text)
-
-
-def _brief(value: object) -> str:
-    """A JSON value on one short line (json escapes control characters)."""
-    text = json.dumps(value, ensure_ascii=True)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISREG, "a regular file")):
-        if test(mode):
-            return name
-    return "an unknown kind of file"
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    seen: dict = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"key {_brief(key)} twice")
-        seen[key] = value
-    return seen
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-_JSON_KIND = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-              type(None): "null"}
-
-
 def read_info(path: Path) -> dict:
     """build-info.json as a JSON object, read without following a link, without waiting on
     a FIFO (O_NONBLOCK) and at most INFO_MAX_BYTES; BuildError naming what was found."""
     expected = (f"expected the JSON object tools/llama_cpp.py writes (at most {INFO_MAX_BYTES} "
                 "bytes)")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise BuildError(f"{_shown(path)}: missing; {expected}") from None
-    except OSError as exc:
-        what = "a symbolic link" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})"
-        raise BuildError(f"{_shown(path)}: {what}; {expected}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise BuildError(f"{_shown(path)}: {_kind(mode)}; {expected}")
-        chunks, size = [], 0
-        while size <= INFO_MAX_BYTES:
-            chunk = os.read(fd, INFO_MAX_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise BuildError(f"{_shown(path)}: unreadable ({exc.strerror}); {expected}") from None
-    finally:
-        os.close(fd)
-    if size > INFO_MAX_BYTES:
-        raise BuildError(f"{_shown(path)}: over {INFO_MAX_BYTES} bytes; {expected}")
-    try:
-        info = json.loads(b"".join(chunks).decode("utf-8"), object_pairs_hook=_no_duplicates,
-                          parse_constant=_refuse_constant)
-    except UnicodeDecodeError:
-        raise BuildError(f"{_shown(path)}: not UTF-8; {expected}") from None
-    except RecursionError:
-        raise BuildError(f"{_shown(path)}: nested too deep; {expected}") from None
-    except ValueError as exc:
-        raise BuildError(f"{_shown(path)}: not JSON ({exc}); {expected}") from None
-    if not isinstance(info, dict):
-        raise BuildError(f"{_shown(path)}: a JSON {_JSON_KIND.get(type(info), 'value')} "
-                         f"{_brief(info)}; {expected}")
-    return info
+    return cache.read_json_object(path, INFO_MAX_BYTES, expected, BuildError)
 
 
 def _check_entry(path: Path, want_dir: bool, what: str) -> None:
     """``path`` is a real directory or a regular executable file (never a link: a whole
     build holds none, and a link may point anywhere)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        raise BuildError(f"{_shown(path)}: missing; expected {what}") from None
-    except OSError as exc:
-        raise BuildError(f"{_shown(path)}: unreadable ({exc.strerror}); expected {what}") from None
-    ok = stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)
-    if not ok:
-        raise BuildError(f"{_shown(path)}: {_kind(mode)}; expected {what}")
-    if not want_dir and what.endswith("executable") and not os.access(path, os.X_OK):
-        raise BuildError(f"{_shown(path)}: not executable; expected {what}")
+    cache.check_entry(path, want_dir, what, BuildError)
 
 
 def check_build(root: Path | None = None, *, native: bool = False) -> None:
@@ -291,17 +188,7 @@ def check_build(root: Path | None = None, *, native: bool = False) -> None:
     root = build_dir(native) if root is None else root
     _check_entry(root, True, f"the directory of a llama.cpp {COMMIT} build")
     info_path = root / INFO_FILE
-    info, want = read_info(info_path), expected_info(native)
-    for key, value in want.items():
-        if key not in info:
-            raise BuildError(f"{_shown(info_path)}: no {key!r}; expected {_brief(value)}")
-        if info[key] != value or type(info[key]) is not type(value):
-            raise BuildError(f"{_shown(info_path)}: {key} is {_brief(info[key])}, "
-                             f"expected {_brief(value)}")
-    extra = sorted(set(info) - set(want))
-    if extra:
-        raise BuildError(f"{_shown(info_path)}: unexpected key {_brief(extra[0])}; expected only "
-                         f"{', '.join(want)}")
+    cache.check_info(info_path, read_info(info_path), expected_info(native), BuildError)
     _check_entry(root / "bin", True, "the directory of the binaries")
     for name in BINARIES:
         _check_entry(root / "bin" / name, False, "a regular file, executable")
@@ -332,55 +219,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _sessions_members(sessions: set[int]) -> list[int]:
-    """Live processes of these sessions (each child starts its own, and its descendants stay
-    in it: ninja moves its compilers to process groups of their own, not sessions)."""
-    pids = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return pids
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue                              # gone meanwhile
-        # After the command name: state, ppid, pgrp, session.
-        if len(fields) > 3 and fields[0] != b"Z" and int(fields[3]) in sessions:
-            pids.append(int(entry))
-    return pids
-
-
-def _signal_all(pids: list[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def end_processes(proc: subprocess.Popen) -> None:
-    """End ``proc`` and every process of its session: SIGTERM (ninja ends its compilers),
-    then SIGKILL for what is left after GRACE_S. Nothing of the build may go on writing
-    into a temporary being removed."""
-    sessions = {proc.pid}
-    _signal_all([proc.pid, *_sessions_members(sessions)], signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline:
-        proc.poll()
-        if proc.returncode is not None and not _sessions_members(sessions):
-            return
-        time.sleep(0.05)
-    _signal_all([proc.pid, *_sessions_members(sessions)], signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + GRACE_S          # SIGKILL is not refused: only slow
-    while _sessions_members(sessions) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 def run_step(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
     print(f"llama.cpp: {what} (log: {log})", flush=True)
     with open(log, "ab") as out:
@@ -396,7 +234,7 @@ def run_step(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> N
                              "C++ compiler on PATH)") from None
         except BaseException:
             if proc is not None:
-                end_processes(proc)
+                cache.end_processes(proc)
             raise
     if code != 0:
         tail = log.read_text(errors="replace").splitlines()[-15:]
@@ -407,23 +245,23 @@ def cached_sdist() -> Path:
     """Where a downloaded sdist is kept (SHA-256 checked before it is put there and again
     each time it is used): a second variant's build (--native), a rebuild of a tampered
     cache and the tests that interrupt a real compile need no second download."""
-    return cache_root() / "sdist" / SDIST_NAME
+    return cache.cache_root() / "sdist" / SDIST_NAME
 
 
 def _keep(sdist: Path) -> None:
     """A checked download copied to cached_sdist(), whole or not at all (a temporary
     renamed into place); a cache that cannot take it is only a lost shortcut."""
     dest = cached_sdist()
-    tmp = dest.with_name(f".{dest.name}{TMP_MARK}{os.getpid()}")
+    tmp = dest.with_name(f".{dest.name}{cache.TMP_MARK}{os.getpid()}")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(sdist, tmp)
         os.replace(tmp, dest)
     except OSError as exc:
-        print(f"llama.cpp: the sdist is not kept in {_shown(dest.parent)} "
+        print(f"llama.cpp: the sdist is not kept in {cache.shown(dest.parent)} "
               f"({exc.strerror or exc}); the next build downloads it again", flush=True)
     finally:
-        _remove_quietly(tmp)
+        cache.remove_quietly(tmp)
 
 
 def fetch_sdist(work: Path) -> Path:
@@ -446,11 +284,11 @@ def fetch_sdist(work: Path) -> Path:
         sdist = dl / SDIST_NAME
         downloaded = True
     if not sdist.is_file():
-        raise BuildError(f"{_shown(sdist)}: no such sdist (expected {SDIST_NAME})")
-    print(f"llama.cpp: checking the SHA-256 of {_shown(sdist)}", flush=True)
+        raise BuildError(f"{cache.shown(sdist)}: no such sdist (expected {SDIST_NAME})")
+    print(f"llama.cpp: checking the SHA-256 of {cache.shown(sdist)}", flush=True)
     got = sha256_of(sdist)
     if got != SDIST_SHA256:
-        raise BuildError(f"{_shown(sdist)}: SHA-256 {got}, expected {SDIST_SHA256} "
+        raise BuildError(f"{cache.shown(sdist)}: SHA-256 {got}, expected {SDIST_SHA256} "
                          f"({PACKAGE}=={VERSION}); refusing to build it")
     if downloaded:
         _keep(sdist)
@@ -464,49 +302,11 @@ def unpack(sdist: Path, dest: Path) -> Path:
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(VENDORED + "/")]
         if not members:
-            raise BuildError(f"{_shown(sdist)}: no {VENDORED}/ inside")
+            raise BuildError(f"{cache.shown(sdist)}: no {VENDORED}/ inside")
         tar.extractall(staging, members=members, filter="data")
     (staging / VENDORED).rename(dest)
     shutil.rmtree(staging)
     return dest
-
-
-def _remove(path: Path) -> None:
-    """Whatever ``path`` is, gone: a directory's tree (never following a link), else the
-    entry itself (a file, a FIFO, a link: not what it points to)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
-def _remove_quietly(path: Path) -> None:
-    """A temporary, removed even while a dying process may still add to it."""
-    for _ in range(20):
-        try:
-            _remove(path)
-            return
-        except OSError:
-            time.sleep(0.1)
-
-
-def _signals_blocked():
-    """SIGINT and SIGTERM held back while the build is put in place: the rename of the old
-    cache aside and the new one in is done whole, or not begun."""
-    class Blocked:
-        def __enter__(self):
-            if hasattr(signal, "pthread_sigmask"):
-                self.old = signal.pthread_sigmask(signal.SIG_BLOCK,
-                                                  {signal.SIGINT, signal.SIGTERM})
-
-        def __exit__(self, *exc):
-            if hasattr(signal, "pthread_sigmask"):
-                signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
-    return Blocked()
 
 
 def replace(work: Path, final: Path, *, native: bool = False) -> Path:
@@ -514,24 +314,7 @@ def replace(work: Path, final: Path, *, native: bool = False) -> Path:
     cache, a file, a FIFO, a link) is renamed aside and removed, so ``final`` is always either
     the old entry or the new build. Another run's whole build that got there first is kept
     and ``work`` removed."""
-    if is_built(final, native=native):
-        _remove(work)
-        return final
-    aside = _temporary(final, "old")
-    with _signals_blocked():
-        _remove(aside)
-        try:
-            os.rename(final, aside)
-        except FileNotFoundError:
-            pass
-        try:
-            os.rename(work, final)
-        except OSError:
-            if not is_built(final, native=native):   # not another run's build: a failure
-                raise
-            _remove(work)
-        _remove_quietly(aside)
-    return final
+    return cache.put_in_place(work, final, lambda root: is_built(root, native=native))
 
 
 def build(*, jobs: int | None = None, native: bool = False) -> Path:
@@ -542,15 +325,15 @@ def build(*, jobs: int | None = None, native: bool = False) -> Path:
         return final
     missing = missing_cpu_flags(native)
     if missing:
-        raise BuildError(f"this CPU ({_shown(CPUINFO)}) lacks {', '.join(missing)}, which the "
+        raise BuildError(f"this CPU ({cache.shown(CPUINFO)}) lacks {', '.join(missing)}, which the "
                          f"{variant(native).isa_baseline} baseline needs; refusing to build "
                          "code it cannot run")
     final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(final)
+    cache.remove_stale(final)
     # Named before it is made: an interrupt at any point finds it to remove.
-    work = _temporary(final, "build")
+    work = cache.temporary(final, "build")
     try:
-        _remove(work)                   # a killed earlier process of this pid's, if any
+        cache.remove(work)              # a killed earlier process of this pid's, if any
         work.mkdir()
         sdist = fetch_sdist(work)
         # The real path: configured through a symlinked one, ninja loops on "build.ninja
@@ -572,52 +355,8 @@ def build(*, jobs: int | None = None, native: bool = False) -> Path:
         check_build(work, native=native)           # what `path` will accept, or a failure
         return replace(work, final, native=native)
     except BaseException:
-        _remove_quietly(work)
+        cache.remove_quietly(work)
         raise
-
-
-def _temporary(final: Path, role: str) -> Path:
-    """A hidden sibling of ``final`` named by this process (``_remove_stale`` removes it
-    once the process is gone)."""
-    return final.parent / f".{final.name}{TMP_MARK}{os.getpid()}-{role}"
-
-
-def _remove_stale(final: Path) -> None:
-    """Temporaries of builds that were killed (their process is gone)."""
-    prefix = f".{final.name}{TMP_MARK}"
-    for entry in final.parent.glob(prefix + "*"):
-        pid = entry.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            try:
-                _remove(entry)
-            except OSError:
-                pass                    # another run's cleanup got there first
-
-
-def _alive(pid: int) -> bool:
-    # util/atomic._pid_alive's twin, not an import: this script runs without the package.
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _raise_interrupted(signum: int, frame) -> None:
-    # The cleanup that follows is not interrupted again: a second Ctrl-C would leave the
-    # temporary half removed.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Interrupted(signum)
-
-
-def catch_signals() -> None:
-    """SIGINT and SIGTERM raise Interrupted in the main thread (SIGTERM would otherwise end
-    the process without removing the temporary or the build's processes)."""
-    signal.signal(signal.SIGINT, _raise_interrupted)
-    signal.signal(signal.SIGTERM, _raise_interrupted)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -638,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "path":
         root = build_dir(args.native)
         if not os.path.lexists(root):
-            print(f"llama.cpp {COMMIT}{flag} is not built in {_shown(root)}: run {how}",
+            print(f"llama.cpp {COMMIT}{flag} is not built in {cache.shown(root)}: run {how}",
                   file=sys.stderr)
             return 1
         problem = build_problem(root, native=args.native)
@@ -648,10 +387,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(bin_dir(args.native))
         return 0
-    catch_signals()
+    cache.catch_signals()
     try:
         root = build(jobs=args.jobs, native=args.native)
-    except Interrupted as exc:
+    except cache.Interrupted as exc:
         if is_built(native=args.native):        # it came after the build was put in place
             print(f"llama.cpp: {exc.name} after the build was in place: {bin_dir(args.native)}",
                   file=sys.stderr)

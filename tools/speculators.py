@@ -58,10 +58,10 @@ writes into ``venv/bin`` are removed (they would name the temporary directory). 
 install leaves only a temporary, removed by the next run; Ctrl-C or SIGTERM ends pip and
 removes it.
 
-Standard library only: it runs before (and without) the package's own environment. The
-helpers it shares with tools/llama_cpp.py (the cache, removing, signals) and
-tools/dspark_mlx.py (bounded reads, the distributions and their RECORDs) are imported from
-them.
+Standard library only: it runs before (and without) the package's own environment. What it
+shares with tools/llama_cpp.py and tools/dspark_mlx.py is imported from tools/engine_cache.py
+(the cache's location, removing, temporaries, signals, bounded reads, the JSON info file) and
+tools/engine_venv.py (pinned wheel installs, the distributions and their RECORDs).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ import sys
 import time
 from pathlib import Path
 
-import dspark_mlx as venvs  # tools/dspark_mlx.py: bounded reads, distributions, RECORD checks
-import llama_cpp as shared  # tools/llama_cpp.py: the cache, removing, signals
+import engine_cache as cache   # tools/engine_cache.py, beside it: the cache, removing, signals
+import engine_venv as venvs    # tools/engine_venv.py: pinned wheel installs, RECORD checks
 
 InstallError = venvs.InstallError
 
@@ -160,7 +160,7 @@ def requirements_text() -> str:
 
 
 def install_dir() -> Path:
-    return shared.cache_root() / DIR_NAME
+    return cache.cache_root() / DIR_NAME
 
 
 def python_path(root: Path | None = None) -> Path:
@@ -180,7 +180,7 @@ def _requirement_name(requirement: str) -> str | None:
     if "extra" in marker:
         return None
     match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", name)
-    return venvs._normal(match.group(1)) if match else None
+    return venvs.normal_name(match.group(1)) if match else None
 
 
 def linked_torch() -> dict:
@@ -196,12 +196,12 @@ def linked_torch() -> dict:
         raise InstallError(f"{sys.executable} has torch {torch.version}; expected {TORCH} "
                            "(constraints.txt), the one speculators' venv links in")
     site = Path(torch.locate_file("")).resolve()
-    pinned = {venvs._normal(n) for n, _, _ in PINS}
+    pinned = {venvs.normal_name(n) for n, _, _ in PINS}
     links: dict[str, str] = {}
     for name in LINKED:
         dist = importlib.metadata.distribution(name)
         if Path(dist.locate_file("")).resolve() != site:
-            raise InstallError(f"{name} is not in {shared._shown(site)} beside torch; expected "
+            raise InstallError(f"{name} is not in {cache.shown(site)} beside torch; expected "
                                "the project's venv to hold torch and its requirements")
         for requirement in dist.requires or ():
             needed = _requirement_name(requirement)
@@ -236,43 +236,18 @@ def read_info(path: Path) -> dict:
     """install-info.json as a JSON object (strict: no duplicate key, no NaN)."""
     expected = (f"expected the JSON object tools/speculators.py writes (at most "
                 f"{INFO_MAX_BYTES} bytes)")
-    data = venvs._read_bounded(path, INFO_MAX_BYTES, expected)
-    shown = shared._shown(path)
-    try:
-        info = json.loads(data.decode("utf-8"), object_pairs_hook=shared._no_duplicates,
-                          parse_constant=shared._refuse_constant)
-    except UnicodeDecodeError:
-        raise InstallError(f"{shown}: not UTF-8; {expected}") from None
-    except RecursionError:
-        raise InstallError(f"{shown}: nested too deep; {expected}") from None
-    except ValueError as exc:
-        raise InstallError(f"{shown}: not JSON ({exc}); {expected}") from None
-    if not isinstance(info, dict):
-        raise InstallError(f"{shown}: a JSON {shared._JSON_KIND.get(type(info), 'value')} "
-                           f"{shared._brief(info)}; {expected}")
-    return info
+    return cache.read_json_object(path, INFO_MAX_BYTES, expected, InstallError)
 
 
 def _check_info(root: Path, want: dict) -> None:
     path = root / INFO_FILE
-    info = read_info(path)
-    shown = shared._shown(path)
-    for key, value in want.items():
-        if key not in info:
-            raise InstallError(f"{shown}: no {key!r}; expected {shared._brief(value)}")
-        if info[key] != value or type(info[key]) is not type(value):
-            raise InstallError(f"{shown}: {key} is {shared._brief(info[key])}, expected "
-                               f"{shared._brief(value)}")
-    extra = sorted(set(info) - set(want))
-    if extra:
-        raise InstallError(f"{shown}: unexpected key {shared._brief(extra[0])}; expected only "
-                           f"{', '.join(want)}")
+    cache.check_info(path, read_info(path), want, InstallError)
 
 
 def _check_python(root: Path) -> None:
     python = python_path(root)
     if not (python.is_file() and os.access(python, os.X_OK)):
-        raise InstallError(f"{shared._shown(python)}: not an executable file; expected the "
+        raise InstallError(f"{cache.shown(python)}: not an executable file; expected the "
                            "venv's interpreter")
     want = f"{PYTHON[0]}.{PYTHON[1]}"
     try:
@@ -281,10 +256,10 @@ def _check_python(root: Path) -> None:
                               capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InstallError(f"{shared._shown(python)}: does not run ({exc}); expected CPython "
+        raise InstallError(f"{cache.shown(python)}: does not run ({exc}); expected CPython "
                            f"{want}") from None
     if proc.returncode != 0 or proc.stdout.split() != [want, "cpython"]:
-        raise InstallError(f"{shared._shown(python)}: runs as {proc.stdout.strip()[:60]!r} (exit "
+        raise InstallError(f"{cache.shown(python)}: runs as {proc.stdout.strip()[:60]!r} (exit "
                            f"{proc.returncode}); expected CPython {want}")
 
 
@@ -292,29 +267,29 @@ def _check_links(root: Path, torch: dict) -> None:
     """torch-site holds exactly the links install makes, each to the entry it names in the
     project's site-packages, which exists."""
     where = root / TORCH_SITE
-    venvs._check_dir(where, "the links to torch and its requirements")
+    venvs.check_dir(where, "the links to torch and its requirements")
     site = Path(torch["site"])
     found = sorted(os.listdir(where))
     want = sorted(torch["links"])
     for name in want:
         link = where / name
         if name not in found:
-            raise InstallError(f"{shared._shown(link)}: missing; expected a link to "
-                               f"{shared._shown(site / name)}")
+            raise InstallError(f"{cache.shown(link)}: missing; expected a link to "
+                               f"{cache.shown(site / name)}")
         mode = os.lstat(link).st_mode
         if not stat.S_ISLNK(mode):
-            raise InstallError(f"{shared._shown(link)}: {shared._kind(mode)}; expected a link "
-                               f"to {shared._shown(site / name)}")
+            raise InstallError(f"{cache.shown(link)}: {cache.kind(mode)}; expected a link "
+                               f"to {cache.shown(site / name)}")
         if os.readlink(link) != str(site / name):
-            raise InstallError(f"{shared._shown(link)}: points to "
-                               f"{shared._shown(os.readlink(link))}; expected "
-                               f"{shared._shown(site / name)}")
+            raise InstallError(f"{cache.shown(link)}: points to "
+                               f"{cache.shown(os.readlink(link))}; expected "
+                               f"{cache.shown(site / name)}")
         if not os.path.lexists(site / name):
-            raise InstallError(f"{shared._shown(link)}: points to "
-                               f"{shared._shown(site / name)}, which is gone")
+            raise InstallError(f"{cache.shown(link)}: points to "
+                               f"{cache.shown(site / name)}, which is gone")
     extra = sorted(set(found) - set(want))
     if extra:
-        raise InstallError(f"{shared._shown(where / extra[0])}: not one of the links install "
+        raise InstallError(f"{cache.shown(where / extra[0])}: not one of the links install "
                            "makes; expected only torch's and its requirements'")
 
 
@@ -323,41 +298,27 @@ def check_install(root: Path | None = None, *, torch: dict | None = None) -> Non
     interpreter's torch; else InstallError, one line naming the path and what was expected."""
     root = install_dir() if root is None else root
     torch = torch if torch is not None else linked_torch()
-    venvs._check_dir(root, f"the directory of a {PACKAGE} {VERSION} install")
+    venvs.check_dir(root, f"the directory of a {PACKAGE} {VERSION} install")
     _check_info(root, expected_info(torch))
     req = root / REQUIREMENTS_FILE
-    if venvs._read_bounded(req, INFO_MAX_BYTES, "expected the pinned requirements") != \
+    if venvs.read_bounded(req, INFO_MAX_BYTES, "expected the pinned requirements") != \
             requirements_text().encode():
-        raise InstallError(f"{shared._shown(req)}: not the pinned requirements this script "
+        raise InstallError(f"{cache.shown(req)}: not the pinned requirements this script "
                            "writes")
-    venvs._check_dir(root / "venv", "the install's virtual environment")
+    venvs.check_dir(root / "venv", "the install's virtual environment")
     _check_python(root)
     site = _site_packages(root)
-    venvs._check_dir(site, "the venv's site-packages")
+    venvs.check_dir(site, "the venv's site-packages")
     pths = sorted(p.name for p in site.iterdir() if p.name.endswith(".pth"))
     if pths != [PTH_FILE]:
-        raise InstallError(f"{shared._shown(site)}: .pth files {pths}; expected only {PTH_FILE}")
+        raise InstallError(f"{cache.shown(site)}: .pth files {pths}; expected only {PTH_FILE}")
     pth = site / PTH_FILE
-    if venvs._read_bounded(pth, INFO_MAX_BYTES, "expected one line naming torch-site") != \
+    if venvs.read_bounded(pth, INFO_MAX_BYTES, "expected one line naming torch-site") != \
             PTH_TEXT.encode():
-        raise InstallError(f"{shared._shown(pth)}: not the one line {PTH_TEXT.strip()!r} "
+        raise InstallError(f"{cache.shown(pth)}: not the one line {PTH_TEXT.strip()!r} "
                            f"(naming {TORCH_SITE}/ beside venv/)")
     _check_links(root, torch)
-    found = venvs._distributions(site)
-    want = {venvs._normal(name): version for name, version, _ in PINS}
-    for name, version in want.items():
-        if name not in found:
-            raise InstallError(f"{shared._shown(site)}: no {name} distribution; expected "
-                               f"{name}=={version}")
-        if found[name][0] != version:
-            raise InstallError(f"{shared._shown(found[name][1])}: {name} {found[name][0]}; "
-                               f"expected {version}")
-    extra = sorted(set(found) - set(want))
-    if extra:
-        raise InstallError(f"{shared._shown(found[extra[0]][1])}: {extra[0]} is installed and "
-                           "not pinned; expected the pinned distributions only")
-    for name in sorted(want):
-        venvs._check_record(site, found[name][1])
+    venvs.check_distributions(site, PINS)
 
 
 def install_problem(root: Path | None = None) -> str | None:
@@ -374,25 +335,6 @@ def is_installed(root: Path | None = None) -> bool:
 
 
 # --- installing ---------------------------------------------------------------------------
-
-def _run_step(cmd: list[str], log: Path, what: str) -> None:
-    print(f"{PACKAGE}: {what} (log: {log})", flush=True)
-    with open(log, "ab") as out:
-        proc = None
-        try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            code = proc.wait()
-        except FileNotFoundError:
-            raise InstallError(f"{what}: {cmd[0]} not found") from None
-        except BaseException:
-            if proc is not None:
-                shared.end_processes(proc)
-            raise
-    if code != 0:
-        tail = log.read_text(errors="replace").splitlines()[-15:]
-        raise InstallError(f"{what} failed (exit {code}): {' '.join(cmd)}\n" + "\n".join(tail))
-
 
 def _this_python_fits() -> None:
     impl = sys.implementation.name
@@ -445,55 +387,34 @@ def install(*, quiet_pip: bool = True) -> Path:
         return final
     _this_python_fits()
     final.parent.mkdir(parents=True, exist_ok=True)
-    shared._remove_stale(final)
-    work = shared._temporary(final, "install")
+    cache.remove_stale(final)
+    work = cache.temporary(final, "install")
     try:
-        shared._remove(work)
+        cache.remove(work)
         work.mkdir()
         log = work / "install.log"
         (work / REQUIREMENTS_FILE).write_text(requirements_text())
-        _run_step([sys.executable, "-m", "venv", "--without-pip", str(work / "venv")], log,
-                  "python -m venv --without-pip")
-        _run_step([sys.executable, "-m", "pip", "--python", str(python_path(work)), "install",
-                   "--disable-pip-version-check", "--no-input", *(["--quiet"] if quiet_pip else []),
-                   "--require-hashes", "--no-deps", "--only-binary", ":all:",
-                   "--no-warn-script-location", "-r", str(work / REQUIREMENTS_FILE)], log,
-                  f"pip install --require-hashes --no-deps {PACKAGE}=={VERSION} "
-                  f"transformers=={TRANSFORMERS} and the {len(PINS) - 2} distributions they "
-                  "import (about a minute)")
-        venvs._remove_console_scripts(work)
+        venvs.run_step(PACKAGE, [sys.executable, "-m", "venv", "--without-pip",
+                                 str(work / "venv")], log, "python -m venv --without-pip")
+        venvs.run_step(PACKAGE, [sys.executable, "-m", "pip", "--python", str(python_path(work)),
+                                 "install", "--disable-pip-version-check", "--no-input",
+                                 *(["--quiet"] if quiet_pip else []), "--require-hashes",
+                                 "--no-deps", "--only-binary", ":all:",
+                                 "--no-warn-script-location", "-r",
+                                 str(work / REQUIREMENTS_FILE)], log,
+                       f"pip install --require-hashes --no-deps {PACKAGE}=={VERSION} "
+                       f"transformers=={TRANSFORMERS} and the {len(PINS) - 2} distributions "
+                       "they import (about a minute)")
+        venvs.remove_console_scripts(work)
         _link(work, torch)
         _probe(work, log)
         log.unlink()
         (work / INFO_FILE).write_text(json.dumps(expected_info(torch), indent=2) + "\n")
         check_install(work, torch=torch)        # what `path` will accept, or a failure
-        return _replace(work, final)
+        return cache.put_in_place(work, final, is_installed)
     except BaseException:
-        shared._remove_quietly(work)
+        cache.remove_quietly(work)
         raise
-
-
-def _replace(work: Path, final: Path) -> Path:
-    """``work`` (a whole install) put at ``final``; whatever was there is renamed aside and
-    removed; another run's whole install that got there first is kept."""
-    if is_installed(final):
-        shared._remove(work)
-        return final
-    aside = shared._temporary(final, "old")
-    with shared._signals_blocked():
-        shared._remove(aside)
-        try:
-            os.rename(final, aside)
-        except FileNotFoundError:
-            pass
-        try:
-            os.rename(work, final)
-        except OSError:
-            if not is_installed(final):
-                raise
-            shared._remove(work)
-        shared._remove_quietly(aside)
-    return final
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "path":
         root = install_dir()
         if not os.path.lexists(root):
-            print(f"{PACKAGE} {VERSION} is not installed in {shared._shown(root)}: run {how}",
+            print(f"{PACKAGE} {VERSION} is not installed in {cache.shown(root)}: run {how}",
                   file=sys.stderr)
             return 1
         problem = install_problem(root)
@@ -517,11 +438,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(python_path(root))
         return 0
-    shared.catch_signals()
+    cache.catch_signals()
     started = time.monotonic()
     try:
         root = install()
-    except shared.Interrupted as exc:
+    except cache.Interrupted as exc:
         if is_installed():
             print(f"{PACKAGE}: {exc.name} after the install was in place: {python_path()}",
                   file=sys.stderr)

@@ -14,8 +14,9 @@ import pytest
 
 from support.tools import load_tool
 
-# tools/dspark_mlx.py imports tools/llama_cpp.py, beside it, by its plain name.
-tool = load_tool("tools/dspark_mlx.py", siblings=("llama_cpp",))
+# tools/dspark_mlx.py imports tools/engine_cache.py and tools/engine_venv.py, beside it, by
+# their plain names.
+tool = load_tool("tools/dspark_mlx.py", siblings=("engine_cache", "engine_venv"))
 
 
 def engine() -> Path:

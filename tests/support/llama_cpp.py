@@ -8,7 +8,6 @@ engine tests are part of what CI proves, and a skip there would hide a broken bu
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -18,14 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from support.paths import ROOT
+from support.tools import load_tool
 
 from dspark_convert.evaluation import log_drain
 from dspark_convert.evaluation.engine_llama_cpp import SPEC_TYPES, rerun_while_cut
 
-_spec = importlib.util.spec_from_file_location("llama_cpp_build", ROOT / "tools" / "llama_cpp.py")
-build = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(build)
+# tools/llama_cpp.py imports tools/engine_cache.py, beside it, by its plain name.
+build = load_tool("tools/llama_cpp.py", siblings=("engine_cache",))
 
 # What every speculative run of the tests uses (docs/REFERENCE.md §6b, issue 20).
 SPEC_ARGS = ("--spec-draft-n-max", "7", "--spec-draft-p-min", "0", "--temp", "0", "-lv", "4")

@@ -18,9 +18,9 @@ import pytest
 
 from support.tools import load_tool
 
-# tools/speculators.py imports tools/llama_cpp.py and tools/dspark_mlx.py, beside it, by their
-# plain names.
-tool = load_tool("tools/speculators.py", siblings=("llama_cpp", "dspark_mlx"))
+# tools/speculators.py imports tools/engine_cache.py and tools/engine_venv.py, beside it, by
+# their plain names.
+tool = load_tool("tools/speculators.py", siblings=("engine_cache", "engine_venv"))
 
 
 def python() -> Path:

@@ -1,0 +1,169 @@
+"""A virtual environment of pinned wheels in the engine cache: what tools/dspark_mlx.py and
+tools/speculators.py share about their installs.
+
+- Installing: ``run_step`` runs a step (``python -m venv``, ``pip install --require-hashes``)
+  in a session of its own, logged, ended whole on an interrupt; ``remove_console_scripts``
+  removes what pip and venv wrote into ``venv/bin`` (it names the temporary directory).
+- Checking: ``check_distributions`` (the venv's site-packages holds exactly the pinned
+  distributions at their versions, and every file each one's RECORD lists with a hash has
+  that hash: ``distributions``, ``check_record``, names compared as ``normal_name`` makes
+  them), ``check_dir`` and ``read_bounded`` (the engine cache's, raising InstallError).
+
+Standard library only: it runs before (and without) the package's own environment. The
+scripts import it by its plain name, beside them, as it imports tools/engine_cache.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import engine_cache as cache   # tools/engine_cache.py, beside it
+
+RECORD_MAX_BYTES = 16 << 20     # the largest RECORD of the pins is ~600 KB
+
+
+class InstallError(Exception):
+    """A step failed or the cache is not a whole install; the message says which."""
+
+
+def normal_name(name: str) -> str:
+    """A distribution's name as PEP 503 compares it."""
+    out, dash = [], False
+    for c in name.lower():
+        if c in "-_.":
+            dash = True
+            continue
+        if dash and out:
+            out.append("-")
+        dash = False
+        out.append(c)
+    return "".join(out)
+
+
+# --- is this a whole install ---------------------------------------------------------------
+
+def read_bounded(path: Path, limit: int, expected: str) -> bytes:
+    """A regular file's bytes, never following a link nor waiting on a FIFO, at most
+    ``limit``; InstallError naming what was found."""
+    return cache.read_bounded(path, limit, expected, InstallError)
+
+
+def check_dir(path: Path, what: str) -> None:
+    """``path`` is a real directory (not a link to one); else InstallError naming it."""
+    cache.check_entry(path, True, what, InstallError)
+
+
+def distributions(site: Path) -> dict[str, tuple[str, Path]]:
+    """normalised name -> (version, its .dist-info directory), from the directory names."""
+    found: dict[str, tuple[str, Path]] = {}
+    for entry in sorted(site.iterdir()):
+        if not entry.name.endswith(".dist-info"):
+            continue
+        name, sep, version = entry.name[: -len(".dist-info")].rpartition("-")
+        if not sep:
+            raise InstallError(f"{cache.shown(entry)}: not a NAME-VERSION.dist-info directory")
+        found[normal_name(name)] = (version, entry)
+    return found
+
+
+def _urlsafe_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+
+
+def check_record(site: Path, dist_info: Path) -> int:
+    """Every file a distribution's RECORD lists with a hash has that hash (console scripts
+    outside site-packages, which `install` removes, aside); returns the files checked."""
+    record = dist_info / "RECORD"
+    data = read_bounded(record, RECORD_MAX_BYTES, "expected the RECORD pip wrote")
+    checked = 0
+    for row in csv.reader(io.StringIO(data.decode("utf-8", "replace"))):
+        if len(row) != 3:
+            raise InstallError(f"{cache.shown(record)}: a row of {len(row)} fields; expected "
+                               "path, hash, size")
+        rel, digest, _ = row
+        if not digest:
+            continue                    # RECORD itself, compiled files: pip lists no hash
+        if rel.startswith("../"):
+            continue                    # console scripts in venv/bin: removed by install
+        algo, _, want = digest.partition("=")
+        path = site / rel
+        if algo != "sha256":
+            raise InstallError(f"{cache.shown(record)}: {rel} hashed with {algo!r}; expected "
+                               "sha256")
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            raise InstallError(f"{cache.shown(path)}: missing; {dist_info.name}'s RECORD "
+                               "lists it") from None
+        if not stat.S_ISREG(mode):
+            raise InstallError(f"{cache.shown(path)}: {cache.kind(mode)}; expected the "
+                               f"regular file {dist_info.name}'s RECORD lists")
+        if _urlsafe_sha256(path) != want:
+            raise InstallError(f"{cache.shown(path)}: its SHA-256 is not the one "
+                               f"{dist_info.name}'s RECORD lists (changed since pip installed it)")
+        checked += 1
+    return checked
+
+
+def check_distributions(site: Path, pins: tuple[tuple[str, str, str], ...]) -> None:
+    """``site`` holds exactly the pinned distributions ((name, version, sha256) each) at
+    their versions, and each one's files are those its RECORD lists; else InstallError, one
+    line naming the path and what was expected."""
+    found = distributions(site)
+    want = {normal_name(name): version for name, version, _ in pins}
+    for name, version in want.items():
+        if name not in found:
+            raise InstallError(f"{cache.shown(site)}: no {name} distribution; expected "
+                               f"{name}=={version}")
+        if found[name][0] != version:
+            raise InstallError(f"{cache.shown(found[name][1])}: {name} {found[name][0]}; "
+                               f"expected {version}")
+    extra = sorted(set(found) - set(want))
+    if extra:
+        raise InstallError(f"{cache.shown(found[extra[0]][1])}: {extra[0]} is installed and "
+                           "not pinned; expected the pinned distributions only")
+    for name in sorted(want):
+        check_record(site, found[name][1])
+
+
+# --- installing ---------------------------------------------------------------------------
+
+def run_step(package: str, cmd: list[str], log: Path, what: str) -> None:
+    """One step of ``package``'s install, announced on stdout, its output appended to
+    ``log``, in a session of its own (ended whole, with its children, on an interrupt);
+    InstallError with the log's last lines when it fails."""
+    print(f"{package}: {what} (log: {log})", flush=True)
+    with open(log, "ab") as out:
+        proc = None
+        try:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            code = proc.wait()
+        except FileNotFoundError:
+            raise InstallError(f"{what}: {cmd[0]} not found") from None
+        except BaseException:
+            if proc is not None:
+                cache.end_processes(proc)
+            raise
+    if code != 0:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise InstallError(f"{what} failed (exit {code}): {' '.join(cmd)}\n" + "\n".join(tail))
+
+
+def remove_console_scripts(root: Path) -> None:
+    """The scripts in venv/bin (pip's console scripts, venv's activate scripts) name the
+    temporary directory the install was made in; only the interpreter's links are kept."""
+    for entry in (root / "venv" / "bin").iterdir():
+        if not entry.name.startswith("python"):
+            cache.remove(entry)
