@@ -57,6 +57,7 @@ from dspark_convert.errors import (
 )
 from dspark_convert.formats.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf
 from dspark_convert.util.atomic import Output, atomic_file, check_outputs, write_error
+from dspark_convert.util.hashed_output import HashedOutput
 from dspark_convert.util.hashing import BLOCK, read_blocks
 from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.progress import NoProgress, Progress
@@ -395,22 +396,13 @@ def _header(entries: list[KeyValue], plan: list[_Planned], scratch: Path) -> byt
     return header_of(L.ARCH, entries, tensors, scratch)
 
 
-class _Writer:
+class _Writer(HashedOutput):
     """The one sequential write: header, then each tensor and its padding, hashed."""
 
     def __init__(self, fh, plan: list[_Planned], progress: Progress, shown: Path) -> None:
-        self.fh, self.plan, self.progress, self.shown = fh, plan, progress, shown
-        self.digest = hashlib.sha256()
-        self.size = 0
+        super().__init__(fh, shown)
+        self.plan, self.progress = plan, progress
         self.tensor_sha: dict[str, str] = {}     # of the bytes read, per source tensor
-
-    def put(self, data) -> None:
-        try:
-            self.fh.write(data)
-        except OSError as exc:
-            raise write_error(exc, self.shown) from None
-        self.digest.update(data)
-        self.size += len(data)
 
     def run(self, header: bytes) -> None:
         self.put(header)

@@ -56,6 +56,7 @@ from dspark_convert.errors import (
 from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.formats.numerics import as_array, first_non_finite, round_to_bf16
 from dspark_convert.util.atomic import Output, atomic_directory, check_outputs, write_error
+from dspark_convert.util.hashed_output import HashedOutput
 from dspark_convert.util.hashing import BLOCK, read_blocks
 from dspark_convert.util.progress import NoProgress, Progress
 
@@ -226,21 +227,12 @@ def _itemsize(dtype: str) -> int:
     return {"BF16": 2, "F16": 2, "F32": 4}[dtype]
 
 
-class SafetensorsWriter:
+class SafetensorsWriter(HashedOutput):
     """The one sequential write of model.safetensors: header, then each tensor, hashed."""
 
     def __init__(self, fh, progress: Progress, shown: Path) -> None:
-        self.fh, self.progress, self.shown = fh, progress, shown
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    def put(self, data) -> None:
-        try:
-            self.fh.write(data)
-        except OSError as exc:
-            raise write_error(exc, self.shown) from None
-        self.digest.update(data)
-        self.size += len(data)
+        super().__init__(fh, shown)
+        self.progress = progress
 
     def run(self, header: bytes, plan: list[PlannedTensor]) -> None:
         self.put(header)
