@@ -29,6 +29,10 @@ the layout vLLM, SGLang and dspark-mlx read: ``config.json`` + one ``model.safet
   hashes the pairing compared); the directory is then read back as a source checkpoint
   (source/checkpoint.open_source: config, header, the contract's inventory) before the
   rename. Nothing is written on a refusal; the same inputs give the same bytes.
+- `export --engine speculators` (commands/export_speculators.py) writes its directory with
+  the same steps: ``export_inputs`` (output rules, refusals from the header, the pairing),
+  ``artifact_tensors`` (the plan of the artifact's tensors) and ``write_checkpoint`` (the
+  atomic write and the read-back).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +50,7 @@ from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, re
 from dspark_convert.artifact.manifest import FileRecord, Manifest
 from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY
 from dspark_convert.checks import Check
+from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import (
     DSparkError,
     ExportArtifactError,
@@ -53,7 +59,7 @@ from dspark_convert.errors import (
     NonFiniteTensorError,
     QuantizedExportError,
 )
-from dspark_convert.formats.gguf_reader import read_gguf
+from dspark_convert.formats.gguf_reader import GGUFFile, read_gguf
 from dspark_convert.formats.numerics import as_array, first_non_finite, round_to_bf16
 from dspark_convert.util.atomic import Output, atomic_directory, check_outputs, write_error
 from dspark_convert.util.hashed_output import HashedOutput
@@ -135,6 +141,58 @@ def validated_for_export(artifact: Path, target, progress: Progress):
         expected="a valid artifact", found=f"{failure.name} failed ({failure.error})")
 
 
+@dataclass(frozen=True)
+class ExportInputs:
+    """What a checkpoint-directory export (deepspec, speculators) writes from, all checked."""
+    out: Path                          # the output directory (its rules checked, not written)
+    target: Target                     # the target, open
+    gguf: GGUFFile                     # the drafter.gguf validate read
+    artifact_sha256: str               # its SHA-256
+    contract: FeatureContract          # its contract, from its metadata
+    manifest: Manifest                 # manifest.json as validate read it
+    pairing: tuple[Check, ...]         # validate's checks of the pairing with the target
+
+
+def export_inputs(artifact: str | os.PathLike, target: str | os.PathLike | Target,
+                  output: str | os.PathLike, *, force: bool, progress: Progress,
+                  refuse: Callable[[dict, object, str], None]) -> ExportInputs:
+    """The steps both checkpoint exports begin with: the output's rules (nothing is read or
+    written for a bad one), then ``refuse(kv, contract, label)`` on drafter.gguf's header
+    before a target or a weight is read (``contract`` None where the metadata parses but no
+    contract does; a header that does not parse is left to validate, which names what is
+    wrong), the target opened, ``validated_for_export``, and ``refuse`` again on the file
+    validate read."""
+    from dspark_convert.commands.binding import target_read
+    from dspark_convert.target.model import Target, open_target
+
+    artifact = Path(artifact)
+    reads = [(artifact, "the artifact"),
+             (target.directory, "the target model") if isinstance(target, Target)
+             else target_read(target)]
+    [out] = check_outputs([Output(output, "the output")], reads, force=force)
+    label = str(artifact / GGUF_FILE)
+    try:
+        peek = read_metadata(read_gguf(artifact / GGUF_FILE), path=label)
+    except DSparkError:
+        peek = None
+    if peek is not None:
+        try:
+            peek_contract = contract_from_metadata(peek, path=label)
+        except DSparkError:
+            peek_contract = None
+        refuse(peek, peek_contract, label)
+
+    opened = target if isinstance(target, Target) else open_target(target, progress=progress)
+    report = validated_for_export(artifact, opened, progress)
+    kv = read_metadata(report.gguf, path=label)
+    contract = contract_from_metadata(kv, path=label)    # validate parsed it: it cannot fail
+    refuse(kv, contract, label)                          # the file validate read
+    manifest, _bytes = report.manifest
+    return ExportInputs(out=out, target=opened, gguf=report.gguf,
+                        artifact_sha256=report.gguf_sha256, contract=contract, manifest=manifest,
+                        pairing=tuple(c for c in report.checks if c.name.startswith("target")))
+
+
 # --- config.json ------------------------------------------------------------------------------
 
 def config_bytes(manifest: Manifest) -> tuple[bytes, list[str]]:
@@ -188,27 +246,35 @@ def _header_for(plan: list[PlannedTensor], manifest: Manifest) -> bytes:
     return headers[0]
 
 
+def artifact_tensors(specs, gguf, manifest: Manifest) -> list[PlannedTensor]:
+    """The tensors of ``specs`` (the contract's, each in drafter.gguf) as they are copied:
+    BF16 bytes from the artifact, under their source names, checked against the SHA-256
+    manifest.json records (which validate compared with the file)."""
+    infos = {t.name: t for t in gguf.tensors}
+    recorded = {t.name: t.sha256 for t in manifest.artifact.tensors}
+    plan = []
+    for spec in specs:
+        info, sha = infos[spec.gguf_name], recorded[spec.gguf_name]
+        plan.append(PlannedTensor(spec.source_name, tuple(spec.shape), info.nbytes, gguf.path,
+                                  info.data_offset, info.nbytes, "BF16", sha, sha,
+                                  str(gguf.path)))
+    return plan
+
+
 def _plan(contract, gguf, manifest: Manifest, target) -> list[PlannedTensor]:
     """Every tensor the source held, sorted by name (the safetensors library's order for
     one dtype): the artifact's from drafter.gguf, the stripped ones from the target."""
     from dspark_convert.target.model import hash_target_tensors
     from dspark_convert.target.pairing import DRAFTER_TENSOR_ROLES
 
-    infos = {t.name: t for t in gguf.tensors}
-    recorded = {t.name: t.sha256 for t in manifest.artifact.tensors}
     stripped = {s.name: s for s in manifest.source.stripped}
     hashed = {t.role: t.sha256 for t in hash_target_tensors(target)}   # the pairing's read
     entries = {"embedding": target.embed, "head": target.head}
-    plan = []
+    plan = artifact_tensors([s for s in contract.tensors if s.gguf_name is not None], gguf,
+                            manifest)
     for spec in contract.tensors:
         shape = tuple(spec.shape)
-        if spec.gguf_name is not None:
-            info = infos[spec.gguf_name]
-            plan.append(PlannedTensor(spec.source_name, shape, info.nbytes, gguf.path,
-                                 info.data_offset, info.nbytes, "BF16",
-                                 recorded[spec.gguf_name], recorded[spec.gguf_name],
-                                 str(gguf.path)))
-        elif spec.source_name in stripped:
+        if spec.gguf_name is None and spec.source_name in stripped:
             record = stripped[spec.source_name]
             role = DRAFTER_TENSOR_ROLES[spec.source_name]
             entry = entries[role]
@@ -291,6 +357,55 @@ def _changed(t: PlannedTensor, how: str) -> IntegrityError:
                           "unchanged", path=t.origin, tensor=t.name)
 
 
+def write_checkpoint(out: Path, *, force: bool, progress: Progress, config: bytes,
+                     header: bytes, plan: list[PlannedTensor], engine: str,
+                     read_back: Callable[[Path], object], source: str,
+                     contract) -> dict[str, FileRecord]:
+    """The one write of a checkpoint directory, inside util/atomic.atomic_directory:
+    config.json, then model.safetensors (``header``, then each planned tensor streamed,
+    hashed and checked: SafetensorsWriter), its size the plan's; the directory is then read
+    back, ``read_back(tmp)`` (convert's read of ``source``: config.json, the strict
+    safetensors header, the inventory), and its contract must be ``contract``
+    (manifest.json's, which validate checked) before the rename. Returns each file's record,
+    in the order written."""
+    expected = len(header) + sum(t.nbytes for t in plan)
+    written: dict[str, FileRecord] = {}
+    with atomic_directory(out, force=force) as tmp:
+        try:
+            (tmp / CONFIG_FILE).write_bytes(config)
+        except OSError as exc:
+            raise write_error(exc, out / CONFIG_FILE) from None
+        written[CONFIG_FILE] = FileRecord(path=CONFIG_FILE, size=len(config),
+                                          sha256=hashlib.sha256(config).hexdigest())
+        try:
+            fh = open(tmp / WEIGHTS_FILE, "wb")
+        except OSError as exc:
+            raise write_error(exc, out / WEIGHTS_FILE) from None
+        with fh:
+            writer = SafetensorsWriter(fh, progress, out / WEIGHTS_FILE)
+            progress.start(f"export {WEIGHTS_FILE} for {engine}",
+                           sum(t.source_nbytes for t in plan))
+            try:
+                writer.run(header, plan)
+            finally:
+                progress.finish()
+        if writer.size != expected:
+            raise InternalError(f"{out / WEIGHTS_FILE}: wrote {writer.size} bytes, planned {expected}")
+        written[WEIGHTS_FILE] = FileRecord(path=WEIGHTS_FILE, size=writer.size,
+                                           sha256=writer.digest.hexdigest())
+        try:
+            back = read_back(tmp)
+        except DSparkError as exc:
+            raise InternalError(f"{out}: the exported checkpoint does not read back as "
+                                f"{source}: {exc.message}") from None
+        # manifest.json's contract: the one convert built from the source's config.json
+        # (the metadata's holds rms_norm_eps as FLOAT32), which validate checked.
+        if back.contract != contract:
+            raise InternalError(f"{out}: the exported checkpoint's contract differs from the "
+                                "artifact's (manifest.json contract)")
+    return written
+
+
 # --- what the files are -------------------------------------------------------------------------
 
 def _short(sha: str) -> str:
@@ -367,88 +482,33 @@ def export_deepspec(artifact: str | os.PathLike, target: str | os.PathLike | Tar
     directory, ``org/name@<commit>``, or an open ``target.Target``) and checked against the
     hashes the artifact recorded. Raises a DSparkError subclass for every refusal and
     writes nothing then."""
-    from dspark_convert.commands.binding import target_read
     from dspark_convert.source.checkpoint import open_source
-    from dspark_convert.target.model import Target, open_target
 
     progress = progress or NoProgress()
-    artifact = Path(artifact)
-    reads = [(artifact, "the artifact"),
-             (target.directory, "the target model") if isinstance(target, Target)
-             else target_read(target)]
-    [out] = check_outputs([Output(output, "the output")], reads, force=force)
-    label = str(artifact / GGUF_FILE)
     # A quantized artifact is refused from its header, before a target or a weight is read.
-    # A header that does not parse is left to validate, which names what is wrong.
-    try:
-        peek = read_metadata(read_gguf(artifact / GGUF_FILE), path=label)
-    except DSparkError:
-        peek = None
-    if peek is not None:
-        _refuse_quantized(peek, label)
-
-    opened = target if isinstance(target, Target) else open_target(target, progress=progress)
-    report = validated_for_export(artifact, opened, progress)
-    gguf = report.gguf
-    kv = read_metadata(gguf, path=label)
-    _refuse_quantized(kv, label)                     # the file validate read
-    contract = contract_from_metadata(kv, path=label)
-    manifest, _bytes = report.manifest
-    plan = _plan(contract, gguf, manifest, opened)
+    inputs = export_inputs(artifact, target, output, force=force, progress=progress,
+                           refuse=lambda kv, _contract, label: _refuse_quantized(kv, label))
+    out, gguf, manifest = inputs.out, inputs.gguf, inputs.manifest
+    plan = _plan(inputs.contract, gguf, manifest, inputs.target)
     config, changed = config_bytes(manifest)
-    header = _header_for(plan, manifest)
-    expected = len(header) + sum(t.nbytes for t in plan)
-    written: dict[str, tuple[int, str]] = {}
+    written = write_checkpoint(out, force=force, progress=progress, config=config,
+                               header=_header_for(plan, manifest), plan=plan, engine="DeepSpec",
+                               read_back=open_source, source="a source",
+                               contract=manifest.contract)
 
-    with atomic_directory(out, force=force) as tmp:
-        try:
-            (tmp / CONFIG_FILE).write_bytes(config)
-        except OSError as exc:
-            raise write_error(exc, out / CONFIG_FILE) from None
-        written[CONFIG_FILE] = (len(config), hashlib.sha256(config).hexdigest())
-        try:
-            fh = open(tmp / WEIGHTS_FILE, "wb")
-        except OSError as exc:
-            raise write_error(exc, out / WEIGHTS_FILE) from None
-        with fh:
-            writer = SafetensorsWriter(fh, progress, out / WEIGHTS_FILE)
-            progress.start(f"export {WEIGHTS_FILE} for DeepSpec",
-                           sum(t.source_nbytes for t in plan))
-            try:
-                writer.run(header, plan)
-            finally:
-                progress.finish()
-        if writer.size != expected:
-            raise InternalError(f"{out / WEIGHTS_FILE}: wrote {writer.size} bytes, planned {expected}")
-        written[WEIGHTS_FILE] = (writer.size, writer.digest.hexdigest())
-        # The directory read back as convert reads a source: config.json against the
-        # contract, the strict safetensors header, the inventory (names, shapes, BF16).
-        try:
-            back = open_source(tmp)
-        except DSparkError as exc:
-            raise InternalError(f"{out}: the exported checkpoint does not read back as a "
-                                f"source: {exc.message}") from None
-        # manifest.json's contract: the one convert built from the source's config.json
-        # (the metadata's holds rms_norm_eps as FLOAT32), which validate checked.
-        if back.contract != manifest.contract:
-            raise InternalError(f"{out}: the exported checkpoint's contract differs from the "
-                                "artifact's (manifest.json contract)")
-
-    config_check, config_same = _config_check(manifest, written[CONFIG_FILE][1], changed)
-    weights_check, weights_same = _weights_check(manifest, written[WEIGHTS_FILE][1])
+    config_check, config_same = _config_check(manifest, written[CONFIG_FILE].sha256, changed)
+    weights_check, weights_same = _weights_check(manifest, written[WEIGHTS_FILE].sha256)
     from_target = tuple(t.name for t in plan if t.path != gguf.path)
     tensors_check = Check.passed("export.tensors", (
         f"{len(plan)} BF16 tensors, each bit-exact: {len(plan) - len(from_target)} from "
         f"{GGUF_FILE} (the SHA-256 manifest.json records)" + (
             f", {' and '.join(from_target)} from the target (the SHA-256 recorded at convert)"
             if from_target else "; the source held no embedding or head, nor does this")))
-    pairing = tuple(c for c in report.checks if c.name.startswith("target"))
     return DeepSpecExportResult(
-        output=out.absolute(), engine=ENGINE, drafter=_describe(contract),
-        files=tuple(FileRecord(path=name, size=size, sha256=sha)
-                    for name, (size, sha) in written.items()),
-        tensors=len(plan), from_target=from_target, artifact_sha256=report.gguf_sha256,
-        source_name=manifest.source.name, config_identical=config_same,
-        weights_identical=weights_same,
-        checks=pairing + (tensors_check, config_check, weights_check,
-                          _round_trip_check(manifest, out, weights_same, report.gguf_sha256)))
+        output=out.absolute(), engine=ENGINE, drafter=_describe(inputs.contract),
+        files=tuple(written.values()), tensors=len(plan), from_target=from_target,
+        artifact_sha256=inputs.artifact_sha256, source_name=manifest.source.name,
+        config_identical=config_same, weights_identical=weights_same,
+        checks=inputs.pairing + (tensors_check, config_check, weights_check,
+                                 _round_trip_check(manifest, out, weights_same,
+                                                   inputs.artifact_sha256)))

@@ -26,40 +26,32 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
+from dspark_convert.artifact.format import GGUF_FILE
 from dspark_convert.artifact.manifest import FileRecord
 from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY
 from dspark_convert.checks import Check
 from dspark_convert.commands.export_deepspec import (
+    CONFIG_FILE,
     PlannedTensor,
-    SafetensorsWriter,
+    artifact_tensors,
+    export_inputs,
     safetensors_header,
-    validated_for_export,
+    write_checkpoint,
 )
 from dspark_convert.contract import speculators as S
 from dspark_convert.contract.families import QWEN3
-from dspark_convert.errors import (
-    DSparkError,
-    FamilyExportError,
-    InternalError,
-    QuantizedExportError,
-)
-from dspark_convert.formats.gguf_reader import read_gguf
-from dspark_convert.util.atomic import Output, atomic_directory, check_outputs, write_error
+from dspark_convert.errors import FamilyExportError, QuantizedExportError
 from dspark_convert.util.progress import NoProgress, Progress
 
 if TYPE_CHECKING:  # the target layer is imported where it is used
     from dspark_convert.target.model import Target
 
 ENGINE = "speculators"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 HEADER_METADATA = {"format": "pt"}          # save_pretrained's
 
 
@@ -76,6 +68,8 @@ class SpeculatorsExportResult:
 
 
 def _refuse(kv: dict, contract, label: str) -> None:
+    if contract is None:        # a header whose contract does not parse: validate names it
+        return
     qtype = kv.get(QUANTIZATION_KEY)
     if qtype is not None:
         raise QuantizedExportError(
@@ -83,7 +77,7 @@ def _refuse(kv: dict, contract, label: str) -> None:
             "speculators' format holds BF16 weights, which quantization has lost; export the "
             f"BF16 artifact it was made from ({PARENT_KEY} {kv.get(PARENT_KEY)})", path=label,
             field=QUANTIZATION_KEY, expected="a BF16 artifact (dspark convert's)", found=qtype)
-    if contract is not None and contract.family != QWEN3.name:
+    if contract.family != QWEN3.name:
         raise FamilyExportError(
             f"{label}: a {contract.family} drafter ({contract.architecture}); speculators "
             f"{S.SPECULATORS_VERSION}'s DSpark and DFlash drafters are Qwen3 decoder layers "
@@ -99,17 +93,9 @@ def verifier_of(target: Target) -> tuple[str, list[str]]:
 
 
 def _plan(contract, gguf, manifest) -> list[PlannedTensor]:
-    infos = {t.name: t for t in gguf.tensors}
-    recorded = {t.name: t.sha256 for t in manifest.artifact.tensors}
     names = S.written_tensors([s.source_name for s in contract.written_tensors])
-    plan = []
-    for spec in contract.written_tensors:
-        if spec.source_name not in names:
-            continue
-        info = infos[spec.gguf_name]
-        plan.append(PlannedTensor(spec.source_name, tuple(spec.shape), info.nbytes, gguf.path,
-                             info.data_offset, info.nbytes, "BF16", recorded[spec.gguf_name],
-                             recorded[spec.gguf_name], str(gguf.path)))
+    plan = artifact_tensors([s for s in contract.written_tensors if s.source_name in names],
+                            gguf, manifest)
     return sorted(plan, key=lambda t: t.name)
 
 
@@ -128,78 +114,29 @@ def export_speculators(artifact: str | os.PathLike, target: str | os.PathLike | 
     it (config.json, model.safetensors), its verifier ``target`` (a model directory,
     ``org/name@<commit>``, or an open ``target.Target``), paired with the artifact first.
     Raises a DSparkError subclass for every refusal and writes nothing then."""
-    from dspark_convert.commands.binding import target_read
     from dspark_convert.source.checkpoint import SpeculatorsOptions, open_source
-    from dspark_convert.target.model import Target, open_target
 
     progress = progress or NoProgress()
-    artifact = Path(artifact)
-    reads = [(artifact, "the artifact"),
-             (target.directory, "the target model") if isinstance(target, Target)
-             else target_read(target)]
-    [out] = check_outputs([Output(output, "the output")], reads, force=force)
-    label = str(artifact / GGUF_FILE)
-    # Refused from the header, before a target or a weight is read; a header that does not
-    # parse is left to validate, which names what is wrong.
-    try:
-        peek = read_metadata(read_gguf(artifact / GGUF_FILE), path=label)
-        peek_contract = contract_from_metadata(peek, path=label)
-    except DSparkError:
-        peek = None
-    if peek is not None:
-        _refuse(peek, peek_contract, label)
-
-    opened = target if isinstance(target, Target) else open_target(target, progress=progress)
-    report = validated_for_export(artifact, opened, progress)
-    gguf = report.gguf
-    kv = read_metadata(gguf, path=label)
-    contract = contract_from_metadata(kv, path=label)
-    _refuse(kv, contract, label)                     # the file validate read
-    manifest, _bytes = report.manifest
+    # Refused from the header, before a target or a weight is read.
+    inputs = export_inputs(artifact, target, output, force=force, progress=progress,
+                           refuse=_refuse)
+    manifest, opened = inputs.manifest, inputs.target
     verifier, architectures = verifier_of(opened)
     config = S.config_bytes(S.write_config(manifest.contract, manifest.source.config,
                                            verifier_name=verifier,
                                            verifier_architectures=architectures))
-    plan = _plan(contract, gguf, manifest)
-    header = safetensors_header([(t.name, t.shape, t.nbytes) for t in plan], HEADER_METADATA)
-    expected = len(header) + sum(t.nbytes for t in plan)
-    written: dict[str, tuple[int, str]] = {}
+    plan = _plan(inputs.contract, inputs.gguf, manifest)
+    # Read back as convert reads a speculators source: the config through the table to its
+    # DeepSpec twin's contract, the strict safetensors header, the inventory.
+    written = write_checkpoint(
+        inputs.out, force=force, progress=progress, config=config,
+        header=safetensors_header([(t.name, t.shape, t.nbytes) for t in plan], HEADER_METADATA),
+        plan=plan, engine="speculators", source="a speculators source",
+        read_back=lambda tmp: open_source(tmp, SpeculatorsOptions(
+            target_layers=lambda: opened.config.num_hidden_layers)),
+        contract=manifest.contract)
 
-    with atomic_directory(out, force=force) as tmp:
-        try:
-            (tmp / CONFIG_FILE).write_bytes(config)
-        except OSError as exc:
-            raise write_error(exc, out / CONFIG_FILE) from None
-        written[CONFIG_FILE] = (len(config), hashlib.sha256(config).hexdigest())
-        try:
-            fh = open(tmp / WEIGHTS_FILE, "wb")
-        except OSError as exc:
-            raise write_error(exc, out / WEIGHTS_FILE) from None
-        with fh:
-            writer = SafetensorsWriter(fh, progress, out / WEIGHTS_FILE)
-            progress.start(f"export {WEIGHTS_FILE} for speculators",
-                           sum(t.source_nbytes for t in plan))
-            try:
-                writer.run(header, plan)
-            finally:
-                progress.finish()
-        if writer.size != expected:
-            raise InternalError(f"{out / WEIGHTS_FILE}: wrote {writer.size} bytes, planned {expected}")
-        written[WEIGHTS_FILE] = (writer.size, writer.digest.hexdigest())
-        # Read back as convert reads a speculators source: the config through the table to
-        # its DeepSpec twin's contract, the strict safetensors header, the inventory.
-        try:
-            back = open_source(tmp, SpeculatorsOptions(
-                target_layers=lambda: opened.config.num_hidden_layers))
-        except DSparkError as exc:
-            raise InternalError(f"{out}: the exported checkpoint does not read back as a "
-                                f"speculators source: {exc.message}") from None
-        if back.contract != manifest.contract:
-            raise InternalError(f"{out}: the exported checkpoint's contract differs from the "
-                                "artifact's (manifest.json contract)")
-
-    pairing = tuple(c for c in report.checks if c.name.startswith("target"))
-    checks = pairing + (
+    checks = inputs.pairing + (
         Check.passed("export.tensors", f"{len(plan)} BF16 tensors, each bit-exact from "
                      f"{GGUF_FILE} (the SHA-256 manifest.json records); no embedding or head: "
                      "speculators loads the verifier's, which the pairing checked"),
@@ -208,8 +145,6 @@ def export_speculators(artifact: str | os.PathLike, target: str | os.PathLike | 
                      f"({', '.join(architectures)}); read back as the artifact's contract"),
     )
     return SpeculatorsExportResult(
-        output=out.absolute(), engine=ENGINE, drafter=_describe(contract),
-        files=tuple(FileRecord(path=name, size=size, sha256=sha)
-                    for name, (size, sha) in written.items()),
-        tensors=len(plan), artifact_sha256=report.gguf_sha256, verifier=verifier,
-        checks=checks)
+        output=inputs.out.absolute(), engine=ENGINE, drafter=_describe(inputs.contract),
+        files=tuple(written.values()), tensors=len(plan),
+        artifact_sha256=inputs.artifact_sha256, verifier=verifier, checks=checks)
