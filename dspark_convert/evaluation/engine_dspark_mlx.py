@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_convert.errors import MlxInstallError, MlxOutputError, MlxRunError
+from dspark_convert.evaluation.engine_process import signal_name, wait_watched
 from dspark_convert.util.strict_json import json_error_text, loads_strict
 from dspark_convert.util.text import shown
 
@@ -726,13 +727,6 @@ def _command(cmd: list[str]) -> str:
     return text if len(text) <= 600 else text[:600] + "…"
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 def environment() -> dict[str, str]:
     """The engine's environment: ours, offline (every file it reads is local; a Hub lookup
     would be a silent download), no Python variable of ours leaking in (-I ignores them)."""
@@ -817,14 +811,8 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
             stop()                      # Ctrl-C or a bug: the process must not outlive it
             raise
         finally:
-            try:
-                code = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
-            except subprocess.TimeoutExpired:
-                on_timeout()
-                code = proc.wait()
-            timer.cancel()
-            reader.join()
-            proc.stdout.close()
+            code = wait_watched(proc, t0=t0, timeout=timeout, on_timeout=on_timeout,
+                                timer=timer, reader=reader)
             os.close(r_fd)
         seconds = time.perf_counter() - t0
     last = " | ".join(list(tail)[-5:]) or "no output"
@@ -838,10 +826,10 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
                              expected=f"at most {OUTPUT_LIMIT} bytes",
                              found=f"more than {OUTPUT_LIMIT}")
     if code != 0 and not stopped.is_set():
-        how = f"killed by {_signal_name(code)}" if code < 0 else f"exit {code}"
+        how = f"killed by {signal_name(code)}" if code < 0 else f"exit {code}"
         raise MlxRunError(f"{ENGINE} ({what}) failed, {how}; command: {_command(cmd)}; its last "
                           f"lines: {last}", path=str(python), field=what, expected="exit 0",
-                          found=_signal_name(code) if code < 0 else code)
+                          found=signal_name(code) if code < 0 else code)
     if error is not None:
         raise error
     return parsed, seconds

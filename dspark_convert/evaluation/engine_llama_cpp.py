@@ -54,7 +54,6 @@ import io
 import os
 import re
 import shlex
-import signal
 import subprocess
 import tempfile
 import threading
@@ -88,6 +87,7 @@ from dspark_convert.evaluation.engine_log import (
     count,
     line_kind,
 )
+from dspark_convert.evaluation.engine_process import signal_name, wait_watched
 from dspark_convert.util.text import shown
 
 ENGINE = "llama.cpp"
@@ -686,22 +686,15 @@ def _command(cmd: list[str]) -> str:
     return text if len(text) <= 600 else text[:600] + "…"
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 def _crash(binary: Path, what: str, cmd: list[str], code: int, log: Log) -> EngineRunError:
-    how = f"killed by {_signal_name(code)}" if code < 0 else f"exit {code}"
+    how = f"killed by {signal_name(code)}" if code < 0 else f"exit {code}"
     last = " | ".join(list(log.tail)[-5:]) or "no log line"
     cause = ("; likely cause: weights repacked for AMX (its log names an AMX buffer); "
              "llama.cpp's --no-repack (-nr) avoids it") if log.watched else ""
     return EngineRunError(f"{binary.name} ({what}) failed, {how}{cause}; command: "
                           f"{_command(cmd)}; its last log lines: {last}", path=str(binary),
                           field=what, expected="exit 0",
-                          found=_signal_name(code) if code < 0 else code)
+                          found=signal_name(code) if code < 0 else code)
 
 
 def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object], *,
@@ -756,14 +749,8 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
         stop()                          # Ctrl-C or a bug: the process must not outlive it
         raise
     finally:
-        try:
-            code = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
-        except subprocess.TimeoutExpired:
-            on_timeout()
-            code = proc.wait()
-        timer.cancel()
-        reader.join()
-        proc.stdout.close()
+        code = wait_watched(proc, t0=t0, timeout=timeout, on_timeout=on_timeout, timer=timer,
+                            reader=reader)
         proc.stderr.close()
     seconds = time.perf_counter() - t0
     if timed_out.is_set():
