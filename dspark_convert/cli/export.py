@@ -108,38 +108,31 @@ def export(
 
 
 def _print_deepspec(result, artifact: Path, as_json: bool) -> int:
-    if as_json:
-        print(dumps({
-            "ok": True, "engine": result.engine, "output": str(result.output),
-            "drafter": result.drafter, "files": [f.model_dump() for f in result.files],
-            "tensors": result.tensors, "from_target": list(result.from_target),
-            "artifact_sha256": result.artifact_sha256, "source_name": result.source_name,
-            "config_identical": result.config_identical,
-            "weights_identical": result.weights_identical,
-            "checks": [c.model_dump() for c in result.checks]}, indent=2))
-        return 0
-    out = _out()
-    out.print(escape(f"exported {artifact} -> {result.output} for {result.engine}"))
-    out.print(escape(f"  {result.drafter}, {result.tensors} tensors"))
-    for f in result.files:
-        out.print(escape(f"  {f.path}: {f.size:,} bytes, sha256 {f.sha256}"))
-    for check in result.checks:
-        print_check(out, check)
-    return 0
+    return _print_directory(result, artifact, as_json, {
+        "from_target": list(result.from_target), "artifact_sha256": result.artifact_sha256,
+        "source_name": result.source_name, "config_identical": result.config_identical,
+        "weights_identical": result.weights_identical}, "")
 
 
 def _print_speculators(result, artifact: Path, as_json: bool) -> int:
+    return _print_directory(result, artifact, as_json, {
+        "verifier": result.verifier, "artifact_sha256": result.artifact_sha256},
+        f", verifier {result.verifier}")
+
+
+def _print_directory(result, artifact: Path, as_json: bool, fields: dict, more: str) -> int:
+    """A checkpoint directory's export (deepspec, speculators): its files and checks, the
+    engine's own ``fields`` after the tensors in the JSON, ``more`` on the summary line."""
     if as_json:
         print(dumps({
             "ok": True, "engine": result.engine, "output": str(result.output),
             "drafter": result.drafter, "files": [f.model_dump() for f in result.files],
-            "tensors": result.tensors, "verifier": result.verifier,
-            "artifact_sha256": result.artifact_sha256,
+            "tensors": result.tensors, **fields,
             "checks": [c.model_dump() for c in result.checks]}, indent=2))
         return 0
     out = _out()
     out.print(escape(f"exported {artifact} -> {result.output} for {result.engine}"))
-    out.print(escape(f"  {result.drafter}, {result.tensors} tensors, verifier {result.verifier}"))
+    out.print(escape(f"  {result.drafter}, {result.tensors} tensors{more}"))
     for f in result.files:
         out.print(escape(f"  {f.path}: {f.size:,} bytes, sha256 {f.sha256}"))
     for check in result.checks:
