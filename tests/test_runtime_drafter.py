@@ -19,6 +19,7 @@ from conftest import GOLDEN, golden_source
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.qwen3 import KVCache
 from dspark_convert.runtime.weights import load_drafter_weights
+from support.heads import markov_and_confidence
 
 FIRST_BLOCK = GOLDEN / "reference" / "vanilla_conf_markov" / "first_block.safetensors"
 PROMPT_0 = [1, 17, 33, 90, 250, 7, 7, 401]
@@ -94,48 +95,6 @@ def test_context_written_in_pieces_equals_one_piece(golden):
 
 # --- the other heads, against torch.nn modules built from the source checkpoint -------------
 
-@torch.no_grad()
-def _oracle(source, hb, base, anchor, tokens, markov, with_markov):
-    """The heads as DeepSpec's modules define them, from the source state dict."""
-    V, r = source["markov_head.markov_w1.weight"].shape if markov != "none" else (base.shape[1], 0)
-    f = {k: v.float() for k, v in source.items()}
-    rows, prev, state = [], anchor, torch.zeros(r)
-    if markov != "none":
-        w1 = torch.nn.Embedding(V, r)
-        w1.weight.data = f["markov_head.markov_w1.weight"]
-        w2 = torch.nn.Linear(r, V, bias=False)
-        w2.weight.data = f["markov_head.markov_w2.weight"]
-    for k in range(len(tokens)):
-        if markov == "none":
-            rows.append(base[k])
-        else:
-            e = w1(torch.tensor(prev))
-            if markov == "vanilla":
-                bias = w2(e)
-            elif markov == "gated":
-                gate = torch.nn.Linear(hb.shape[1] + r, r)
-                gate.weight.data, gate.bias.data = f["markov_head.gate_proj.weight"], f["markov_head.gate_proj.bias"]
-                bias = w2(torch.sigmoid(gate(torch.cat([hb[k], e]))) * e)
-            else:
-                joint = torch.nn.Linear(2 * r + hb.shape[1], 3 * r)
-                joint.weight.data, joint.bias.data = f["markov_head.joint_proj.weight"], f["markov_head.joint_proj.bias"]
-                g, c, o = joint(torch.cat([state, e, hb[k]])).chunk(3)
-                state = torch.sigmoid(g) * state + (1 - torch.sigmoid(g)) * torch.tanh(c)
-                bias = w2(torch.tanh(o))
-            rows.append(base[k] + bias)
-        prev = tokens[k]
-    conf = None
-    if "confidence_head.proj.weight" in f:
-        proj = torch.nn.Linear(f["confidence_head.proj.weight"].shape[1], 1)
-        proj.weight.data, proj.bias.data = f["confidence_head.proj.weight"], f["confidence_head.proj.bias"]
-        feats = hb
-        if with_markov:
-            prevs = torch.tensor([anchor] + list(tokens[:-1]))
-            feats = torch.cat([hb, w1(prevs)], dim=-1)
-        conf = proj(feats)[:, 0]
-    return torch.stack(rows), conf
-
-
 @pytest.mark.parametrize("name", ["gated_conf_markov", "rnn_conf_plain", "vanilla_f32", "dflash_plain"])
 def test_heads_match_the_oracle(converted, name):
     weights = load_drafter_weights(converted[name])
@@ -150,8 +109,9 @@ def test_heads_match_the_oracle(converted, name):
     if name == "vanilla_f32":     # the artifact holds the BF16 rounding of an F32 source
         source = {k: v.to(torch.bfloat16) for k, v in source.items()}
     torch.testing.assert_close(proposal.base_logits, proposal.block_hidden @ head.T, atol=1e-5, rtol=0)
-    corrected, conf = _oracle(source, proposal.block_hidden, proposal.base_logits, 17,
-                              proposal.tokens.tolist(), c.markov_head.type, c.confidence_head.with_markov)
+    corrected, conf = markov_and_confidence(source, proposal.block_hidden, proposal.base_logits,
+                                            17, proposal.tokens.tolist(), markov=c.markov_head.type,
+                                            with_markov=c.confidence_head.with_markov)
     torch.testing.assert_close(proposal.corrected_logits, corrected, atol=1e-4, rtol=1e-5)
     assert proposal.tokens.tolist() == corrected.argmax(-1).tolist()
     if conf is None:

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from support.gemma4 import GEMMA4_DRAFTERS, GEMMA4_TARGET
+from support.heads import markov_and_confidence
 
 FULL = "full_attention"
 TARGET_LAYERS = "model.language_model.layers."
@@ -173,53 +174,16 @@ def heads_oracle(source: dict[str, torch.Tensor], hb: torch.Tensor, anchor: int,
     base = cap * tanh(lm_head(hb) / cap); then, in draft order, the Markov bias of the
     previous token (the anchor first) added to the capped logits (DeepSpec's draft_ops.py
     softcaps before sample_draft_tokens adds it); the confidence head reads hb (and
-    W1[prev] with Markov features), never the logits."""
-    f = {k: v.float() for k, v in source.items()}
-    V, width = f["lm_head.weight"].shape
+    W1[prev] with Markov features), never the logits (support/heads.py)."""
+    V, width = source["lm_head.weight"].shape
     head = torch.nn.Linear(width, V, bias=False)
-    head.weight.data = f["lm_head.weight"]
+    head.weight.data = source["lm_head.weight"].float()
     base = head(hb)
     if softcap is not None:
         base = softcap * torch.tanh(base / softcap)
-    rows, prev = [], anchor
-    if markov != "none":
-        r = f["markov_head.markov_w1.weight"].shape[1]
-        w1 = torch.nn.Embedding(V, r)
-        w1.weight.data = f["markov_head.markov_w1.weight"]
-        w2 = torch.nn.Linear(r, V, bias=False)
-        w2.weight.data = f["markov_head.markov_w2.weight"]
-        state = torch.zeros(r)
-    for k in range(len(tokens)):
-        if markov == "none":
-            rows.append(base[k])
-        else:
-            e = w1(torch.tensor(prev))
-            if markov == "vanilla":
-                bias = w2(e)
-            elif markov == "gated":
-                gate = torch.nn.Linear(width + r, r)
-                gate.weight.data = f["markov_head.gate_proj.weight"]
-                gate.bias.data = f["markov_head.gate_proj.bias"]
-                bias = w2(torch.sigmoid(gate(torch.cat([hb[k], e]))) * e)
-            else:
-                joint = torch.nn.Linear(2 * r + width, 3 * r)
-                joint.weight.data = f["markov_head.joint_proj.weight"]
-                joint.bias.data = f["markov_head.joint_proj.bias"]
-                g, c, o = joint(torch.cat([state, e, hb[k]])).chunk(3)
-                state = torch.sigmoid(g) * state + (1 - torch.sigmoid(g)) * torch.tanh(c)
-                bias = w2(torch.tanh(o))
-            rows.append(base[k] + bias)
-        prev = tokens[k]
-    conf = None
-    if "confidence_head.proj.weight" in f:
-        proj = torch.nn.Linear(f["confidence_head.proj.weight"].shape[1], 1)
-        proj.weight.data = f["confidence_head.proj.weight"]
-        proj.bias.data = f["confidence_head.proj.bias"]
-        feats = hb
-        if with_markov:
-            feats = torch.cat([hb, w1(torch.tensor([anchor] + list(tokens[:-1])))], dim=-1)
-        conf = proj(feats)[:, 0]
-    return base, torch.stack(rows), conf
+    corrected, conf = markov_and_confidence(source, hb, base, anchor, tokens, markov=markov,
+                                            with_markov=with_markov)
+    return base, corrected, conf
 
 
 # --- 3. other taps ---------------------------------------------------------------------------
