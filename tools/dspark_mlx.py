@@ -38,15 +38,12 @@ tools/engine_venv.py (pinned wheel installs, the distributions and their RECORDs
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import engine_cache as cache   # tools/engine_cache.py, beside it: the cache, removing, signals
@@ -285,46 +282,13 @@ def install(*, quiet_pip: bool = True) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install", help="install the pins into the cache unless a whole install is "
-                   "there (anything else there is replaced)")
-    sub.add_parser("path", help="print the interpreter of a whole install (exit 1: none)")
-    args = parser.parse_args(argv)
-    how = "`python tools/dspark_mlx.py install` (`make dspark-mlx`)"
-    if args.command == "path":
-        root = install_dir()
-        if not os.path.lexists(root):
-            print(f"{PACKAGE} {VERSION} is not installed in {cache.shown(root)}: run {how}",
-                  file=sys.stderr)
-            return 1
-        problem = install_problem(root)
-        if problem:
-            print(f"{PACKAGE}: not a whole {VERSION} install: {problem}; {how} replaces it",
-                  file=sys.stderr)
-            return 1
-        print(python_path(root))
-        return 0
-    cache.catch_signals()
-    started = time.monotonic()
-    try:
-        root = install()
-    except cache.Interrupted as exc:
-        if is_installed():
-            print(f"{PACKAGE}: {exc.name} after the install was in place: {python_path()}",
-                  file=sys.stderr)
-        else:
-            print(f"{PACKAGE}: install interrupted ({exc.name}); nothing was written",
-                  file=sys.stderr)
-        return 128 + exc.signum
-    except (InstallError, OSError) as exc:
-        print(f"{PACKAGE}: {exc}", file=sys.stderr)
-        return 1
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    print(f"{PACKAGE} {VERSION} (mlx {MLX}): {python_path(root)} "
-          f"({time.monotonic() - started:.0f} s)")
-    return 0
+    return venvs.venv_main(
+        argv, description=__doc__.splitlines()[0], package=PACKAGE, version=VERSION,
+        how="`python tools/dspark_mlx.py install` (`make dspark-mlx`)",
+        install_dir=install_dir, install_problem=install_problem, python_path=python_path,
+        install=install, is_installed=is_installed,
+        done=lambda root, seconds: (f"{PACKAGE} {VERSION} (mlx {MLX}): {python_path(root)} "
+                                      f"({seconds:.0f} s)"))
 
 
 if __name__ == "__main__":

@@ -15,13 +15,18 @@ scripts import it by its plain name, beside them, as it imports tools/engine_cac
 
 from __future__ import annotations
 
+import argparse
 import base64
 import csv
 import hashlib
 import io
 import os
 import stat
+import signal
 import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import engine_cache as cache   # tools/engine_cache.py, beside it
@@ -167,3 +172,53 @@ def remove_console_scripts(root: Path) -> None:
     for entry in (root / "venv" / "bin").iterdir():
         if not entry.name.startswith("python"):
             cache.remove(entry)
+
+
+def venv_main(argv: list[str] | None, *, description: str, package: str, version: str,
+              how: str, install_dir: Callable[[], Path],
+              install_problem: Callable[[Path], str | None],
+              python_path: Callable[..., Path], install: Callable[[], Path],
+              is_installed: Callable[[], bool], done: Callable[[Path, float], str]) -> int:
+    """The command line every pinned-venv engine script has (tools/dspark_mlx.py,
+    tools/speculators.py): ``install`` (a whole install reused, anything else replaced;
+    Ctrl-C / SIGTERM leave nothing, exit 128 + the signal) and ``path`` (the interpreter of a
+    whole install, else exit 1 saying why). ``how``: the command that installs, for the
+    messages; ``done(root, seconds)``: the line printed after an install."""
+    parser = argparse.ArgumentParser(description=description)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help="install the pins into the cache unless a whole install is "
+                   "there (anything else there is replaced)")
+    sub.add_parser("path", help="print the interpreter of a whole install (exit 1: none)")
+    args = parser.parse_args(argv)
+    if args.command == "path":
+        root = install_dir()
+        if not os.path.lexists(root):
+            print(f"{package} {version} is not installed in {cache.shown(root)}: run {how}",
+                  file=sys.stderr)
+            return 1
+        problem = install_problem(root)
+        if problem:
+            print(f"{package}: not a whole {version} install: {problem}; {how} replaces it",
+                  file=sys.stderr)
+            return 1
+        print(python_path(root))
+        return 0
+    cache.catch_signals()
+    started = time.monotonic()
+    try:
+        root = install()
+    except cache.Interrupted as exc:
+        if is_installed():
+            print(f"{package}: {exc.name} after the install was in place: {python_path()}",
+                  file=sys.stderr)
+        else:
+            print(f"{package}: install interrupted ({exc.name}); nothing was written",
+                  file=sys.stderr)
+        return 128 + exc.signum
+    except (InstallError, OSError) as exc:
+        print(f"{package}: {exc}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(done(root, time.monotonic() - started))
+    return 0
