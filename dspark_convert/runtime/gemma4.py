@@ -46,11 +46,11 @@ from dspark_convert.errors import DSparkError, RuntimeTargetError
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.layers import Rope, attention, linear, split_heads
-from dspark_convert.runtime.loading import StoredModel, StoredTensor, TensorLoader, stored_tensors
+from dspark_convert.runtime.loading import StoredModel, load_target, stored_tensors
 from dspark_convert.runtime.qwen3 import KVCache, TargetOutput
 from dspark_convert.target.gemma4 import TEXT_MODEL_TYPES, Gemma4TargetText, full_rope
 from dspark_convert.util.models import validated
-from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.util.progress import Progress
 from dspark_convert.util.strict_json import read_json_strict
 
 PREFIX = "model.language_model."
@@ -297,12 +297,6 @@ def plan_for(target) -> TargetPlan:
     return plan_target(target.directory, config=target.raw_config, checkpoint=target.checkpoint)
 
 
-def _truncated(spec: StoredTensor) -> RuntimeTargetError:
-    return RuntimeTargetError(f"target {spec.file}: tensor {spec.name!r} is truncated: the file "
-                              "is shorter than its header says (it changed while being read)",
-                              path=str(spec.file), tensor=spec.name)
-
-
 # --- the arithmetic both models share --------------------------------------------------
 
 def gemma_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -366,19 +360,10 @@ class Gemma4Target:
                  dtype: torch.dtype = torch.float32, plan: TargetPlan | None = None,
                  progress: Progress | None = None) -> None:
         plan = plan if plan is not None else plan_target(directory)
-        progress = progress or NoProgress()
         self.directory = plan.directory
         self.config = cfg = plan.config
         self.device, self.dtype = device, dtype
-        self.w: dict[str, torch.Tensor] = {}
-        progress.start("loading target", plan.stored_bytes)
-        try:
-            with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
-                              progress=progress) as loader:
-                for name, spec in plan.tensors.items():
-                    self.w[name] = loader.load(spec)
-        finally:
-            progress.finish()
+        self.w = load_target(plan, device=device, dtype=dtype, progress=progress)
         self.embed = self.w[EMBED]
         self.lm_head = self.w[EMBED] if cfg.text.tie_word_embeddings else self.w[HEAD]
         self.scale = embed_scale(cfg.text.hidden_size, dtype).to(device)

@@ -198,3 +198,29 @@ def stored_tensors(entries, shapes: dict[str, tuple[int, ...]], directory: Path,
                                      nbytes=entry.nbytes, dtype=STORED_DTYPES[entry.dtype],
                                      shape=shape)
     return tensors
+
+
+def target_truncated(spec: StoredTensor) -> DSparkError:
+    """A target's file shorter than its header said (it changed after its plan): 70."""
+    from dspark_convert.errors import RuntimeTargetError
+
+    return RuntimeTargetError(f"target {spec.file}: tensor {spec.name!r} is truncated: the file "
+                              "is shorter than its header says (it changed while being read)",
+                              path=str(spec.file), tensor=spec.name)
+
+
+def load_target(plan: StoredModel, *, device: torch.device, dtype: torch.dtype,
+                progress: Progress | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of a target's plan (either family's), once, in ``dtype`` on ``device``,
+    under one "loading target" progress bar."""
+    progress = progress or NoProgress()
+    weights: dict[str, torch.Tensor] = {}
+    progress.start("loading target", plan.stored_bytes)
+    try:
+        with TensorLoader(device=device, dtype=dtype, truncated=target_truncated,
+                          progress=progress) as loader:
+            for name, spec in plan.tensors.items():
+                weights[name] = loader.load(spec)
+    finally:
+        progress.finish()
+    return weights

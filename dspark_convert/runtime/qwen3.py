@@ -31,12 +31,12 @@ from dspark_convert.contract.qwen3 import (ConfigErrors, Qwen3Config, check_dens
                                           check_positive_eps, parse_qwen3_config, rope_theta,
                                           stop_token_ids)
 from dspark_convert.errors import DSparkError, RuntimeTargetError
-from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.util.progress import Progress
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
-from dspark_convert.runtime.loading import StoredModel, StoredTensor, TensorLoader, stored_tensors
+from dspark_convert.runtime.loading import StoredModel, load_target, stored_tensors
 
 EMBED = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
@@ -209,12 +209,6 @@ def plan_for(target) -> TargetPlan:
     return plan_target(target.directory, config=target.qwen3, checkpoint=target.checkpoint)
 
 
-def _truncated(spec: StoredTensor) -> RuntimeTargetError:
-    return RuntimeTargetError(f"target {spec.file}: tensor {spec.name!r} is truncated: the file "
-                              "is shorter than its header says (it changed while being read)",
-                              path=str(spec.file), tensor=spec.name)
-
-
 @dataclass(frozen=True)
 class TargetOutput:
     logits: torch.Tensor                           # [S, V], or [1, V] with last_logits_only
@@ -231,19 +225,10 @@ class Qwen3Target:
                  dtype: torch.dtype = torch.float32, plan: TargetPlan | None = None,
                  progress: Progress | None = None) -> None:
         plan = plan if plan is not None else plan_target(directory)
-        progress = progress or NoProgress()
         self.directory = plan.directory
         self.config = cfg = plan.config
         self.device, self.dtype = device, dtype
-        self.w: dict[str, torch.Tensor] = {}
-        progress.start("loading target", plan.stored_bytes)
-        try:
-            with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
-                              progress=progress) as loader:
-                for name, spec in plan.tensors.items():
-                    self.w[name] = loader.load(spec)
-        finally:
-            progress.finish()
+        self.w = load_target(plan, device=device, dtype=dtype, progress=progress)
         self.embed = self.w[EMBED]
         self.lm_head = self.w[EMBED] if cfg.tie_word_embeddings else self.w[HEAD]
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, device, dtype)
