@@ -46,7 +46,8 @@ from dspark_convert.errors import DSparkError, RuntimeTargetError
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.layers import Rope, attention, linear, split_heads
-from dspark_convert.runtime.loading import StoredModel, load_target, stored_tensors
+from dspark_convert.runtime.loading import (StoredModel, check_layer_count, load_target,
+                                            stored_tensors)
 from dspark_convert.runtime.qwen3 import KVCache, TargetOutput
 from dspark_convert.target.gemma4 import TEXT_MODEL_TYPES, Gemma4TargetText, full_rope
 from dspark_convert.util.models import validated
@@ -280,14 +281,8 @@ def plan_target(directory: str | os.PathLike, *, config: object | None = None,
         raise RuntimeTargetError(f"target {directory}: {exc.message}", path=exc.path,
                                  tensor=exc.tensor) from None
     entries = checkpoint.tensors
-    present = {int(m[1]) for name in entries if (m := _LAYER_NAME.match(name))}
-    n = cfg.num_hidden_layers
-    if len(present) != n or (present and max(present) != n - 1):
-        raise RuntimeTargetError(
-            f"target {directory / 'config.json'}: field '{_LABEL}num_hidden_layers': expected "
-            f"the {len(present)} layer(s) the safetensors headers hold, found {n}",
-            path=str(directory / "config.json"), field=_LABEL + "num_hidden_layers",
-            expected=len(present), found=n)
+    check_layer_count(entries, _LAYER_NAME, cfg.num_hidden_layers, directory,
+                      _LABEL + "num_hidden_layers")
     tensors = stored_tensors(entries, tensor_shapes(cfg), directory, RuntimeTargetError)
     return TargetPlan(directory=directory, config=cfg, tensors=tensors)
 

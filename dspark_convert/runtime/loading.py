@@ -224,3 +224,21 @@ def load_target(plan: StoredModel, *, device: torch.device, dtype: torch.dtype,
     finally:
         progress.finish()
     return weights
+
+
+def check_layer_count(names, pattern, n: int, directory: Path, field: str) -> None:
+    """A target config's layer count (``n``, its field ``field``) must be the number of
+    layers the headers hold (``names``; ``pattern`` matches a layer's tensor names, its
+    group 1 the index), before any table is built by it. Distinct indices with len n and
+    max n-1 are exactly 0..n-1, so no set of n elements is ever built from the config's
+    number. Refused as RuntimeTargetError (70)."""
+    from dspark_convert.errors import RuntimeTargetError
+
+    present = {int(m[1]) for name in names if (m := pattern.match(name))}
+    if len(present) != n or (present and max(present) != n - 1):
+        found = (f"layers {min(present)}..{max(present)} ({len(present)} distinct)" if present
+                 else "no layers")
+        raise RuntimeTargetError(
+            f"target {directory / 'config.json'}: field '{field}': expected the "
+            f"{len(present)} layer(s) the safetensors headers hold ({found}), found {n}",
+            path=str(directory / "config.json"), field=field, expected=len(present), found=n)

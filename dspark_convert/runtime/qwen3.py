@@ -36,7 +36,8 @@ from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
-from dspark_convert.runtime.loading import StoredModel, load_target, stored_tensors
+from dspark_convert.runtime.loading import (StoredModel, check_layer_count, load_target,
+                                            stored_tensors)
 
 EMBED = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
@@ -165,22 +166,6 @@ class TargetPlan(StoredModel):
     config: RuntimeConfig
 
 
-def _check_layer_count(names: Collection[str], cfg: RuntimeConfig, directory: Path) -> None:
-    """num_hidden_layers must be the number of layers the headers hold, before any table is
-    built by it. Distinct indices with len n and max n-1 are exactly 0..n-1, so no set of
-    n elements is ever built from the config's number."""
-    present = {int(m[1]) for name in names if (m := _LAYER_NAME.match(name))}
-    n = cfg.num_hidden_layers
-    if len(present) != n or (present and max(present) != n - 1):
-        found = (f"layers {min(present)}..{max(present)} ({len(present)} distinct)" if present
-                 else "no layers")
-        raise RuntimeTargetError(
-            f"target {directory / 'config.json'}: field 'num_hidden_layers': expected the "
-            f"{len(present)} layer(s) the safetensors headers hold ({found}), found {n}",
-            path=str(directory / "config.json"), field="num_hidden_layers",
-            expected=len(present), found=n)
-
-
 def plan_target(directory: str | os.PathLike, *, config: Qwen3Config | None = None,
                 checkpoint: Checkpoint | None = None) -> TargetPlan:
     """Read and check config.json and the safetensors headers; no tensor byte is read.
@@ -199,7 +184,8 @@ def plan_target(directory: str | os.PathLike, *, config: Qwen3Config | None = No
         raise RuntimeTargetError(f"target {directory}: {exc.message}", path=exc.path,
                                  tensor=exc.tensor) from None
     entries = checkpoint.tensors
-    _check_layer_count(entries, cfg, directory)
+    check_layer_count(entries, _LAYER_NAME, cfg.num_hidden_layers, directory,
+                      "num_hidden_layers")
     tensors = stored_tensors(entries, tensor_shapes(cfg), directory, RuntimeTargetError)
     return TargetPlan(directory=directory, config=cfg, tensors=tensors)
 
