@@ -40,9 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -165,10 +162,6 @@ def python_path(root: Path | None = None) -> Path:
     return (install_dir() if root is None else root) / "venv" / "bin" / "python"
 
 
-def _site_packages(root: Path) -> Path:
-    return root / "venv" / "lib" / f"python{PYTHON[0]}.{PYTHON[1]}" / "site-packages"
-
-
 # --- is this a whole install ---------------------------------------------------------------
 
 def read_info(path: Path) -> dict:
@@ -180,27 +173,6 @@ def read_info(path: Path) -> dict:
 def _check_info(root: Path) -> None:
     path = root / INFO_FILE
     cache.check_info(path, read_info(path), expected_info(), InstallError)
-
-
-def _check_python(root: Path) -> None:
-    """venv/bin/python is an executable (a venv's is a link to the base interpreter) and
-    runs as CPython of the pinned version."""
-    python = python_path(root)
-    if not (python.is_file() and os.access(python, os.X_OK)):
-        raise InstallError(f"{cache.shown(python)}: not an executable file; expected the "
-                           "venv's interpreter")
-    want = f"{PYTHON[0]}.{PYTHON[1]}"
-    try:
-        proc = subprocess.run([str(python), "-I", "-c", "import sys; print('%d.%d' % "
-                               "sys.version_info[:2], sys.implementation.name)"],
-                              capture_output=True, text=True, timeout=PYTHON_PROBE_SECONDS,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InstallError(f"{cache.shown(python)}: does not run ({exc}); expected CPython "
-                           f"{want}") from None
-    if proc.returncode != 0 or proc.stdout.split() != [want, "cpython"]:
-        raise InstallError(f"{cache.shown(python)}: runs as {proc.stdout.strip()[:60]!r} (exit "
-                           f"{proc.returncode}); expected CPython {want}")
 
 
 def check_install(root: Path | None = None) -> None:
@@ -215,19 +187,15 @@ def check_install(root: Path | None = None) -> None:
         raise InstallError(f"{cache.shown(req)}: not the pinned requirements this script "
                            "writes")
     venvs.check_dir(root / "venv", "the install's virtual environment")
-    _check_python(root)
-    site = _site_packages(root)
+    venvs.check_python(python_path(root), PYTHON, seconds=PYTHON_PROBE_SECONDS)
+    site = venvs.site_packages(root, PYTHON)
     venvs.check_dir(site, "the venv's site-packages")
     venvs.check_distributions(site, PINS)
 
 
 def install_problem(root: Path | None = None) -> str | None:
     """Why ``root`` is not a whole install (one line), or None where it is."""
-    try:
-        check_install(root)
-    except InstallError as exc:
-        return str(exc)
-    return None
+    return venvs.problem_of(lambda: check_install(root))
 
 
 def is_installed(root: Path | None = None) -> bool:
@@ -236,24 +204,13 @@ def is_installed(root: Path | None = None) -> bool:
 
 # --- installing ---------------------------------------------------------------------------
 
-def _this_python_fits() -> None:
-    """The venv is made from this interpreter: it must be what the pins are for."""
-    impl = sys.implementation.name
-    here = f"{platform.system().lower()}-{platform.machine().lower()}"
-    if (impl, sys.version_info[:2], here) != ("cpython", PYTHON, PLATFORM):
-        raise InstallError(f"{sys.executable} is {impl} {sys.version_info[0]}."
-                           f"{sys.version_info[1]} on {here}; the pins are the wheels of CPython "
-                           f"{PYTHON[0]}.{PYTHON[1]} on {PLATFORM}: run this script with such an "
-                           "interpreter")
-
-
 def install(*, quiet_pip: bool = True) -> Path:
     """Install into the cache unless a whole install is there (anything else there is
     replaced); returns the install directory."""
     final = install_dir()
     if is_installed(final):
         return final
-    _this_python_fits()
+    venvs.this_python_fits(PYTHON, PLATFORM)
     final.parent.mkdir(parents=True, exist_ok=True)
     cache.remove_stale(final)
     work = cache.temporary(final, "install")

@@ -21,6 +21,7 @@ import csv
 import hashlib
 import io
 import os
+import platform
 import stat
 import signal
 import subprocess
@@ -222,3 +223,50 @@ def venv_main(argv: list[str] | None, *, description: str, package: str, version
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(done(root, time.monotonic() - started))
     return 0
+
+
+def site_packages(root: Path, python: tuple[int, int]) -> Path:
+    """The site-packages of an install's venv (``root/venv``) for CPython ``python``."""
+    return root / "venv" / "lib" / f"python{python[0]}.{python[1]}" / "site-packages"
+
+
+def check_python(interpreter: Path, python: tuple[int, int], *, flags: tuple[str, ...] = (),
+                 seconds: float = 60) -> None:
+    """The venv's interpreter is an executable (a venv's is a link to the base interpreter)
+    and runs as CPython ``python`` (run with ``-I`` and ``flags``); else InstallError."""
+    if not (interpreter.is_file() and os.access(interpreter, os.X_OK)):
+        raise InstallError(f"{cache.shown(interpreter)}: not an executable file; expected the "
+                           "venv's interpreter")
+    want = f"{python[0]}.{python[1]}"
+    try:
+        proc = subprocess.run([str(interpreter), "-I", *flags, "-c", "import sys; print('%d.%d' "
+                               "% sys.version_info[:2], sys.implementation.name)"],
+                              capture_output=True, text=True, timeout=seconds,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InstallError(f"{cache.shown(interpreter)}: does not run ({exc}); expected "
+                           f"CPython {want}") from None
+    if proc.returncode != 0 or proc.stdout.split() != [want, "cpython"]:
+        raise InstallError(f"{cache.shown(interpreter)}: runs as {proc.stdout.strip()[:60]!r} "
+                           f"(exit {proc.returncode}); expected CPython {want}")
+
+
+def this_python_fits(python: tuple[int, int], platform_name: str) -> None:
+    """The venv is made from the interpreter running the script: it must be what the pins
+    are for (CPython ``python`` on ``platform_name``); else InstallError."""
+    impl = sys.implementation.name
+    here = f"{platform.system().lower()}-{platform.machine().lower()}"
+    if (impl, sys.version_info[:2], here) != ("cpython", python, platform_name):
+        raise InstallError(f"{sys.executable} is {impl} {sys.version_info[0]}."
+                           f"{sys.version_info[1]} on {here}; the pins are the wheels of CPython "
+                           f"{python[0]}.{python[1]} on {platform_name}: run this script with "
+                           "such an interpreter")
+
+
+def problem_of(check: Callable[[], None]) -> str | None:
+    """Why ``check`` refuses (its InstallError's one line), or None where it passes."""
+    try:
+        check()
+    except InstallError as exc:
+        return str(exc)
+    return None

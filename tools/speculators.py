@@ -70,7 +70,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import platform
 import re
 import stat
 import subprocess
@@ -165,10 +164,6 @@ def python_path(root: Path | None = None) -> Path:
     return (install_dir() if root is None else root) / "venv" / "bin" / "python"
 
 
-def _site_packages(root: Path) -> Path:
-    return root / "venv" / "lib" / f"python{PYTHON[0]}.{PYTHON[1]}" / "site-packages"
-
-
 # --- torch, from the interpreter that runs this script --------------------------------------
 
 def _requirement_name(requirement: str) -> str | None:
@@ -241,25 +236,6 @@ def _check_info(root: Path, want: dict) -> None:
     cache.check_info(path, read_info(path), want, InstallError)
 
 
-def _check_python(root: Path) -> None:
-    python = python_path(root)
-    if not (python.is_file() and os.access(python, os.X_OK)):
-        raise InstallError(f"{cache.shown(python)}: not an executable file; expected the "
-                           "venv's interpreter")
-    want = f"{PYTHON[0]}.{PYTHON[1]}"
-    try:
-        proc = subprocess.run([str(python), "-I", "-S", "-c", "import sys; print('%d.%d' % "
-                               "sys.version_info[:2], sys.implementation.name)"],
-                              capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InstallError(f"{cache.shown(python)}: does not run ({exc}); expected CPython "
-                           f"{want}") from None
-    if proc.returncode != 0 or proc.stdout.split() != [want, "cpython"]:
-        raise InstallError(f"{cache.shown(python)}: runs as {proc.stdout.strip()[:60]!r} (exit "
-                           f"{proc.returncode}); expected CPython {want}")
-
-
 def _check_links(root: Path, torch: dict) -> None:
     """torch-site holds exactly the links install makes, each to the entry it names in the
     project's site-packages, which exists."""
@@ -303,8 +279,8 @@ def check_install(root: Path | None = None, *, torch: dict | None = None) -> Non
         raise InstallError(f"{cache.shown(req)}: not the pinned requirements this script "
                            "writes")
     venvs.check_dir(root / "venv", "the install's virtual environment")
-    _check_python(root)
-    site = _site_packages(root)
+    venvs.check_python(python_path(root), PYTHON, flags=("-S",))
+    site = venvs.site_packages(root, PYTHON)
     venvs.check_dir(site, "the venv's site-packages")
     pths = sorted(p.name for p in site.iterdir() if p.name.endswith(".pth"))
     if pths != [PTH_FILE]:
@@ -320,11 +296,7 @@ def check_install(root: Path | None = None, *, torch: dict | None = None) -> Non
 
 def install_problem(root: Path | None = None) -> str | None:
     """Why ``root`` is not a whole install (one line), or None where it is."""
-    try:
-        check_install(root)
-    except InstallError as exc:
-        return str(exc)
-    return None
+    return venvs.problem_of(lambda: check_install(root))
 
 
 def is_installed(root: Path | None = None) -> bool:
@@ -333,22 +305,12 @@ def is_installed(root: Path | None = None) -> bool:
 
 # --- installing ---------------------------------------------------------------------------
 
-def _this_python_fits() -> None:
-    impl = sys.implementation.name
-    here = f"{platform.system().lower()}-{platform.machine().lower()}"
-    if (impl, sys.version_info[:2], here) != ("cpython", PYTHON, PLATFORM):
-        raise InstallError(f"{sys.executable} is {impl} {sys.version_info[0]}."
-                           f"{sys.version_info[1]} on {here}; the pins are the wheels of CPython "
-                           f"{PYTHON[0]}.{PYTHON[1]} on {PLATFORM}: run this script with such an "
-                           "interpreter")
-
-
 def _link(work: Path, torch: dict) -> None:
     where = work / TORCH_SITE
     where.mkdir()
     for name in torch["links"]:
         os.symlink(Path(torch["site"]) / name, where / name)
-    (_site_packages(work) / PTH_FILE).write_text(PTH_TEXT)
+    (venvs.site_packages(work, PYTHON) / PTH_FILE).write_text(PTH_TEXT)
 
 
 def _probe(root: Path, log: Path) -> str:
@@ -382,7 +344,7 @@ def install(*, quiet_pip: bool = True) -> Path:
     torch = linked_torch()
     if install_problem(final) is None:
         return final
-    _this_python_fits()
+    venvs.this_python_fits(PYTHON, PLATFORM)
     final.parent.mkdir(parents=True, exist_ok=True)
     cache.remove_stale(final)
     work = cache.temporary(final, "install")
