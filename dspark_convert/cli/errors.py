@@ -3,7 +3,10 @@
 ``run`` is the only place an exception becomes output: a DSparkError prints
 ``error: <message>`` (one line, on stderr) and exits with the class's code; anything else is
 a bug, printed as one line too (``--debug`` shows the traceback); Ctrl-C and SIGTERM exit
-130 and 143 after the library's cleanup has run.
+130 and 143 after the library's cleanup has run, with one line that says what is true
+then: "nothing was written" before any output was published, or which outputs are in
+place and whole once one was (util/atomic.published_outputs records each publication in
+the step that makes it: an interrupt while the summary waits on a slow stdout comes after).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import typer
 
@@ -38,22 +43,51 @@ def emit_error(error: DSparkError, *, as_json: bool) -> None:
     sys.stderr.write(f"error: {shown(error.message)}\n")
 
 
+@contextmanager
+def _signals_default() -> Iterator[None]:
+    """SIGINT and SIGTERM at their default action while the interrupt's line is written: a
+    second Ctrl-C or SIGTERM then ends the process by that signal (the shell still sees
+    130 / 143), never a traceback out of the handler of the first."""
+    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def interrupt_line(stop: BaseException, published: Sequence[Path]) -> tuple[str, int]:
+    """The one line and the exit code of Ctrl-C (130) or SIGTERM (143): "nothing was
+    written" when no output was published, else each output the run published, in place
+    and whole (the atomic rename put it there whole, and nothing undoes it)."""
+    what, code = (("interrupted", EXIT_INTERRUPTED) if isinstance(stop, KeyboardInterrupt)
+                  else ("terminated", EXIT_TERMINATED))
+    if not published:
+        return f"error: {what}; nothing was written", code
+    names = " and ".join(shown(str(path)) for path in published)
+    verb = "is" if len(published) == 1 else "are"
+    return (f"error: {what} after the output was written: {names} {verb} in place and "
+            "whole"), code
+
+
 def run(action: Callable[[], int | None], *, debug: bool = False, as_json: bool = False) -> None:
     """Run a command body; exit with its code, or map its exception to one."""
+    from dspark_convert.util.atomic import published_outputs
+
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        code = action() or 0
+        with published_outputs() as published:
+            try:
+                code = action() or 0
+            except (KeyboardInterrupt, Terminated) as stop:
+                line, code = interrupt_line(stop, published)
+                with _signals_default():
+                    sys.stderr.write(line + "\n")
     except DSparkError as exc:
         if debug:
             traceback.print_exc()
         emit_error(exc, as_json=as_json)
         code = exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted; nothing was written\n")
-        code = EXIT_INTERRUPTED
-    except Terminated:
-        sys.stderr.write("error: terminated; nothing was written\n")
-        code = EXIT_TERMINATED
     except typer.Exit:
         raise
     except Exception as exc:  # a bug: one line unless --debug

@@ -16,9 +16,13 @@ included) the temporary sibling is removed, and so is every other entry a run ma
 an output (a parent it created, the writability probe, an old output moved aside, which
 is put back instead when the new one is not in place): each is made inside the reach of
 its cleanup, and a rename and the record of it happen with SIGINT and SIGTERM held back
-(``_signals_held``), so a signal never falls between them. A SIGKILL cannot be caught; the
-sibling it leaves is hidden, never has the output's name, and is removed by the next run
-that writes the same output (a probe, by the next run that probes the same directory).
+(``_signals_held``), so a signal never falls between them. The rename that publishes an
+output is recorded in the same step (``published_outputs``): an interrupt that comes once
+an output is in place (the CLI printing its summary to a slow stdout, the removal of the
+old output) is known to have come after it, and the CLI says so instead of "nothing was
+written". A SIGKILL cannot be caught; the sibling it leaves is hidden, never has the
+output's name, and is removed by the next run that writes the same output (a probe, by
+the next run that probes the same directory).
 
 Every output option of every command goes through ``check_outputs`` before any work (the
 one output-path rule: a path that names a new entry, fits a file system, does not exist
@@ -196,6 +200,36 @@ def _as_output(path: str | os.PathLike) -> Path:
         if full == tmp or full.is_relative_to(tmp):
             return out / full.relative_to(tmp)
     return path
+
+
+# The records open now (``published_outputs``): each gets every output published while it
+# is open. None open (a library caller that did not ask): nothing is kept.
+_RECORDS: list[list[Path]] = []
+
+
+@contextmanager
+def published_outputs() -> Iterator[Sequence[Path]]:
+    """Record the outputs this process publishes while the block runs: each output's
+    absolute path, in order, added in the same step as the rename that puts it in place
+    (SIGINT and SIGTERM held), so that whoever catches an interrupt knows for certain
+    which outputs are whole in place (the CLI's message: cli/errors.run) and which were
+    never written (nothing of them is left). The sequence yielded grows as outputs are
+    published; read it when the block ends or is interrupted."""
+    record: list[Path] = []
+    _RECORDS.append(record)
+    try:
+        yield record
+    finally:
+        # by identity: two records holding the same paths are still two records
+        for i, open_record in enumerate(_RECORDS):
+            if open_record is record:
+                del _RECORDS[i]
+                break
+
+
+def _record_published(*paths: Path) -> None:
+    for record in _RECORDS:
+        record.extend(paths)
 
 
 def write_error(exc: OSError, path: str | os.PathLike) -> OutputWriteError:
@@ -479,36 +513,46 @@ def _remove_all(path: Path) -> None:
     try:
         _remove(path)
     except BaseException:
-        _remove(path)
+        _quietly(_remove, path)
         raise
 
 
-def _publish(tmp: Path, out: Path, *, force: bool) -> None:
+def _quietly(cleanup: Callable[..., object], *args, **kwargs) -> None:
+    """A cleanup step on the way out of a failure or an interrupt: an OSError of its own
+    (a permission changed meanwhile) must not replace what is being raised, so that an
+    interrupt still exits 130/143 and a refusal keeps its own code."""
+    try:
+        cleanup(*args, **kwargs)
+    except OSError:
+        pass
+
+
+def _publish(tmp: Path, out: Path, *, force: bool) -> Path | None:
     """Move the finished ``tmp`` to ``out``: never replacing anything without ``force``,
-    replacing in one step with it."""
+    replacing in one step with it. Returns where the directory it replaced now is (the
+    caller removes it once the new one is recorded as in place), or None. Called with
+    SIGINT and SIGTERM held (``_signals_held``): a signal never falls between two of its
+    renames, nor between the rename and its record."""
     if force and (out.exists() or out.is_symlink()):
         if out.is_dir() and not out.is_symlink():
             if _rename2(tmp, out, _RENAME_EXCHANGE):
-                _remove_all(tmp)        # tmp now holds the old artifact
-                return
+                return tmp              # tmp now holds the old artifact
             # No exchange here: move the old one aside first, so the name holds the old
-            # or the new artifact, whole (with a moment where it holds neither, held
-            # against signals; the old one goes back if the new one cannot follow).
+            # or the new artifact, whole (the old one goes back if the new one cannot
+            # follow).
             old = temp_sibling(out, "old-")
-            with _signals_held():
-                os.rename(out, old)
-                try:
-                    os.rename(tmp, out)
-                except OSError:
-                    os.rename(old, out)
-                    raise
-            _remove_all(old)
-            return
+            os.rename(out, old)
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(old, out)
+                raise
+            return old
         os.replace(tmp, out)            # a file: rename(2) replaces it in one step
-        return
+        return None
     try:
         if _rename2(tmp, out, _RENAME_NOREPLACE):
-            return
+            return None
     except FileExistsError:
         raise exists_error(out, during=True) from None
     # No renameat2: a directory can be claimed atomically with link(2) only for files; for
@@ -524,12 +568,13 @@ def _publish(tmp: Path, out: Path, *, force: bool) -> None:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 raise exists_error(out, during=True) from None
             raise
-        return
+        return None
     try:
         os.link(tmp, out)               # fails if anything holds the name
     except FileExistsError:
         raise exists_error(out, during=True) from None
     os.unlink(tmp)
+    return None
 
 
 @contextmanager
@@ -563,11 +608,16 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
         except BaseException:
             discard()
             raise
+        replaced: Path | None = None
         try:
             for entry in tmp.iterdir():
                 fsync_path(entry)
             fsync_path(tmp)
-            _publish(tmp, out, force=force)
+            # The rename and its record as one step: an interrupt from here on finds the
+            # output recorded as in place (published_outputs), never "nothing written".
+            with _signals_held():
+                replaced = _publish(tmp, out, force=force)
+                _record_published(out)
             fsync_path(out.parent)
         except OSError as exc:
             discard()
@@ -575,6 +625,9 @@ def atomic_directory(out: str | os.PathLike, *, force: bool = False) -> Iterator
         except BaseException:
             discard()
             raise
+        finally:
+            if replaced is not None:
+                _remove_all(replaced)   # the old artifact, however this ends
     finally:
         _LIVE.pop(tmp, None)
 
@@ -652,29 +705,31 @@ def atomic_files(files: Sequence[tuple[str | os.PathLike, Callable[[object], Non
                 fh.flush()
                 os.fsync(fh.fileno())
         published: list[tuple[Path, Path | None]] = []
-        try:
-            for tmp, path in zip(tmps, paths):
-                current = path
-                # A signal between the rename and its record would leave _unpublish
-                # blind to it (an old file beside the output, or a new one kept).
-                with _signals_held():
-                    published.append((path, _publish_file(tmp, path, force=force)))
-        except BaseException:
-            _unpublish(published)
-            raise
+        # Every rename, its record and the removal of the files replaced, as one step: a
+        # signal meanwhile is taken once all the files are in place and recorded as such
+        # (published_outputs), so no interrupt falls between a rename and its record
+        # (which would leave _unpublish blind to it, or call a published file unwritten).
         with _signals_held():
+            try:
+                for tmp, path in zip(tmps, paths):
+                    current = path
+                    published.append((path, _publish_file(tmp, path, force=force)))
+            except BaseException:       # a rename failed: the others are undone
+                _unpublish(published)
+                raise
+            _record_published(*paths)
             for _, old in published:
                 if old is not None:
-                    old.unlink(missing_ok=True)
+                    _quietly(old.unlink, missing_ok=True)
         for parent in dict.fromkeys(path.parent for path in paths):
             fsync_path(parent)
     except OSError as exc:
         for tmp in tmps:
-            tmp.unlink(missing_ok=True)
+            _quietly(tmp.unlink, missing_ok=True)
         raise write_error(exc, current) from None
     except BaseException:
         for tmp in tmps:
-            tmp.unlink(missing_ok=True)
+            _quietly(tmp.unlink, missing_ok=True)
         raise
     finally:
         for tmp in tmps:

@@ -78,7 +78,16 @@ def open_regular(path: str | os.PathLike, *, label: str, error: type[DSparkError
     """Open ``path`` for reading in binary, refusing what is not a regular file without
     waiting on it: opened non-blocking (a FIFO without a writer opens at once instead of
     hanging), checked on the open descriptor (a file swapped for a FIFO after a stat is
-    still caught), then read as usual. OSError from the open propagates."""
+    still caught), then read as usual. OSError from the open propagates.
+
+    The descriptor has one owner at a time: this function until the checks pass (it
+    closes it on any exception, an interrupt included), then the file object, which is
+    made last and outside that cleanup, by the built-in ``open`` (one C call: no Python
+    frame in which a signal could be taken before it owns the descriptor, as in
+    ``os.fdopen``'s). An interrupt that comes once the file object is made drops it, and
+    it closes the descriptor, once; the cleanup never closes it again (which raised
+    EBADF, an exit 1 hiding the interrupt, or closed whatever file had been given the same
+    number meanwhile)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
@@ -86,7 +95,7 @@ def open_regular(path: str | os.PathLike, *, label: str, error: type[DSparkError
             raise error(f"{label}: is {file_kind(mode)}, not a regular file; expected a regular file",
                         path=str(path), expected="a regular file", found=file_kind(mode))
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+    return open(fd, "rb", closefd=True)     # the file object owns fd from here on
