@@ -459,10 +459,61 @@ def test_a_downloaded_sdist_is_kept_whole_and_reused_only_when_its_sha256_matche
     assert kept.read_bytes() == data and [p.name for p in kept.parent.iterdir()] == [kept.name]
     work = tmp_path / "work"
     work.mkdir()
-    assert b.fetch_sdist(work) == kept and not (work / "download").exists()   # no pip
+    assert b.fetch_sdist(work) == kept and not (work / "download").exists()   # no download
     kept.write_bytes(b"other bytes")
     downloads = []
-    monkeypatch.setattr(b, "run_step", lambda cmd, *a, **k: downloads.append(cmd))
-    with pytest.raises(b.BuildError, match="no such sdist"):       # pip was asked instead
+    monkeypatch.setattr(b, "download_sdist", lambda dest: downloads.append(dest) or dest / "x")
+    with pytest.raises(b.BuildError, match="no such sdist"):       # the index was asked instead
         b.fetch_sdist(work)
-    assert downloads and downloads[0][2:4] == ["pip", "download"]
+    assert downloads == [work / "download"]
+
+
+def _index(root: Path, page: str, body: bytes) -> str:
+    """A package index on disk (file:// URLs, as pip reads them): ``page`` is the project
+    page's file name in ``root/llama-cpp-python/``."""
+    project = root / "llama-cpp-python"
+    project.mkdir(parents=True)
+    (project / page).write_bytes(body)
+    return root.as_uri()
+
+
+def test_the_sdist_is_fetched_from_the_index_without_a_build_step(tmp_path, monkeypatch):
+    """The sdist is found on the index's page (PEP 503 HTML here), downloaded by the standard
+    library and checked, and no process runs (pip download would build its metadata in an
+    isolated, unpinned environment)."""
+    b = support.build
+    data = b"an sdist's bytes"
+    monkeypatch.setattr(b, "SDIST_SHA256", hashlib.sha256(data).hexdigest())
+    monkeypatch.setenv("DSPARK_ENGINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("DSPARK_LLAMA_CPP_SDIST", raising=False)
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / b.SDIST_NAME).write_bytes(data)
+    page = (f'<html><body><a href="other-1.0.tar.gz">x</a><a href="../../files/'
+            f'{b.SDIST_NAME}#sha256=00">{b.SDIST_NAME}</a></body></html>').encode()
+    monkeypatch.setenv("PIP_INDEX_URL", _index(tmp_path / "simple", "index.html", page))
+    monkeypatch.setattr(b, "run_step", lambda *a, **k: pytest.fail("a process ran"))
+    work = tmp_path / "work"
+    work.mkdir()
+    got = b.fetch_sdist(work)
+    assert got == work / "download" / b.SDIST_NAME and got.read_bytes() == data
+    assert b.cached_sdist().read_bytes() == data
+
+
+@pytest.mark.parametrize("page, body, says", [
+    ("index.html", b'<a href="llama_cpp_python-0.3.35.tar.gz">old</a>', "no llama_cpp_python-"),
+    ("index.html", b"{not json", "not the simple API's JSON"),
+    ("index.html", b'{"files": [{"filename": 3}]}', "no llama_cpp_python-"),
+    ("index.html", b'{"files": 3}', "not the simple API's JSON"),
+    ("index.html", b"<a>" * (4 << 20), "over 8388608 bytes"),
+    ("other.html", b"", "expected the index's page of llama-cpp-python"),
+])
+def test_an_index_page_without_the_sdist_is_one_line_naming_the_page(page, body, says, tmp_path,
+                                                                     monkeypatch):
+    b = support.build
+    index = _index(tmp_path / "simple", page, body)
+    with pytest.raises(b.BuildError) as caught:
+        b.sdist_url(index)
+    message = str(caught.value)
+    assert "\n" not in message and says in message, message
+    assert message.startswith(f"{index}/llama-cpp-python/"), message

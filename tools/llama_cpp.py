@@ -26,6 +26,15 @@ the temporary. ``DSPARK_LLAMA_CPP_SDIST=PATH`` uses a local copy of the sdist in
 downloading it (its SHA-256 is checked all the same); a download is kept in the cache
 (``sdist/``, checked again at each use).
 
+The sdist is obtained without a build step, so nothing unpinned runs: the file named
+``llama_cpp_python-<version>.tar.gz`` is looked up on the package index's project page (the
+simple API, PEP 691 JSON or PEP 503 HTML; ``$PIP_INDEX_URL`` when set, as pip reads it, else
+https://pypi.org/simple), downloaded by the standard library, bounded, and its SHA-256
+checked before anything reads it. (``pip download --no-binary :all:`` would first prepare
+the sdist's metadata in an isolated build environment of scikit-build-core and what it
+needs, resolved unpinned from the registry the day it runs.) The build itself runs only
+cmake, ninja and the compiler on the checked source: no Python build backend at all.
+
 Standard library only: it runs before (and without) the package's own environment. What it
 shares with tools/dspark_mlx.py and tools/speculators.py (the cache's location, removing,
 temporaries, signals, the bounded read of the info file) is tools/engine_cache.py's.
@@ -43,6 +52,10 @@ import signal
 import subprocess
 import sys
 import tarfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,7 +65,12 @@ PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_MAX_BYTES = 256 << 20              # the pinned sdist is 76.6 MB
 COMMIT = "0c1e570"                       # the llama.cpp commit the sdist vendors
+# Where the sdist is looked up: pip's index variable when set, else PyPI's simple API.
+DEFAULT_INDEX = "https://pypi.org/simple"
+INDEX_PAGE_MAX_BYTES = 8 << 20           # PyPI's page of llama-cpp-python is ~1 MB of JSON
+NETWORK_TIMEOUT_S = 60                   # per connection and per read
 VENDORED = f"llama_cpp_python-{VERSION}/vendor/llama.cpp"
 # What the tests run: speculative decoding, the target alone. Nothing else is built.
 BINARIES = ("llama-speculative-simple", "llama-completion")
@@ -264,10 +282,79 @@ def _keep(sdist: Path) -> None:
         cache.remove_quietly(tmp)
 
 
+class _Links(HTMLParser):
+    """The href of every <a> of a PEP 503 page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag == "a":
+            self.hrefs += [value for name, value in attrs if name == "href" and value]
+
+
+def _open(url: str, what: str, accept: str | None = None):
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    try:
+        return urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise BuildError(f"{url}: {reason}; expected {what}") from None
+
+
+def sdist_url(index: str) -> str:
+    """The URL of SDIST_NAME on ``index``'s project page of PACKAGE (PEP 691 JSON or PEP 503
+    HTML, read bounded); BuildError naming the page when it does not list it."""
+    page = f"{index.rstrip('/')}/{PACKAGE}/"
+    expected = f"the index's page of {PACKAGE}, listing {SDIST_NAME}"
+    # A local index (file://) is a tree of directories, each page its index.html (as pip reads it).
+    where = page + "index.html" if page.startswith("file:") else page
+    with _open(where, expected, "application/vnd.pypi.simple.v1+json, text/html;q=0.1") as resp:
+        kind = resp.headers.get_content_type() if resp.headers else ""
+        body = resp.read(INDEX_PAGE_MAX_BYTES + 1)
+    if len(body) > INDEX_PAGE_MAX_BYTES:
+        raise BuildError(f"{page}: over {INDEX_PAGE_MAX_BYTES} bytes; expected {expected}")
+    hrefs: list[str] = []
+    if kind == "application/vnd.pypi.simple.v1+json" or body.lstrip().startswith(b"{"):
+        try:
+            files = json.loads(body)["files"]
+            hrefs = [f["url"] for f in files if f.get("filename") == SDIST_NAME]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise BuildError(f"{page}: not the simple API's JSON; expected {expected}") from None
+    else:
+        links = _Links()
+        links.feed(body.decode("utf-8", "replace"))
+        hrefs = links.hrefs
+    for href in hrefs:
+        url = urllib.parse.urljoin(page, href)
+        if urllib.parse.unquote(urllib.parse.urlparse(url).path).rsplit("/", 1)[-1] == SDIST_NAME:
+            return url
+    raise BuildError(f"{page}: no {SDIST_NAME}; expected {expected}")
+
+
+def download_sdist(dest: Path) -> Path:
+    """SDIST_NAME from the index into ``dest`` (a new directory), at most SDIST_MAX_BYTES;
+    no code of it runs (its SHA-256 is checked by the caller before it is read)."""
+    index = os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX
+    print(f"llama.cpp: downloading {SDIST_NAME} from {index}", flush=True)
+    url = sdist_url(index)
+    dest.mkdir()
+    out = dest / SDIST_NAME
+    size = 0
+    with _open(url, f"the {PACKAGE} {VERSION} sdist") as resp, open(out, "wb") as fh:
+        for block in iter(lambda: resp.read(1 << 20), b""):
+            size += len(block)
+            if size > SDIST_MAX_BYTES:
+                raise BuildError(f"{url}: over {SDIST_MAX_BYTES} bytes; expected the "
+                                 f"{PACKAGE} {VERSION} sdist")
+            fh.write(block)
+    return out
+
+
 def fetch_sdist(work: Path) -> Path:
     """The sdist, from DSPARK_LLAMA_CPP_SDIST, else the one kept in the cache, else
-    downloaded with pip (and then kept), SHA-256 checked each time. pip prepares the
-    sdist's metadata in an isolated build environment (about a minute)."""
+    downloaded from the index (and then kept), SHA-256 checked each time."""
     local = os.environ.get("DSPARK_LLAMA_CPP_SDIST")
     kept = cached_sdist()
     downloaded = False
@@ -276,12 +363,7 @@ def fetch_sdist(work: Path) -> Path:
     elif kept.is_file() and not kept.is_symlink() and sha256_of(kept) == SDIST_SHA256:
         sdist = kept
     else:
-        dl = work / "download"
-        dl.mkdir()
-        run_step([sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                  "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={VERSION}", "-d", str(dl)],
-                 work / "download.log", f"pip download {PACKAGE}=={VERSION}")
-        sdist = dl / SDIST_NAME
+        sdist = download_sdist(work / "download")
         downloaded = True
     if not sdist.is_file():
         raise BuildError(f"{cache.shown(sdist)}: no such sdist (expected {SDIST_NAME})")
