@@ -231,11 +231,13 @@ class SampleFromAnchorMissingError(SpeculatorsError):
     exit_code = 33
 
 
-class AnchorLayoutError(SpeculatorsError):
-    """``sample_from_anchor`` false, in config.json or stated with --sample-from-anchor: the
-    anchor-as-bonus layout (block slot k predicts position p+k, block_size - 1 drafts), another
-    block layout than the artifact format's (anchor first: slot j predicts p+1+j), the only
-    one Strata, llama.cpp and the reference runtime run."""
+class AnchorLayoutError(SpeculatorsError, ContractViolation):
+    """``sample_from_anchor`` false: in a speculators config.json (its top level or its
+    ``transformer_layer_config``), in DeepSpec's config.json (which vLLM and SGLang read as the
+    block layout), or stated with --sample-from-anchor: the anchor-as-bonus layout (block slot
+    k predicts position p+k, block_size - 1 drafts), another block layout than the artifact
+    format's (anchor first: slot j predicts p+1+j), the only one Strata, llama.cpp and the
+    reference runtime run. A contract violation too: a config's rule, wherever it is read."""
     exit_code = 34
 
 
@@ -247,9 +249,10 @@ class DraftVocabularyError(SpeculatorsError):
 
 
 class SpeculatorsTargetError(SpeculatorsError):
-    """A speculators-format source without --target: speculators never saves the embedding
-    (nor a full-vocabulary head) and records no target layer count; the target supplies them,
-    as the DeepSpec twin's copies would have been checked against it."""
+    """A speculators-format source without a target (convert without --target; inspect, which
+    reads none, points to convert): speculators never saves the embedding (nor a
+    full-vocabulary head) and records no target layer count; the target supplies them, as the
+    DeepSpec twin's copies would have been checked against it."""
     exit_code = 36
 
 
@@ -320,6 +323,14 @@ class QuantizedTensorError(ArtifactError):
     name, a norm or head tensor that must stay BF16, a block scale that is NaN or
     infinite."""
     exit_code = 48
+
+
+class FormatVersionMismatchError(ArtifactError):
+    """manifest.json's format_version is not the version drafter.gguf's
+    dspark.format_version holds (1 for Qwen3, 2 for a drafter family such as Gemma4); the
+    one legacy case docs/ARTIFACT_FORMAT.md names (a Gemma4 manifest of version 1) is a
+    warning instead."""
+    exit_code = 49
 
 
 # --- the Hugging Face Hub and pins (exit codes 50-59; dspark_convert/hub.py) ---------------
@@ -811,6 +822,8 @@ def _all_error_classes() -> list[type[DSparkError]]:
     stack = [DSparkError]
     while stack:
         cls = stack.pop()
+        if cls in seen:         # a class of two kinds (AnchorLayoutError) is met twice
+            continue
         seen.append(cls)
         stack.extend(reversed(cls.__subclasses__()))
     return seen

@@ -396,8 +396,10 @@ def write_checkpoint(out: Path, *, force: bool, progress: Progress, config: byte
         try:
             back = read_back(tmp)
         except DSparkError as exc:
+            # A bug, never a refusal: validate read source.config by the rules convert
+            # applies. Named by the output the user gave, not the temporary directory.
             raise InternalError(f"{out}: the exported checkpoint does not read back as "
-                                f"{source}: {exc.message}") from None
+                                f"{source}: {exc.message.replace(str(tmp), str(out))}") from None
         # manifest.json's contract: the one convert built from the source's config.json
         # (the metadata's holds rms_norm_eps as FLOAT32), which validate checked.
         if back.contract != contract:

@@ -15,6 +15,7 @@ error class of each refusal. ``check_inventory`` compares a checkpoint's tensors
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -37,6 +38,7 @@ from dspark_convert.contract.qwen3 import (
     parse_qwen3_config,
     rope_theta,
 )
+from dspark_convert.contract.speculators import LAYOUT_FIELD, MODEL_TYPE_FIELD, anchor_layout_error
 from dspark_convert.contract.tensor_table import TENSOR_RULES, TensorRule, eval_dim, expand_rule, pretty_dim
 
 FAMILY = "qwen3-dspark"
@@ -261,6 +263,34 @@ def _check_taps(cfg: DSparkConfig, path: str) -> None:
                                    expected="strictly increasing", found=ids)
 
 
+def check_block_layout(cfg, path: str) -> None:
+    """DeepSpec's config.json (every family's; a speculators config's twin, whose layer config
+    it copies) in the one block layout the artifact format records: ``sample_from_anchor``
+    absent (DeepSpec writes none, and vLLM and SGLang read a DeepSpec config without it as
+    true: docs/REFERENCE.md, "Engines") or a JSON true. False is the anchor-as-bonus layout
+    (34); any other value (0, 1, "true", null) is no layout (13): an engine reads it by
+    truthiness, "false" as true. And no ``speculators_model_type``: a config naming one is
+    speculators' format (this reader's, vLLM's), which the twin written back would be read
+    as (13)."""
+    extra = cfg.model_extra or {}
+    if MODEL_TYPE_FIELD in extra:
+        raise ConfigError(
+            f"{path}: field '{MODEL_TYPE_FIELD}': expected absent from DeepSpec's "
+            "config.json (it marks speculators' format, whose top level it belongs to), "
+            f"found {json.dumps(extra[MODEL_TYPE_FIELD])}", path=path,
+            field=MODEL_TYPE_FIELD, expected="absent",
+            found=json.dumps(extra[MODEL_TYPE_FIELD]))
+    if LAYOUT_FIELD not in extra or extra[LAYOUT_FIELD] is True:
+        return
+    value = extra[LAYOUT_FIELD]
+    if value is False:
+        raise anchor_layout_error(f"{path}: field '{LAYOUT_FIELD}' is false", path=path,
+                                  field=LAYOUT_FIELD)
+    raise ConfigError(f"{path}: field '{LAYOUT_FIELD}': expected true (a JSON boolean; absent "
+                      f"reads true), found {json.dumps(value)}", path=path, field=LAYOUT_FIELD,
+                      expected=True, found=json.dumps(value))
+
+
 def _check_heads(cfg: DSparkConfig, path: str) -> None:
     if cfg.markov_rank < 0:
         raise GeometryLimitError(f"{path}: field 'markov_rank': expected >= 0, found {cfg.markov_rank}",
@@ -310,6 +340,7 @@ def build_contract(cfg: DSparkConfig, *, path: str = "config.json") -> FeatureCo
     _check_taps(cfg, path)
     _check_mask_token(cfg, path)
     _check_heads(cfg, path)
+    check_block_layout(cfg, path)
 
     markov_type = cfg.markov_head_type if cfg.markov_rank > 0 else "none"
     partial = dict(

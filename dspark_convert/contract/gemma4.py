@@ -39,6 +39,7 @@ from dspark_convert.contract.dspark import (
     _check_mask_token,
     _check_taps,
     _positive,
+    check_block_layout,
     contract_with_tensors,
 )
 from dspark_convert.contract.qwen3 import ConfigErrors, check_positive_eps
@@ -431,6 +432,7 @@ def build_contract(cfg: Gemma4DSparkConfig, *, path: str = "config.json",
     _check_taps(cfg, path)
     _check_mask_token(cfg, path)
     _check_heads(cfg, path)
+    check_block_layout(cfg, path)
 
     markov_type = cfg.markov_head_type if cfg.markov_rank > 0 else "none"
     raw = raw if raw is not None else cfg.model_dump()

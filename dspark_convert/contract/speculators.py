@@ -86,7 +86,11 @@ FIELDS: tuple[FieldRow, ...] = (
     FieldRow("every Qwen3 field (hidden_size, num_hidden_layers, head_dim, rope_parameters, ...)",
              "transformer_layer_config.<the same name>", "layer",
              "the drafter's own layer config, nested; its model_type must be `qwen3` "
-             "(speculators 0.9.0's DSpark and DFlash layers are Qwen3's; another is refused, 37)"),
+             "(speculators 0.9.0's DSpark and DFlash layers are Qwen3's; another is refused, 37); "
+             "a field DeepSpec's config holds at speculators' top level (block_size, "
+             "markov_rank, ...) is read from the top level only, as speculators reads it; "
+             "a nested `speculators_model_type` is refused (13: the twin would be read as "
+             "speculators' format), a nested `sample_from_anchor` is DeepSpec's (true or absent)"),
     FieldRow("target_layer_ids", "aux_hidden_state_layer_ids", "shift",
              "aux = id + 1: an index into the target's hidden states, 0 being the embedding "
              "(which the format cannot tap: 16)"),
@@ -108,8 +112,10 @@ FIELDS: tuple[FieldRow, ...] = (
              "the vocabulary size; a smaller one is a reduced draft vocabulary (`d2t` / `t2d`): "
              "refused (35), the artifact format has no vocabulary map yet"),
     FieldRow(None, "sample_from_anchor", "layout",
-             "true: DeepSpec's block layout (anchor first); false refused (34); missing refused "
-             "(33) unless --sample-from-anchor states it; always written (true)"),
+             "true: DeepSpec's block layout (anchor first; DeepSpec's own config.json holds "
+             "none, which vLLM and SGLang read as true, or true); false refused (34); null or "
+             "another type (\"true\", 1) refused (13); missing refused (33) unless "
+             "--sample-from-anchor states it; always written (true)"),
     FieldRow(None, "target_hidden_size", "hidden",
              "null or the hidden size (DeepSpec's drafter has the target's); another is "
              "refused (37); written null"),
@@ -161,9 +167,13 @@ def _row(kind: FieldKind) -> tuple[FieldRow, ...]:
     return tuple(r for r in FIELDS if r.kind == kind)
 
 
+# The field that marks speculators' format: this reader's test, and vLLM's.
+MODEL_TYPE_FIELD = _row("architecture")[0].speculators
+
+
 def is_speculators_config(raw: object) -> bool:
     """Whether a parsed config.json is speculators' (it names a speculators_model_type)."""
-    return isinstance(raw, dict) and "speculators_model_type" in raw
+    return isinstance(raw, dict) and MODEL_TYPE_FIELD in raw
 
 
 def speculators_field(deepspec_field: str) -> str:
@@ -190,17 +200,22 @@ class Reading:
     layout_stated_by: Literal["config", "option"]
 
 
+_MISSING = object()
+
+
 def _malformed(path: str, field: str, expected: str, found: object) -> ConfigError:
-    shown = json.dumps(found) if found is not None else "nothing"
+    shown = "nothing" if found is _MISSING else json.dumps(found)
     return ConfigError(f"{path}: field '{field}': expected {expected}, found {shown}", path=path,
                        field=field, expected=expected, found=shown)
 
 
 def _get(raw: dict, field: str, path: str, kind: type | tuple[type, ...], expected: str,
          *, required: bool = True):
+    """``raw[field]`` of JSON type ``kind`` (a bool is never an int); absent or null is
+    None where the field is optional, else refused (13) like a value of another type."""
     if field not in raw or raw[field] is None:
         if required:
-            raise _malformed(path, field, expected, None)
+            raise _malformed(path, field, expected, raw.get(field, _MISSING))
         return None
     value = raw[field]
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in
@@ -209,10 +224,31 @@ def _get(raw: dict, field: str, path: str, kind: type | tuple[type, ...], expect
     return value
 
 
+# The block layout's field: speculators' top-level one, and the one vLLM and SGLang read in
+# DeepSpec's config.json (contract/dspark.check_block_layout).
+LAYOUT_FIELD = _row("layout")[0].speculators
+
+
+def anchor_layout_error(where: str, *, path: str, field: str) -> AnchorLayoutError:
+    """The refusal (34) of the anchor-as-bonus block layout, ``where`` saying who stated it
+    (a field of a config, DeepSpec's or speculators', or --sample-from-anchor false)."""
+    return AnchorLayoutError(
+        f"{where}: the anchor-as-bonus block layout (slot k predicts position p+k, "
+        "block_size - 1 drafts); the artifact format, Strata, llama.cpp and the reference "
+        "runtime run only the anchor-first one (slot j predicts p+1+j), so its drafts "
+        "would be for other positions", path=path, field=field, expected=True, found=False)
+
+
 def _layout(raw: dict, model_type: str, path: str,
             option: bool | None) -> tuple[bool, Literal["config", "option"]]:
-    field = _row("layout")[0].speculators
-    stated = _get(raw, field, path, bool, "true or false", required=False)   # null: missing
+    field = LAYOUT_FIELD
+    # Absent is the one "not stated"; null is no layout at all (vLLM reads it false,
+    # speculators' schema refuses it): a value of the wrong type (13), like "true" or 1.
+    stated = None
+    if field in raw:
+        stated = raw[field]
+        if not isinstance(stated, bool):
+            raise _malformed(path, field, "true or false (a JSON boolean)", stated)
     if stated is not None and option is not None and stated != option:
         raise SampleFromAnchorOptionError(
             f"--sample-from-anchor {str(option).lower()}: {path} says {field} "
@@ -222,17 +258,13 @@ def _layout(raw: dict, model_type: str, path: str,
         raise SampleFromAnchorMissingError(
             f"{path}: field '{field}' is missing; for a {model_type} drafter "
             f"{MISSING_LAYOUT_READINGS[model_type]}: the block layout is not guessed; state it "
-            "with --sample-from-anchor true|false", path=path, field=field,
+            "with `dspark convert --sample-from-anchor true|false`", path=path, field=field,
             expected="true or false", found="nothing")
     value, by = (stated, "config") if stated is not None else (option, "option")
     if not value:
         where = f"{path}: field '{field}' is false" if by == "config" else \
             "--sample-from-anchor false"
-        raise AnchorLayoutError(
-            f"{where}: the anchor-as-bonus block layout (slot k predicts position p+k, "
-            "block_size - 1 drafts); the artifact format, Strata, llama.cpp and the reference "
-            "runtime run only the anchor-first one (slot j predicts p+1+j), so its drafts "
-            "would be for other positions", path=path, field=field, expected=True, found=False)
+        raise anchor_layout_error(where, path=path, field=field)
     return True, by
 
 
@@ -245,34 +277,45 @@ def read_config(raw: dict, *, path: str, num_target_layers: int,
     own contract refuses is left to it (contract/dspark.py)."""
     (arch,) = _row("architecture")
     model_type = raw[arch.speculators]
+    if not isinstance(model_type, str):
+        raise _malformed(path, arch.speculators, "a string ('dspark' or 'dflash')", model_type)
     if model_type not in MODEL_TYPES:
         raise SpeculatorsModelError(
             f"{path}: field '{arch.speculators}': expected one of "
             f"{', '.join(repr(m) for m in MODEL_TYPES)}, found {json.dumps(model_type)} (the "
             "speculators models the artifact format can express)", path=path,
-            field=arch.speculators, expected=list(MODEL_TYPES), found=str(model_type))
+            field=arch.speculators, expected=list(MODEL_TYPES), found=model_type)
     (layer,) = _row("layer")
     nested = layer.speculators.split(".")[0]
     tl = _get(raw, nested, path, dict, "a JSON object (the drafter's layer config)")
     tl_type = tl.get("model_type", QWEN3_MODEL_TYPE)
+    if not isinstance(tl_type, str):
+        raise _malformed(path, f"{nested}.model_type", "a string ('qwen3')", tl_type)
     if tl_type != QWEN3_MODEL_TYPE:
         raise SpeculatorsModelError(
             f"{path}: field '{nested}.model_type': expected 'qwen3', found "
             f"{json.dumps(tl_type)}: speculators {SPECULATORS_VERSION}'s DSpark and DFlash "
             "drafters are Qwen3 layers (a Gemma4 DSpark drafter has no speculators form)",
             path=path, field=f"{nested}.model_type", expected=QWEN3_MODEL_TYPE,
-            found=str(tl_type))
-    algorithm = raw.get("speculators_config", {}).get("algorithm") \
-        if isinstance(raw.get("speculators_config"), dict) else None
+            found=tl_type)
+    proposal = _get(raw, "speculators_config", path, dict,
+                    "a JSON object (the algorithm, proposal and verifier)", required=False)
+    algorithm = None if proposal is None else proposal.get("algorithm")
+    if algorithm is not None and not isinstance(algorithm, str):
+        raise _malformed(path, "speculators_config.algorithm", "a string", algorithm)
     if algorithm is not None and algorithm != model_type:
         raise SpeculatorsModelError(
             f"{path}: field 'speculators_config.algorithm' is {json.dumps(algorithm)} but "
             f"speculators_model_type is {json.dumps(model_type)}; expected them equal",
             path=path, field="speculators_config.algorithm", expected=model_type,
-            found=str(algorithm))
+            found=algorithm)
     value, by = _layout(raw, model_type, path, sample_from_anchor)
 
-    twin: dict = dict(tl)                      # "layer": every Qwen3 field, unchanged
+    # "layer": every field of the layer config, unchanged, but those DeepSpec's config holds
+    # at the top of speculators' (block_size, markov_rank, ...): speculators reads those from
+    # the top level alone, and so does the twin (a nested copy is not the drafter's).
+    from_top = {r.deepspec for r in FIELDS if r.kind != "layer" and r.deepspec is not None}
+    twin: dict = {k: v for k, v in tl.items() if k not in from_top}
     twin["model_type"] = tl_type
     twin[arch.deepspec] = [DEEPSPEC_ARCHITECTURE]
     (vocab,) = _row("vocabulary")
@@ -310,14 +353,19 @@ def read_config(raw: dict, *, path: str, num_target_layers: int,
     rank_row, type_row = _row("markov")
     rank = _get(raw, rank_row.speculators, path, int, "an integer") if dspark else 0
     twin[rank_row.deepspec] = rank
+    # speculators writes markov_head_type and confidence_head_with_markov always: their type
+    # is checked where DeepSpec's config has none of them too.
+    head_type = _get(raw, type_row.speculators, path, str, "'vanilla', 'gated' or 'rnn'",
+                     required=rank > 0) if dspark else None
     if rank > 0:
-        twin[type_row.deepspec] = _get(raw, type_row.speculators, path, str,
-                                       "'vanilla', 'gated' or 'rnn'")
+        twin[type_row.deepspec] = head_type
     enabled_row, with_row = _row("confidence")
     enabled = _get(raw, enabled_row.speculators, path, bool, "true or false") if dspark else False
     twin[enabled_row.deepspec] = enabled
+    with_markov = _get(raw, with_row.speculators, path, bool, "true or false",
+                       required=enabled) if dspark else None
     if enabled:
-        twin[with_row.deepspec] = _get(raw, with_row.speculators, path, bool, "true or false")
+        twin[with_row.deepspec] = with_markov
     return Reading(twin=twin, model_type=model_type, sample_from_anchor=value,
                    layout_stated_by=by)
 

@@ -27,10 +27,18 @@ from dspark_convert.util.text import shown
 @dataclass(frozen=True)
 class SpeculatorsOptions:
     """What reading a speculators-format checkpoint needs beyond it (contract/speculators.py):
-    the target's layer count (asked for only when the source is one: it opens the target)
-    and the block layout the user stated (--sample-from-anchor), if any."""
+    the target's layer count (asked for only when the source is one: it opens the target),
+    the block layout the user stated (--sample-from-anchor), if any, and what the refusal of
+    a speculators source without a target (36) advises: the reader's way to give one (a
+    refusal never names an option its command lacks)."""
     target_layers: Callable[[], int | None] = lambda: None
     sample_from_anchor: bool | None = None
+    without_target: str = "convert it with --target (the target model)"
+
+
+# dspark inspect reads no target: it says where the contract is shown.
+INSPECT_WITHOUT_TARGET = ("inspect reads no target: convert it (`dspark convert DIR --target "
+                          "TARGET`) and inspect the artifact it writes")
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,9 @@ def read_contract(directory: Path) -> tuple[dict, Family, object, object]:
     """config.json read strictly by the reader of the family its ``architectures`` names
     (contract/families.py), and the contract the family's rules derive: (raw, family,
     config, contract). Every family; ``dspark inspect`` shows what it returns. A
-    speculators-format config needs the target (read_source)."""
-    raw, family, cfg, contract, _ = read_source(directory)
+    speculators-format config needs the target (read_source): refused (36)."""
+    raw, family, cfg, contract, _ = read_source(
+        directory, SpeculatorsOptions(without_target=INSPECT_WITHOUT_TARGET))
     return raw, family, cfg, contract
 
 
@@ -109,7 +118,7 @@ def read_source(directory: Path, options: SpeculatorsOptions | None = None
             raise SpeculatorsTargetError(
                 f"{label}: a speculators-format checkpoint (speculators_model_type "
                 f"{shown(str(raw['speculators_model_type']))}): it holds no embedding and "
-                "records no target layer count; convert it with --target (the target model)",
+                f"records no target layer count; {options.without_target}",
                 path=label, field="speculators_model_type", expected="--target",
                 found="no target")
         reading = speculators.read_config(raw, path=label, num_target_layers=layers,
