@@ -52,18 +52,16 @@ import json
 import math
 import os
 import shlex
-import signal
 import subprocess
 import tempfile
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_convert.errors import MlxInstallError, MlxOutputError, MlxRunError
-from dspark_convert.evaluation.engine_process import signal_name, wait_watched
+from dspark_convert.evaluation.engine_process import Abandoned, Watched, signal_name
 from dspark_convert.util.strict_json import json_error_text, loads_strict
 from dspark_convert.util.text import shown
 
@@ -738,8 +736,10 @@ def environment() -> dict[str, str]:
 
 def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: float):
     """The runner in ``python`` with ``request``; its records read by ``parse(records,
-    wall)`` as they come; its own output drained by a thread (its last lines kept); the
-    process stopped (killed: it is ours) past ``timeout``, a limit, or a refused record."""
+    wall)`` as they come; its own output drained by a thread (its last lines kept); the run
+    ended within ``timeout`` whatever it starts (evaluation/engine_process.py: its session
+    killed at the deadline, and once it exits), and stopped past a limit or on a refused
+    record."""
     with tempfile.TemporaryDirectory(prefix="dspark-mlx-") as tmp:
         script = Path(tmp) / "dspark_mlx_run.py"
         script.write_text(RUNNER, encoding="utf-8")
@@ -747,11 +747,10 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
         req.write_text(json.dumps(request), encoding="utf-8")
         r_fd, w_fd = os.pipe()
         cmd = [str(python), "-I", "-B", str(script), str(req), str(w_fd)]
-        t0 = time.perf_counter()
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, pass_fds=(w_fd,),
-                                    env=environment(), cwd=tmp, start_new_session=True)
+            run = Watched(cmd, timeout=timeout, readers=2, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(w_fd,),
+                          env=environment(), cwd=tmp)
         except OSError as exc:
             os.close(r_fd)
             os.close(w_fd)
@@ -759,46 +758,42 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
                                   f"{os.strerror(exc.errno or 0) or exc}", path=str(python)) \
                 from None
         os.close(w_fd)
+        proc = run.proc
         tail: deque[str] = deque(maxlen=TAIL)
-        over, timed_out, stopped = threading.Event(), threading.Event(), threading.Event()
-
-        def stop() -> None:
-            if proc.poll() is None:
-                stopped.set()
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)   # its session: the runner and any child
-                except ProcessLookupError:
-                    pass
+        over = threading.Event()
+        output = run.reader(proc.stdout.fileno())
+        records = run.reader(r_fd)
 
         def drain() -> None:
             total, part = 0, b""
-            while chunk := os.read(proc.stdout.fileno(), CHUNK):
-                total += len(chunk)
-                if total > OUTPUT_LIMIT:
-                    over.set()
-                    stop()
-                    return
-                lines = (part + chunk).split(b"\n")
-                part = lines.pop()[-4096:]
-                for line in lines[-TAIL:]:
-                    if line.strip():
-                        tail.append(shown(line[:400].decode("utf-8", "replace")))
+            try:
+                while chunk := output(CHUNK):
+                    total += len(chunk)
+                    if total > OUTPUT_LIMIT:
+                        over.set()
+                        run.stop()
+                        return
+                    lines = (part + chunk).split(b"\n")
+                    part = lines.pop()[-4096:]
+                    for line in lines[-TAIL:]:
+                        if line.strip():
+                            tail.append(shown(line[:400].decode("utf-8", "replace")))
+            except Abandoned:
+                pass
+            finally:
+                output.done()
             if part.strip():
                 tail.append(shown(part[:400].decode("utf-8", "replace")))
 
-        def on_timeout() -> None:
-            timed_out.set()
-            stop()
-
-        timer = threading.Timer(timeout, on_timeout)
         reader = threading.Thread(target=drain, daemon=True)
-        timer.start()
         reader.start()
-        rec = _Records(lambda n: os.read(r_fd, n), run=what, limit=limit)
+        rec = _Records(records, run=what, limit=limit)
         error: Exception | None = None
         parsed = None
         try:
-            parsed = parse(rec, lambda: time.perf_counter() - t0)
+            parsed = parse(rec, lambda: run.seconds)
+        except Abandoned:
+            pass                        # the run ended; its marks say how
         except (MlxOutputError, MlxInstallError) as exc:
             error = exc
             # Records cut short are most often a run that died: it is let end on its own
@@ -806,30 +801,39 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
             try:
                 proc.wait(timeout=GRACE_SECONDS)
             except subprocess.TimeoutExpired:
-                stop()
+                run.stop()
         except BaseException:
-            stop()                      # Ctrl-C or a bug: the process must not outlive it
+            run.stop()                  # Ctrl-C or a bug: the process must not outlive it
             raise
         finally:
-            code = wait_watched(proc, t0=t0, timeout=timeout, on_timeout=on_timeout,
-                                timer=timer, reader=reader)
+            records.done()
+            code = run.finish()
+            reader.join()
+            proc.stdout.close()
             os.close(r_fd)
-        seconds = time.perf_counter() - t0
+        seconds = run.seconds
     last = " | ".join(list(tail)[-5:]) or "no output"
-    if timed_out.is_set():
-        raise MlxRunError(f"{ENGINE} ({what}): still running after {timeout:g} s; stopped; its "
-                          f"last lines: {last}", path=str(python), field=what,
-                          expected=f"done within {timeout:g} s", found="timeout")
+    if run.timed_out.is_set():
+        raise MlxRunError(f"{ENGINE} ({what}): still running after {timeout:g} s; stopped with "
+                          f"every process it started; its last lines: {last}", path=str(python),
+                          field=what, expected=f"done within {timeout:g} s", found="timeout")
     if over.is_set():
         raise MlxOutputError(f"{ENGINE} ({what}): its own output exceeds {OUTPUT_LIMIT:,} bytes; "
                              "refused rather than read on", path=str(python), field="output",
                              expected=f"at most {OUTPUT_LIMIT} bytes",
                              found=f"more than {OUTPUT_LIMIT}")
-    if code != 0 and not stopped.is_set():
+    if code != 0 and not run.stopped.is_set():
         how = f"killed by {signal_name(code)}" if code < 0 else f"exit {code}"
         raise MlxRunError(f"{ENGINE} ({what}) failed, {how}; command: {_command(cmd)}; its last "
                           f"lines: {last}", path=str(python), field=what, expected="exit 0",
                           found=signal_name(code) if code < 0 else code)
+    if run.orphaned.is_set():
+        raise MlxRunError(f"{ENGINE} ({what}): exited {code}, but a process it started still "
+                          f"held its records or its output open {run.grace:g} s later; stopped "
+                          f"with every process it started; its last lines: {last}",
+                          path=str(python), field=what,
+                          expected="its pipes closed when it exits",
+                          found="a process it started holding its pipes")
     if error is not None:
         raise error
     return parsed, seconds

@@ -57,7 +57,6 @@ import shlex
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +86,7 @@ from dspark_convert.evaluation.engine_log import (
     count,
     line_kind,
 )
-from dspark_convert.evaluation.engine_process import signal_name, wait_watched
+from dspark_convert.evaluation.engine_process import Abandoned, Watched, signal_name
 from dspark_convert.util.text import shown
 
 ENGINE = "llama.cpp"
@@ -700,66 +699,73 @@ def _crash(binary: Path, what: str, cmd: list[str], code: int, log: Log) -> Engi
 def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object], *,
          log_bytes: int, out_limit: int, timeout: float) -> _Done:
     """``binary args``, its stderr read by ``parse`` as it comes (at most ``log_bytes``) and
-    its stdout kept up to ``out_limit`` bytes, by a thread; the process is stopped (killed:
-    it is ours) when it runs past ``timeout``, writes past a limit or its log is refused."""
+    its stdout kept up to ``out_limit`` bytes, by a thread; the run ends within ``timeout``
+    whatever it starts (evaluation/engine_process.py: its session killed at the deadline,
+    and once it exits), and is stopped at once when it writes past a limit or its log is
+    refused."""
     cmd = [str(binary), *args]
-    t0 = time.perf_counter()
     try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=log_drain.environment())
+        run = Watched(cmd, timeout=timeout, readers=2, stdin=subprocess.DEVNULL,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      env=log_drain.environment())
     except OSError as exc:
         raise EngineRunError(f"{binary.name} ({what}): cannot run: "
                              f"{os.strerror(exc.errno or 0) or exc}", path=str(binary)) from None
-    stopped = threading.Event()         # by us: a timeout, a limit, a refused log
-    timed_out = threading.Event()
+    proc = run.proc
     out = bytearray()
     over = threading.Event()
-
-    def stop() -> None:
-        stopped.set()
-        if proc.poll() is None:
-            proc.kill()
-
-    def on_timeout() -> None:
-        timed_out.set()
-        stop()
+    stdout = run.reader(proc.stdout.fileno())
+    stderr = run.reader(proc.stderr.fileno())
 
     def drain_stdout() -> None:
-        while chunk := os.read(proc.stdout.fileno(), CHUNK):
-            if len(out) + len(chunk) > out_limit:
-                over.set()
-                stop()
-                return
-            out.extend(chunk)
+        try:
+            while chunk := stdout(CHUNK):
+                if len(out) + len(chunk) > out_limit:
+                    over.set()
+                    run.stop()
+                    return
+                out.extend(chunk)
+        except Abandoned:
+            pass
+        finally:
+            stdout.done()
 
-    timer = threading.Timer(timeout, on_timeout)
     reader = threading.Thread(target=drain_stdout, daemon=True)
-    timer.start()
     reader.start()
-    log = Log(lambda n: os.read(proc.stderr.fileno(), n), binary=binary.name, limit=log_bytes,
-              watch=_AMX_BUFFER)
+    log = Log(stderr, binary=binary.name, limit=log_bytes, watch=_AMX_BUFFER)
     error: EngineOutputError | None = None
     parsed = None
     try:
         parsed = parse(log)
+    except Abandoned:
+        pass                            # the run ended; its marks say how
     except EngineOutputError as exc:
         error = exc
-        stop()
+        run.stop()
     except BaseException:
-        stop()                          # Ctrl-C or a bug: the process must not outlive it
+        run.stop()                      # Ctrl-C or a bug: the process must not outlive it
         raise
     finally:
-        code = wait_watched(proc, t0=t0, timeout=timeout, on_timeout=on_timeout, timer=timer,
-                            reader=reader)
+        stderr.done()
+        code = run.finish()
+        reader.join()
+        proc.stdout.close()
         proc.stderr.close()
-    seconds = time.perf_counter() - t0
-    if timed_out.is_set():
+    last = " | ".join(list(log.tail)[-3:]) or "no log line"
+    if run.timed_out.is_set():
         raise EngineRunError(f"{binary.name} ({what}): still running after {timeout:g} s; "
-                             f"stopped; its last log lines: {' | '.join(list(log.tail)[-3:])}",
-                             path=str(binary), expected=f"done within {timeout:g} s",
+                             f"stopped with every process it started; its last log lines: "
+                             f"{last}", path=str(binary), expected=f"done within {timeout:g} s",
                              found="timeout")
-    if code != 0 and not stopped.is_set():
+    if code != 0 and not run.stopped.is_set():
         raise _crash(binary, what, cmd, code, log)
+    if run.orphaned.is_set():
+        raise EngineRunError(f"{binary.name} ({what}): exited {code}, but a process it started "
+                             f"still held its output open {run.grace:g} s later; stopped with "
+                             f"every process it started; its last log lines: {last}",
+                             path=str(binary), field=what,
+                             expected="its output closed when it exits",
+                             found="a process it started holding its output")
     if error is not None:
         raise error
     if over.is_set():
@@ -768,7 +774,7 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
                                 "longest piece", path=str(binary), field="stdout",
                                 expected=f"at most {out_limit} bytes",
                                 found=f"more than {out_limit} bytes")
-    return _Done(parsed, bytes(out), seconds)
+    return _Done(parsed, bytes(out), run.seconds)
 
 
 def _cut_error(binary: str, what: str, cut: Cut, runs: int) -> EngineOutputError:
