@@ -60,6 +60,7 @@ GGUF = "drafter.gguf"
 MANIFEST = "manifest.json"
 DSPARK = ("reference", "gated", "rnn", "sharded", "f32")
 CHECK_ORDER = ("artifact.files", "manifest.schema", "gguf.structure", "gguf.metadata",
+               "manifest.format_version",
                "gguf.inventory", "gguf.values", "integrity", "engine.strata.open",
                "engine.strata.run", "engine.llama.cpp")
 # What Strata's loader says of a good DSpark artifact: it does not implement the heads yet
@@ -1075,7 +1076,7 @@ _DELETE = object()
     ("artifact.size", 1.5, "artifact.size"),
     ("artifact.size", True, "artifact.size"),
     ("artifact.size", -1, "artifact.size"),
-    ("format_version", 2, "format_version"),
+    ("format_version", 3, "format_version"),
     ("format", "something-else", "format"),
     ("artifact.file", "model.gguf", "artifact.file"),
     ("artifact.sha256", "not-a-sha", "artifact.sha256"),
@@ -1413,7 +1414,7 @@ def test_cli_require_fails_the_engines_refusal_only(built):
     assert line == f"error: {failed[0]['name']}: {failed[0]['detail']}"
     # every other check as without --require
     assert [c["status"] for c in data["checks"] if c["name"] != "engine.strata.run"] == \
-        ["passed"] * 8 + ["info"]
+        ["passed"] * 9 + ["info"]
     proc = run_cli("validate", str(built["reference"]), "--require", "llama.cpp",
                    "--require", "strata.open")
     assert proc.returncode == 47 and "engine.strata.open" in proc.stderr    # the first failure

@@ -1,4 +1,4 @@
-"""The GGUF metadata of a Strata DSpark artifact (format version 1), as data.
+"""The GGUF metadata of a Strata DSpark artifact (format versions 1 and 2), as data.
 
 ``METADATA_KEYS`` lists every key, its exact GGUF type, when it is present and what it
 holds. The writer emits keys in this order from ``expected_metadata``; the validator checks
@@ -33,6 +33,16 @@ ALIGNMENT = 32
 GGUF_FILE = "drafter.gguf"
 MANIFEST_FILE = "manifest.json"
 LOCAL_REVISION = "local"
+
+
+# The format version of each family's artifacts, by contract family: drafter.gguf's
+# dspark.format_version and manifest.json's format_version both hold it (convert and quantize
+# write it from here; validate refuses an artifact whose two disagree, 49).
+FORMAT_VERSIONS = {QWEN3.name: FORMAT_VERSION, GEMMA4.name: FAMILY_FORMAT_VERSION}
+# The one disagreement read as a legacy case (a warning, not 49): a Gemma4 manifest written
+# with format_version 1 before the manifest carried its family's version
+# (docs/ARTIFACT_FORMAT.md, "Format versions").
+LEGACY_MANIFEST_VERSIONS = {GEMMA4.name: FORMAT_VERSION}
 
 
 def padded(n: int) -> int:
@@ -155,7 +165,7 @@ def _applies(key: MetadataKey, contract: FeatureContract, prov: Provenance) -> b
 def _qwen3_values(contract: FeatureContract) -> dict[str, object]:
     return {"general.architecture": ARCHITECTURE_NAME,
             "dflash.rope.frequency_base": contract.geometry.rope_theta,
-            "dspark.format_version": FORMAT_VERSION}
+            "dspark.format_version": FORMAT_VERSIONS[QWEN3.name]}
 
 
 def _gemma4_values(contract) -> dict[str, object]:
@@ -175,7 +185,7 @@ def _gemma4_values(contract) -> dict[str, object]:
             "dspark.gemma4.rope.partial_rotary_factor": rope.partial_rotary_factor,
             "dspark.gemma4.hidden_activation": contract.blocks.activation,
             "dspark.gemma4.final_logit_softcapping": contract.blocks.final_logit_softcapping,
-            "dspark.format_version": FAMILY_FORMAT_VERSION}
+            "dspark.format_version": FORMAT_VERSIONS[GEMMA4.name]}
 
 
 # The family's own values, by contract family: one row per family of contract/families.py.

@@ -6,15 +6,15 @@ schemas/manifest.schema.json is generated from ``Manifest``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
 
 from dspark_convert.artifact.engine_names import EngineName
 from dspark_convert.checks import Check
 from dspark_convert.contract.families import BY_NAME as FAMILIES_BY_NAME, AnyContract
 from dspark_convert.errors import ManifestError
-from dspark_convert.util.models import VersionOne, validated
+from dspark_convert.util.models import validated
 from dspark_convert.util.patterns import COMMIT_PATTERN, SHA256_PATTERN
 from dspark_convert.util.strict_json import (
     NotVerbatimError,
@@ -27,6 +27,19 @@ MANIFEST_FORMAT = "strata-dspark-artifact"
 # The contract's family names: the tags of its union, never part of a field's name.
 FAMILY_NAMES = tuple(FAMILIES_BY_NAME)
 Sha256 = Field(pattern=SHA256_PATTERN)
+
+
+def _an_int(value: object) -> object:
+    # JSON's true and 1.0 equal 1 in Python: a Literal field took them even in strict mode.
+    if type(value) is not int:
+        raise ValueError("the integer 1 or 2")
+    return value
+
+
+#: The artifact's format version, the one its drafter.gguf's dspark.format_version holds
+#: (artifact/format.FORMAT_VERSIONS: 1 for Qwen3, 2 for a drafter family such as Gemma4);
+#: validate refuses a manifest whose version is not its file's (49).
+FormatVersion = Annotated[Literal[1, 2], BeforeValidator(_an_int)]
 
 
 class _Record(BaseModel):
@@ -237,7 +250,9 @@ class EngineRecord(_Record):
 
 class Manifest(_Record):
     format: Literal["strata-dspark-artifact"]
-    format_version: VersionOne
+    format_version: FormatVersion = Field(
+        description="the format version drafter.gguf's dspark.format_version holds: 1 for a "
+        "Qwen3 drafter, 2 for a drafter family (Gemma4); docs/ARTIFACT_FORMAT.md")
     converter: ConverterRecord
     source: SourceRecord
     target: TargetRecord | None = Field(description="the target the drafter was checked "

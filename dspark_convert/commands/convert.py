@@ -468,9 +468,11 @@ def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, pro
               stripped: list[StrippedTensor], records: list[TensorRecord], size: int,
               gguf_sha: str, target: TargetRecord | None = None,
               hub: HubRecord | None = None) -> Manifest:
-    engines = written_reports(expected_metadata(source.contract, prov), records)
+    metadata = expected_metadata(source.contract, prov)
+    engines = written_reports(metadata, records)
     return Manifest(
-        format=MANIFEST_FORMAT, format_version=1,
+        # The manifest's version is the one drafter.gguf holds (1 for Qwen3, 2 for Gemma4).
+        format=MANIFEST_FORMAT, format_version=metadata["dspark.format_version"],
         converter=ConverterRecord(name=CONVERTER_NAME, version=__version__),
         source=SourceRecord(
             repo=identity.repository, revision=identity.revision, name=identity.name,

@@ -283,7 +283,9 @@ def _manifest(parent_manifest: Manifest, kv: dict, plan: list[_Planned],
         *engine_checks(engines),
     ]
     return Manifest(
-        format=parent_manifest.format, format_version=parent_manifest.format_version,
+        # The version the quantized drafter.gguf keeps from its parent's (a legacy Gemma4
+        # parent manifest says 1 where its file says 2: the file's is the version).
+        format=parent_manifest.format, format_version=kv["dspark.format_version"],
         converter=ConverterRecord(name=CONVERTER_NAME, version=__version__),
         source=parent_manifest.source, target=parent_manifest.target,
         contract=parent_manifest.contract,

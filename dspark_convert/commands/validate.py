@@ -27,6 +27,7 @@ from dspark_convert import CONVERTER_NAME
 from dspark_convert.artifact.format import (
     ALIGNMENT,
     GGUF_FILE,
+    LEGACY_MANIFEST_VERSIONS,
     LOCAL_REVISION,
     MANIFEST_FILE,
     Provenance,
@@ -38,12 +39,13 @@ from dspark_convert.artifact.format import (
     read_metadata,
 )
 from dspark_convert.contract.dspark import FeatureContract, config_dtype
-from dspark_convert.contract.families import family_named, family_of
+from dspark_convert.contract.families import QWEN3, family_named, family_of
 from dspark_convert.checks import Check
 from dspark_convert.contract.inventory import check_gguf_inventory
 from dspark_convert.errors import (
     ContractViolation,
     DSparkError,
+    FormatVersionMismatchError,
     GGUFFormatError,
     IntegrityError,
     InvalidArtifactError,
@@ -637,6 +639,28 @@ def _check_target_geometry(manifest: Manifest) -> None:
                         "a tied head is the embedding:")
 
 
+def _check_format_version(checks: _Checks, manifest: Manifest, kv: dict, label: str) -> None:
+    """manifest.json's format_version against drafter.gguf's dspark.format_version (the
+    metadata check passed, so the file's version is its family's). The one legacy case is
+    a warning (docs/ARTIFACT_FORMAT.md, "Format versions"): a manifest of the version
+    LEGACY_MANIFEST_VERSIONS names for its family, written before the manifest carried the
+    family's version; the file and the hashes are what they were, only the record is old."""
+    name, family = "manifest.format_version", kv.get("dspark.family", QWEN3.name)
+    want, got = kv["dspark.format_version"], manifest.format_version
+    if got == want:
+        checks.passed(name, f"{MANIFEST_FILE} and {GGUF_FILE} are format version {want}")
+    elif LEGACY_MANIFEST_VERSIONS.get(family) == got and manifest.contract.family == family:
+        checks.warning(name, f"{MANIFEST_FILE}: format_version {got} on a {family} artifact "
+                       f"whose {GGUF_FILE} is format version {want}: a manifest written before "
+                       f"it carried its family's version (read as version {want}); `dspark "
+                       "convert` the checkpoint again to write it")
+    else:
+        checks.failed(name, FormatVersionMismatchError(
+            f"{MANIFEST_FILE}: field 'format_version' is {got}; {GGUF_FILE}'s "
+            f"dspark.format_version is {want} (a {family} artifact is format version {want})",
+            path=MANIFEST_FILE, field="format_version", expected=want, found=got))
+
+
 def _not_a_file(path: Path) -> str:
     """Why ``path`` is not the regular file an artifact holds: missing, a link, a FIFO ..."""
     try:
@@ -734,6 +758,10 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     except DSparkError as exc:
         checks.failed("gguf.metadata", exc)
         contract = None
+
+    # 4b. one format version: the manifest's is the one drafter.gguf holds
+    if manifest is not None and contract is not None:
+        _check_format_version(checks, manifest, kv, label)
 
     # 5. the tensor inventory against the rebuilt contract; a quantized artifact's types
     qtype = kv.get(QUANTIZATION_KEY) if kv is not None and contract is not None else None
