@@ -64,7 +64,9 @@ def exit_code_table() -> str:
         entries.append((c.exit_code, f"`{c.__name__}`", " ".join((c.__doc__ or "").split()), shown))
     rows = ["| code | error | meaning | raised by |", "|---|---|---|---|"]
     rows += [f"| {code} | {name} | {doc} | {shown} |" for code, name, doc, shown in sorted(entries)]
-    rows.append(f"| 130 / 143 | - | interrupted by SIGINT / SIGTERM; nothing was written | {every} |")
+    rows.append(f"| 130 / 143 | - | interrupted by SIGINT / SIGTERM: nothing was written, or, once "
+                "an output was published, the line names it, in place and whole "
+                f"(cli/errors.interrupt_line) | {every} |")
     return "\n".join(rows)
 
 
