@@ -108,9 +108,11 @@ def create_gguf(path: Path, header: bytes, total: int, shown: Path) -> int:
     try:
         os.ftruncate(fd, total)
         pwrite_all(fd, header, 0)
-    except OSError as exc:
+    except BaseException as exc:        # an interrupt too: fd is still ours to close
         os.close(fd)
-        raise write_error(exc, shown) from None
+        if isinstance(exc, OSError):
+            raise write_error(exc, shown) from None
+        raise
     return fd
 
 
