@@ -79,14 +79,15 @@ def read_all(fd: int, proc: subprocess.Popen, deadline: float) -> bytes:
     pytest.fail(f"the child did not close its stdout in time (exit {proc.poll()})")
 
 
-def signal_while_blocked(args: list[str], sig: int, *, published: Path | None
-                         ) -> tuple[int, str, str]:
+def signal_while_blocked(args: list[str], sig: int, *, published: Path | None,
+                         env: dict | None = None) -> tuple[int, str, str]:
     """``dspark ARGS`` with its stdout a full pipe: once it is blocked writing to it (and,
     with ``published``, once that path exists: after the publish), send ``sig``, then read
-    its stdout to the end. Returns (exit code, stderr, what it printed on stdout)."""
+    its stdout to the end. ``env`` adds to the child's environment. Returns (exit code,
+    stderr, what it printed on stdout)."""
     r, w, filled = full_pipe()
     proc = subprocess.Popen([str(DSPARK), *args], stdin=subprocess.DEVNULL, stdout=w,
-                            stderr=subprocess.PIPE, env=child_env(), preexec_fn=_default_sigint)
+                            stderr=subprocess.PIPE, env=child_env(env), preexec_fn=_default_sigint)
     os.close(w)
     try:
         deadline = time.monotonic() + BLOCK_TIMEOUT_S
@@ -168,7 +169,10 @@ def _eval(artifact: Path, root: Path, out: Path, *extra: str) -> list[str]:
 
 # --- after the publish: the output is named, in place and whole --------------------------------
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [
+    signal.SIGINT,
+    pytest.param(signal.SIGTERM, marks=pytest.mark.slow),   # the export case is the canary
+], ids=["SIGINT", "SIGTERM"])
 def test_convert_interrupted_on_its_summary_names_the_artifact_in_place(source, tmp_path, sig):
     out = tmp_path / "art"
     result = signal_while_blocked(["convert", str(source), "-o", str(out), "-q"], sig,
@@ -178,8 +182,10 @@ def test_convert_interrupted_on_its_summary_names_the_artifact_in_place(source, 
     assert os.listdir(tmp_path) == ["art"]
 
 
-@pytest.mark.parametrize("engine, sig", [("deepspec", signal.SIGTERM),
-                                         ("speculators", signal.SIGINT)])
+@pytest.mark.parametrize("engine, sig", [
+    pytest.param("deepspec", signal.SIGTERM, id="deepspec-SIGTERM"),
+    pytest.param("speculators", signal.SIGINT, id="speculators-SIGINT", marks=pytest.mark.slow),
+])
 def test_export_interrupted_on_its_summary_names_the_checkpoint_in_place(
         reference_artifact, tmp_path, engine, sig):
     from support.cli import run_cli
@@ -197,6 +203,7 @@ def test_export_interrupted_on_its_summary_names_the_checkpoint_in_place(
     assert sorted(files_of(out)) == ["config.json", "model.safetensors"]
 
 
+@pytest.mark.slow   # a process each: the fast loop keeps convert's and export's
 def test_quantize_interrupted_on_its_summary_names_the_artifact_in_place(reference_artifact,
                                                                          tmp_path):
     out = tmp_path / "q8"
@@ -204,6 +211,24 @@ def test_quantize_interrupted_on_its_summary_names_the_artifact_in_place(referen
                                    "--type", "q8_0", "-q"], signal.SIGTERM, published=out)
     assert_in_place(result, signal.SIGTERM, out)
     assert_valid(out)
+
+
+@pytest.mark.slow   # a process, and the loopback Hub
+def test_lock_interrupted_on_its_summary_names_the_lock_file_in_place(tmp_path):
+    from support.hub_server import HubServer
+    from support.paths import REFERENCE_DRAFTER
+
+    from dspark_convert.source.hub.lockfile import read_lock
+
+    lock = tmp_path / "dspark.lock"
+    with HubServer() as hub:
+        commit = hub.add_directory("org/draft", REFERENCE_DRAFTER, refs=("main",))
+        result = signal_while_blocked(
+            ["lock", f"org/draft@{commit}", "-o", str(lock)], signal.SIGTERM, published=lock,
+            env={"HF_HOME": str(tmp_path / "hf_home"), "HF_ENDPOINT": hub.url,
+                 "HF_HUB_CACHE": None, "HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None})
+    assert_in_place(result, signal.SIGTERM, lock)
+    assert read_lock(lock).commit == commit
 
 
 @pytest.mark.slow   # torch in the child: ~10 s
