@@ -1,11 +1,14 @@
 # Two commands on a fresh machine: `make demo` (convert, validate, inspect, smoke-run and
-# evaluate the bundled golden drafters, Qwen3 and Gemma4) and `make test`. Both create .venv/ and install the
-# package with the pinned CPU torch from constraints.txt on first use.
+# evaluate the bundled golden drafters, Qwen3 and Gemma4) and `make test`. Both create .venv/ and install
+# exactly requirements.lock into it on first use (every distribution by version and SHA-256,
+# the CPU torch included); `make lock` regenerates the lock (tools/lock.py).
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+LOCK   := requirements.lock
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
 # Compiled modules in build/pycache/ even where PYTHONDONTWRITEBYTECODE is set (CI's machines
 # set it): what test and test-fast run under (else every run recompiles the package in each
 # dspark child and rewrites every test module).
@@ -14,14 +17,26 @@ REFERENCE := golden/reference/vanilla_conf_markov/draft
 DFLASH_SHARED := golden/reference/dflash_shared/draft
 GEMMA4 := golden/reference/gemma4
 
-.PHONY: install demo test test-fast schemas docs fixtures check-generated bench bench-runtime gate fuzz clean
+.PHONY: install lock demo test test-fast schemas docs fixtures check-generated bench bench-runtime gate fuzz clean
 
-$(STAMP): pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+# The environment is the lock, nothing else: a fresh venv (--clear: no distribution of an
+# earlier lock stays), the lock with --require-hashes --no-deps (pip resolves nothing: no
+# registry's newer release comes in), the project itself without build isolation (which would
+# fetch setuptools unpinned; the lock holds it), then pip check (the set is consistent).
+$(STAMP): pyproject.toml $(LOCK)
+	$(PYTHON) tools/lock.py --check
+	$(PYTHON) -m venv --clear $(VENV)
+	$(PIP) install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	$(PIP) check
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Regenerate requirements.lock from pyproject.toml's requirements (its dev extra and its build
+# requirement) and constraints.txt with pip's own resolver (tools/lock.py); then `make install`.
+lock:
+	$(PYTHON) tools/lock.py
 
 # The demo ends with `dspark eval` (report in build/demo/eval/; docs/eval-acceptance.png is
 # its acceptance.png). One torch thread for it: the golden models are tiny, and two threads
@@ -68,7 +83,7 @@ llama-cpp: $(STAMP)
 	$(BIN)/python tools/llama_cpp.py build
 
 # dspark-mlx 0.1.0 with mlx[cpu] 0.32.4 and what they need, every wheel pinned by version and
-# SHA-256 (pip install --require-hashes), into a venv in
+# SHA-256 (pip install --require-hashes --no-deps; the set proved closed), into a venv in
 # $DSPARK_ENGINE_CACHE (default ~/.cache/dspark-convert)/dspark-mlx-0.1.0/ (tools/dspark_mlx.py);
 # a whole install there is reused (every file checked against pip's RECORD), anything else
 # replaced. From nothing: about a minute or two on 2 cores.
@@ -77,7 +92,8 @@ dspark-mlx: $(STAMP)
 	$(BIN)/python tools/dspark_mlx.py install
 
 # speculators 0.9.0 with transformers 5.19.0 and exactly what its DSpark/DFlash classes import,
-# every wheel pinned by version and SHA-256 (pip install --require-hashes --no-deps), into a
+# every wheel pinned by version and SHA-256 (pip install --require-hashes --no-deps; the set
+# proved closed, its declared omissions aside), into a
 # venv in $DSPARK_ENGINE_CACHE (default ~/.cache/dspark-convert)/speculators-0.9.0/
 # (tools/speculators.py); torch is the project's, linked in. A whole install there is reused,
 # anything else replaced. From nothing: about a minute on 2 cores.
