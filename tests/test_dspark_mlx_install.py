@@ -122,6 +122,23 @@ def _fifo(path: Path) -> None:
     os.mkfifo(path)
 
 
+# Foreign code planted in a copy: were it run (by the interpreter's probe, say) it would leave
+# this file beside the install; the check must refuse the copy without running it.
+RAN = "foreign-code-ran"
+
+
+def _foreign(root: Path, rel: str, code: str) -> None:
+    (root / SITE / rel).write_text(code.replace("MARKER", repr(str(root.parent / RAN))))
+
+
+def _symlinked_out(root: Path, package: str) -> None:
+    """``package`` moved out of the cache and linked back: the same bytes, another place."""
+    outside = root.parent / "outside"
+    outside.mkdir()
+    (root / SITE / package).rename(outside / package)
+    (root / SITE / package).symlink_to(outside / package)
+
+
 TAMPERED = {
     # name: (edit of a whole install at root, the path named, what the line says, fast?)
     "module_changed": (
@@ -162,6 +179,23 @@ TAMPERED = {
                      "venv/bin/python", "expected CPython 3.11", False),
     "root_symlink": (lambda r: (r.rename(r.parent / "elsewhere"), r.symlink_to(r.parent / "elsewhere")),
                      "", "a symbolic link; expected the directory", False),
+    # Code that would run at the interpreter's start, or a pinned name served from elsewhere.
+    "stray_pth": (lambda r: _foreign(r, "zz-evil.pth", "import os; open(MARKER, 'w')\n"),
+                  f"{SITE}/zz-evil.pth", "a regular file no pinned distribution's RECORD lists",
+                  True),
+    "sitecustomize": (lambda r: _foreign(r, "sitecustomize.py", "open(MARKER, 'w')\n"),
+                      f"{SITE}/sitecustomize.py", "no pinned distribution's RECORD lists", False),
+    "usercustomize": (lambda r: _foreign(r, "usercustomize.py", "open(MARKER, 'w')\n"),
+                      f"{SITE}/usercustomize.py", "no pinned distribution's RECORD lists", False),
+    "module_added": (lambda r: _foreign(r, "dspark_mlx/extra.py", "open(MARKER, 'w')\n"),
+                     f"{SITE}/dspark_mlx/extra.py", "no pinned distribution's RECORD lists",
+                     False),
+    "package_symlinked_out": (lambda r: _symlinked_out(r, "dspark_mlx"), f"{SITE}/dspark_mlx",
+                              "a symbolic link to", False),
+    "system_site_packages": (
+        lambda r: _replace(r / "venv/pyvenv.cfg", (r / "venv/pyvenv.cfg").read_bytes().replace(
+            b"include-system-site-packages = false", b"include-system-site-packages = true")),
+        "venv/pyvenv.cfg", "include-system-site-packages is 'true'; expected 'false'", False),
 }
 
 
@@ -177,6 +211,7 @@ def test_an_install_that_is_not_whole_is_one_line_naming_the_path(case, installe
     assert len(lines) == 1, proc.stderr
     assert str(root / named).rstrip("/") + ":" in lines[0] and says in lines[0], lines[0]
     assert "replaces it" in lines[0]
+    assert not (tmp_path / RAN).exists(), "the check ran the code it was to refuse"
     # The real install was not touched through a hard link.
     assert tool.install_problem(installed) is None
 

@@ -99,6 +99,22 @@ def _tamper_cases(root: Path) -> list[tuple[str, callable, str]]:
     def drop_python():
         (root / "venv" / "bin" / "python").unlink()
 
+    # Code that would run at the interpreter's start (were it run, it would leave RAN).
+    def sitecustomize():
+        (site / "sitecustomize.py").write_text(f"open({str(root.parent / RAN)!r}, 'w')\n")
+
+    def usercustomize():
+        (site / "usercustomize.py").write_text(f"open({str(root.parent / RAN)!r}, 'w')\n")
+
+    def package_linked_out():
+        outside = root.parent / "outside"
+        outside.mkdir()
+        (site / "speculators").rename(outside / "speculators")
+        (site / "speculators").symlink_to(outside / "speculators")
+
+    def module_added():
+        (site / "speculators" / "extra.py").write_text("x = 1\n")
+
     return [("a changed speculators module", edit_code, "core.py: its SHA-256 is not the one"),
             ("a missing torch link", drop_link, "torch-site/torch: missing"),
             ("a link to elsewhere", retarget_link, "torch-site/sympy: points to"),
@@ -107,13 +123,24 @@ def _tamper_cases(root: Path) -> list[tuple[str, callable, str]]:
             ("the .pth naming the project's site-packages", edit_pth, "dspark-convert-torch.pth"),
             ("install-info.json edited", edit_info, "install-info.json: transformers is"),
             ("requirements.txt edited", edit_requirements, "requirements.txt: not the pinned"),
-            ("no interpreter", drop_python, "venv/bin/python: not an executable")]
+            ("no interpreter", drop_python, "venv/bin/python: not an executable"),
+            ("a sitecustomize.py", sitecustomize,
+             "sitecustomize.py: a regular file no pinned distribution's RECORD lists"),
+            ("a usercustomize.py", usercustomize,
+             "usercustomize.py: a regular file no pinned distribution's RECORD lists"),
+            ("a package linked out of the install", package_linked_out,
+             "site-packages/speculators: a symbolic link to"),
+            ("a module added to a package", module_added,
+             "speculators/extra.py: a regular file no pinned distribution's RECORD lists")]
 
 
-# Each case checks a whole linked copy (~2 s): the fast loop keeps a changed module and a
-# missing torch link, `make test` runs all nine.
-@pytest.mark.parametrize("case", [0, 1, *(pytest.param(i, marks=pytest.mark.slow)
-                                          for i in range(2, 9))])
+RAN = "foreign-code-ran"
+
+
+# Each case checks a whole linked copy (~2 s): the fast loop keeps a changed module, a
+# missing torch link and a sitecustomize.py; `make test` runs all thirteen.
+@pytest.mark.parametrize("case", [0, 1, 9, *(pytest.param(i, marks=pytest.mark.slow)
+                                             for i in (*range(2, 9), *range(10, 13)))])
 def test_a_changed_copy_is_refused_in_one_line_naming_the_path(installed, tmp_path, case):
     root = _linked_copy(installed, tmp_path)
     assert tool.install_problem(root) is None
@@ -122,6 +149,7 @@ def test_a_changed_copy_is_refused_in_one_line_naming_the_path(installed, tmp_pa
     problem = tool.install_problem(root)
     assert problem is not None, what
     assert "\n" not in problem and expected in problem, (what, problem)
+    assert not (tmp_path / RAN).exists(), "the check ran the code it was to refuse"
     assert tool.install_problem(installed) is None        # the real install untouched
 
 

@@ -6,8 +6,12 @@ PyPI; it runs on MLX, whose Linux CPU build is ``mlx[cpu]`` (``mlx`` with ``mlx-
 brings mlx-lm (the host of a Qwen3 target) and mlx-vlm (the host of a Gemma4 target). Every
 distribution it needs is pinned below by version AND SHA-256 (the wheels for CPython 3.11 on
 Linux x86-64, this kind of machine's) and installed with ``pip install --require-hashes
---only-binary :all:``: a wheel of another hash, or a dependency the pins do not name, is
-refused by pip itself. ``make dspark-mlx`` (and so ``make test``) runs ``install``:
+--no-deps --only-binary :all:``: a wheel of another hash is refused by pip itself, and pip
+resolves nothing (without --no-deps it resolved mlx-audio's ``transformers[chat-template]``
+to whatever the registry held that day, not the pin). That the pins are all the install
+needs is checked on their METADATA before the install is put in place (tools/pins_closed.py:
+every requirement, markers and extras evaluated, met by a pin). ``make dspark-mlx`` (and so
+``make test``) runs ``install``:
 
     python tools/dspark_mlx.py install   # a venv in the cache, the pins installed; reused
     python tools/dspark_mlx.py path      # print the interpreter of a whole install (exit 1: none)
@@ -22,9 +26,12 @@ The install lives outside the checkout, in ``$DSPARK_ENGINE_CACHE`` (default
 
 Only a WHOLE install is used: a directory whose install-info.json is the object this script
 writes (read bounded, never waiting on a FIFO), whose requirements.txt is the pins, whose
-interpreter runs, whose site-packages holds exactly the pinned distributions at their
-versions, and every file each distribution's RECORD lists with a hash has that hash (pip
-writes RECORD; ~15,000 files, 825 MB, about 3 s). Anything else is named in one line, and
+interpreter runs (probed with ``-I -S``: nothing of site-packages runs), whose site-packages
+holds exactly the pinned distributions at their versions, every file each distribution's
+RECORD lists with a hash has that hash (pip writes RECORD; ~15,000 files, 825 MB, about 3 s)
+and nothing else is there (no stray ``.pth``, ``sitecustomize.py`` or ``usercustomize.py``,
+which would run at the interpreter's every start; no symbolic link, which could lead out of
+the cache: tools/engine_venv.py's ``check_accounted``). Anything else is named in one line, and
 ``install`` replaces it. An install is made in a hidden temporary sibling and renamed into
 place when complete; the console scripts pip writes into ``venv/bin`` are removed (they would
 name the temporary directory; the engine is run as ``venv/bin/python``). A killed install
@@ -141,8 +148,17 @@ def requirements_text() -> str:
     """requirements.txt as pip installs it: one pinned line per distribution, its hash."""
     head = (f"# {PACKAGE}=={VERSION} with mlx[cpu]=={MLX}: written by tools/dspark_mlx.py "
             "(pip install --require-hashes)\n")
-    return head + "".join(f"{name}{EXTRAS.get(name, '')}=={version} --hash=sha256:{sha}\n"
-                          for name, version, sha in PINS)
+    return head + "".join(f"{line} --hash=sha256:{sha}\n"
+                          for line, (_, _, sha) in zip(requirements(), PINS))
+
+
+def requirements() -> list[str]:
+    """What requirements.txt asks for, without the hashes (the roots of the closure check)."""
+    return [f"{name}{EXTRAS.get(name, '')}=={version}" for name, version, _ in PINS]
+
+
+def pin_versions() -> dict[str, str]:
+    return {name: version for name, version, _ in PINS}
 
 
 def expected_info() -> dict:
@@ -150,7 +166,7 @@ def expected_info() -> dict:
     return {"package": PACKAGE, "version": VERSION, "mlx": MLX,
             "python": f"{PYTHON[0]}.{PYTHON[1]}", "platform": PLATFORM,
             "requirements_sha256": hashlib.sha256(requirements_text().encode()).hexdigest(),
-            "distributions": {name: version for name, version, _ in PINS}}
+            "distributions": pin_versions()}
 
 
 def install_dir() -> Path:
@@ -224,11 +240,14 @@ def install(*, quiet_pip: bool = True) -> Path:
         venvs.run_step(PACKAGE, [sys.executable, "-m", "pip", "--python", str(python_path(work)),
                                  "install", "--disable-pip-version-check", "--no-input",
                                  *(["--quiet"] if quiet_pip else []), "--require-hashes",
-                                 "--only-binary", ":all:", "--no-warn-script-location",
+                                 "--no-deps", "--only-binary", ":all:", "--no-warn-script-location",
                                  "-r", str(work / REQUIREMENTS_FILE)], log,
                        f"pip install --require-hashes {PACKAGE}=={VERSION} mlx[cpu]=={MLX} and "
                        f"the {len(PINS) - 3} distributions they need (about a minute)")
         venvs.remove_console_scripts(work)
+        # --no-deps: pip took exactly the pins; that they are all the install needs is
+        # checked here, on their own METADATA (tools/pins_closed.py).
+        venvs.check_closed([venvs.site_packages(work, PYTHON)], pin_versions(), requirements())
         log.unlink()
         (work / INFO_FILE).write_text(json.dumps(expected_info(), indent=2) + "\n")
         check_install(work)             # what `path` will accept, or a failure

@@ -5,11 +5,17 @@ tools/speculators.py share about their installs.
   in a session of its own, logged, ended whole on an interrupt; ``remove_console_scripts``
   removes what pip and venv wrote into ``venv/bin`` (it names the temporary directory).
 - Checking: ``check_distributions`` (the venv's site-packages holds exactly the pinned
-  distributions at their versions, and every file each one's RECORD lists with a hash has
-  that hash: ``distributions``, ``check_record``, names compared as ``normal_name`` makes
-  them), ``check_dir`` and ``read_bounded`` (the engine cache's, raising InstallError).
+  distributions at their versions, every file each one's RECORD lists with a hash has that
+  hash, and nothing else is there, no link either: ``distributions``, ``check_record``,
+  ``check_accounted``, names compared as ``normal_name`` makes them), ``check_python`` (the
+  interpreter probed with ``-I -S``, so no code of site-packages runs before that check;
+  ``check_venv_config``), ``check_closed`` (the pins meet each other's requirements:
+  tools/pins_closed.py), ``check_dir`` and ``read_bounded`` (the engine cache's, raising
+  InstallError).
 
-Standard library only: it runs before (and without) the package's own environment. The
+Standard library only: it runs before (and without) the package's own environment
+(``check_closed`` alone, run by ``install``, loads tools/pins_closed.py, which needs
+``packaging``: the project's interpreter, which make runs the installers with, has it). The
 scripts import it by its plain name, beside them, as it imports tools/engine_cache.py.
 """
 
@@ -19,6 +25,7 @@ import argparse
 import base64
 import csv
 import hashlib
+import importlib.util
 import io
 import os
 import platform
@@ -33,6 +40,7 @@ from pathlib import Path
 import engine_cache as cache   # tools/engine_cache.py, beside it
 
 RECORD_MAX_BYTES = 16 << 20     # the largest RECORD of the pins is ~600 KB
+VENV_CONFIG_MAX_BYTES = 64 * 1024   # venv writes ~200 bytes
 
 
 class InstallError(Exception):
@@ -87,21 +95,23 @@ def _urlsafe_sha256(path: Path) -> str:
     return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
 
 
-def check_record(site: Path, dist_info: Path) -> int:
+def check_record(site: Path, dist_info: Path) -> set[str]:
     """Every file a distribution's RECORD lists with a hash has that hash (console scripts
-    outside site-packages, which `install` removes, aside); returns the files checked."""
+    outside site-packages, which `install` removes, aside); returns the paths it lists in
+    site-packages (hashed or not: RECORD itself, compiled files)."""
     record = dist_info / "RECORD"
     data = read_bounded(record, RECORD_MAX_BYTES, "expected the RECORD pip wrote")
-    checked = 0
+    listed: set[str] = set()
     for row in csv.reader(io.StringIO(data.decode("utf-8", "replace"))):
         if len(row) != 3:
             raise InstallError(f"{cache.shown(record)}: a row of {len(row)} fields; expected "
                                "path, hash, size")
         rel, digest, _ = row
-        if not digest:
-            continue                    # RECORD itself, compiled files: pip lists no hash
         if rel.startswith("../"):
             continue                    # console scripts in venv/bin: removed by install
+        listed.add(os.path.normpath(rel))
+        if not digest:
+            continue                    # RECORD itself, compiled files: pip lists no hash
         algo, _, want = digest.partition("=")
         path = site / rel
         if algo != "sha256":
@@ -118,14 +128,61 @@ def check_record(site: Path, dist_info: Path) -> int:
         if _urlsafe_sha256(path) != want:
             raise InstallError(f"{cache.shown(path)}: its SHA-256 is not the one "
                                f"{dist_info.name}'s RECORD lists (changed since pip installed it)")
-        checked += 1
-    return checked
+    return listed
 
 
-def check_distributions(site: Path, pins: tuple[tuple[str, str, str], ...]) -> None:
+def _compiled_from_listed(rel: str, listed: set[str]) -> bool:
+    """``rel`` is CPython's compiled form of a listed module (``pkg/__pycache__/m.cpython-311
+    .pyc`` of ``pkg/m.py``), as the interpreter writes it at run time; pip lists those it
+    compiles itself."""
+    head, name = os.path.split(rel)
+    parent, cache_dir = os.path.split(head)
+    tag = sys.implementation.cache_tag
+    if cache_dir != "__pycache__" or not name.endswith(".pyc") or f".{tag}" not in name:
+        return False
+    return os.path.join(parent, name.split(f".{tag}")[0] + ".py") in listed
+
+
+def check_accounted(site: Path, listed: set[str], allowed: tuple[str, ...] = ()) -> None:
+    """Every entry under ``site`` is a file a pinned distribution's RECORD lists (``listed``),
+    a directory holding one, a compiled form of a listed module, or one of ``allowed`` (top
+    level); none is a symbolic link. A stray ``sitecustomize.py``, ``usercustomize.py`` or
+    ``.pth`` would run at every start of the interpreter, a link could hand a pinned name to
+    code outside the cache: InstallError, one line naming the path."""
+    dirs = {os.path.dirname(rel) for rel in listed}
+    for rel in list(dirs):
+        while rel:
+            rel = os.path.dirname(rel)
+            dirs.add(rel)
+    for top, subdirs, files in os.walk(site):
+        for name in sorted(subdirs + files):
+            path = Path(top) / name
+            rel = os.path.relpath(path, site)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                raise InstallError(f"{cache.shown(path)}: a symbolic link to "
+                                   f"{cache.shown(os.readlink(path))}; a whole install holds "
+                                   "none in site-packages")
+            if rel in allowed:
+                continue
+            if stat.S_ISDIR(mode):
+                if rel in dirs or (name == "__pycache__" and os.path.dirname(rel) in dirs):
+                    continue
+            elif rel in listed or _compiled_from_listed(rel, listed):
+                continue
+            raise InstallError(f"{cache.shown(path)}: {cache.kind(mode)} no pinned "
+                               "distribution's RECORD lists; expected only the pinned "
+                               "distributions' files")
+        subdirs[:] = [d for d in subdirs if os.path.join(os.path.relpath(top, site), d)
+                      .removeprefix("./") not in allowed]
+
+
+def check_distributions(site: Path, pins: tuple[tuple[str, str, str], ...],
+                        allowed: tuple[str, ...] = ()) -> None:
     """``site`` holds exactly the pinned distributions ((name, version, sha256) each) at
-    their versions, and each one's files are those its RECORD lists; else InstallError, one
-    line naming the path and what was expected."""
+    their versions, each one's files are those its RECORD lists, and nothing else is there
+    (``allowed`` aside: names at its top level); else InstallError, one line naming the path
+    and what was expected."""
     found = distributions(site)
     want = {normal_name(name): version for name, version, _ in pins}
     for name, version in want.items():
@@ -139,8 +196,47 @@ def check_distributions(site: Path, pins: tuple[tuple[str, str, str], ...]) -> N
     if extra:
         raise InstallError(f"{cache.shown(found[extra[0]][1])}: {extra[0]} is installed and "
                            "not pinned; expected the pinned distributions only")
+    listed: set[str] = set()
     for name in sorted(want):
-        check_record(site, found[name][1])
+        listed |= check_record(site, found[name][1])
+    check_accounted(site, listed, allowed)
+
+
+def _pins_closed():
+    """tools/pins_closed.py, beside this file (it needs ``packaging``: the project's
+    interpreter, which ``make`` runs the installers with, has it)."""
+    if "pins_closed" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("pins_closed",
+                                                      Path(__file__).with_name("pins_closed.py"))
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as exc:
+            raise InstallError(f"checking that the pins are closed needs {exc.name}: run this "
+                               "script with the project's interpreter (.venv/bin/python, as "
+                               "make does)") from None
+        sys.modules["pins_closed"] = module
+    return sys.modules["pins_closed"]
+
+
+def check_closed(sites: list[Path], pins: dict[str, str], roots: list[str], *,
+                 omitted: tuple[tuple[str, str], ...] = ()) -> None:
+    """The distributions in ``sites`` are the pins (name -> version), and every requirement
+    of the ``roots`` and of each pin (their METADATA's, markers and extras evaluated for this
+    interpreter) is met by a pin, ``omitted`` aside (tools/pins_closed.py); else InstallError
+    naming the first requirement and the pin. pip installs with --no-deps: this is the proof
+    that the set is whole."""
+    closed = _pins_closed()
+    try:
+        found = closed.installed(sites)
+    except closed.MetadataError as exc:
+        raise InstallError(str(exc)) from None
+    problems = (closed.installed_not_pinned(pins, found)
+                or closed.open_requirements(pins, {n: r for n, (_, r) in found.items()}, roots,
+                                            omitted=omitted))
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InstallError(f"the pins are not closed: {problems[0]}{more}")
 
 
 # --- installing ---------------------------------------------------------------------------
@@ -230,16 +326,19 @@ def site_packages(root: Path, python: tuple[int, int]) -> Path:
     return root / "venv" / "lib" / f"python{python[0]}.{python[1]}" / "site-packages"
 
 
-def check_python(interpreter: Path, python: tuple[int, int], *, flags: tuple[str, ...] = (),
-                 seconds: float = 60) -> None:
+def check_python(interpreter: Path, python: tuple[int, int], *, seconds: float = 60) -> None:
     """The venv's interpreter is an executable (a venv's is a link to the base interpreter)
-    and runs as CPython ``python`` (run with ``-I`` and ``flags``); else InstallError."""
+    and runs as CPython ``python``; else InstallError. It runs with ``-I`` (no environment
+    variables, no user site, not the current directory) and ``-S`` (no site-packages: no
+    ``.pth`` file, ``sitecustomize`` or ``usercustomize`` runs before the install is checked),
+    and the venv's pyvenv.cfg keeps the base interpreter's site-packages out."""
+    check_venv_config(interpreter.parent.parent / "pyvenv.cfg")
     if not (interpreter.is_file() and os.access(interpreter, os.X_OK)):
         raise InstallError(f"{cache.shown(interpreter)}: not an executable file; expected the "
                            "venv's interpreter")
     want = f"{python[0]}.{python[1]}"
     try:
-        proc = subprocess.run([str(interpreter), "-I", *flags, "-c", "import sys; print('%d.%d' "
+        proc = subprocess.run([str(interpreter), "-I", "-S", "-c", "import sys; print('%d.%d' "
                                "% sys.version_info[:2], sys.implementation.name)"],
                               capture_output=True, text=True, timeout=seconds,
                               stdin=subprocess.DEVNULL)
@@ -249,6 +348,21 @@ def check_python(interpreter: Path, python: tuple[int, int], *, flags: tuple[str
     if proc.returncode != 0 or proc.stdout.split() != [want, "cpython"]:
         raise InstallError(f"{cache.shown(interpreter)}: runs as {proc.stdout.strip()[:60]!r} "
                            f"(exit {proc.returncode}); expected CPython {want}")
+
+
+def check_venv_config(path: Path) -> None:
+    """pyvenv.cfg does not put the base interpreter's site-packages on the path (their
+    ``.pth`` files would run at every start); else InstallError naming it."""
+    text = read_bounded(path, VENV_CONFIG_MAX_BYTES, "expected the pyvenv.cfg venv wrote")
+    settings = {}
+    for line in text.decode("utf-8", "replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            settings[key.strip().lower()] = value.strip().lower()
+    if settings.get("include-system-site-packages") != "false":
+        raise InstallError(f"{cache.shown(path)}: include-system-site-packages is "
+                           f"{settings.get('include-system-site-packages')!r}; expected 'false' "
+                           "(the venv's own site-packages only)")
 
 
 def this_python_fits(python: tuple[int, int], platform_name: str) -> None:
