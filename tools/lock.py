@@ -70,11 +70,8 @@ def inputs_sha256() -> str:
 
 
 def _sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _file_sha256(item: dict) -> str:
