@@ -54,7 +54,8 @@ GOLDEN_POLICY = ROOT / "release" / "golden.toml"
 SHA = {"vanilla_conf_markov": "0a010ba118cc823b8aa908f3c9c730bde4132fa8771c28a07de1c983846e92ce",
        "dflash_shared": "b79729a7bdf76e6710c508a5fb1537e1f2b4593332801d2577a48f3d309bbe42"}
 STAGES = ["pin", "convert", "reproducibility", "validate", "quantize.q8_0", "smoke", "eval",
-          "llama.cpp", "regression"]
+          "llama.cpp", "dspark-mlx", "regression"]
+ENGINE_STAGES = ("llama.cpp", "dspark-mlx")     # not run: the small policy requires neither
 
 
 def _entry(name, *, source=None, target=None, **keys) -> str:
@@ -112,7 +113,7 @@ def test_a_passing_gate_prints_one_line_per_stage_and_writes_every_report(passed
     assert report.complete and report.passed and report.baseline is None
     for entry in report.entries:
         st = _statuses(report, entry.name)
-        assert st == {s: "not_run" if s == "llama.cpp" else "passed" for s in STAGES}, st
+        assert st == {s: "not_run" if s in ENGINE_STAGES else "passed" for s in STAGES}, st
         for stage in entry.stages:
             for f in stage.files:
                 assert (out / f).is_file(), f
@@ -158,7 +159,7 @@ def test_junit_has_one_suite_per_drafter_and_one_case_per_stage(passed):
     assert [s.get("name") for s in root] == ["vanilla_conf_markov", "dflash_shared"]
     for suite in root:
         assert [c.get("name") for c in suite] == STAGES
-        assert int(suite.get("failures")) == 0 and int(suite.get("skipped")) == 1  # llama.cpp
+        assert int(suite.get("failures")) == 0 and int(suite.get("skipped")) == 2  # the engines
     md = (out / "gate.md").read_text()
     assert md.startswith("# dspark gate: PASSED\n") and "## Failures" not in md
     assert "| bf16 | " in md and "| q8_0 | " in md
@@ -207,8 +208,8 @@ def test_a_required_engine_that_refuses_fails_validate_and_the_others_go_on(tmp_
     assert validate.exit_code == EngineRequirementError.exit_code and "strata.run" in validate.detail
     st = _statuses(report, "dflash_shared")
     assert st["pin"] == st["convert"] == st["reproducibility"] == "passed"
-    assert [st[s] for s in ("quantize.q8_0", "smoke", "eval", "llama.cpp", "regression")] == \
-        ["skipped"] * 5
+    assert [st[s] for s in ("quantize.q8_0", "smoke", "eval", "llama.cpp", "dspark-mlx",
+                            "regression")] == ["skipped"] * 6
     assert report.entry("dflash_shared").stage("smoke").detail == "needs validate, which failed"
     # the policy without a variant has one quantize stage with nothing to do; llama.cpp,
     # required without a build to run, is not run (validate leaves llama.cpp to that stage:

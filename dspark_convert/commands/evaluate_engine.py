@@ -45,6 +45,7 @@ from dspark_convert.errors import (
     EngineOptionError,
     EngineOutputError,
     ExportRefusal,
+    FamilyExportError,
     TargetGGUFError,
     TargetGGUFMismatchError,
 )
@@ -142,18 +143,35 @@ def parse_engine(spec: str | None, target_gguf: str | os.PathLike | None) -> Eng
                       target_sha256=sha)
 
 
+def family_refusals(arts) -> dict[str, str]:
+    """artifact name -> why `dspark export --engine llama.cpp` refuses its family (the
+    families' own table: commands/binding.refuse_family), for the artifacts it refuses."""
+    from dspark_convert.commands.binding import refuse_family
+
+    refused = {}
+    for art in arts:
+        try:
+            refuse_family(art.path, "export")
+        except FamilyExportError as exc:
+            refused[art.name] = exc.message
+    return refused
+
+
 def check_target_gguf(spec: EngineSpec, arts) -> None:
     """``spec.target_gguf`` against each artifact as `dspark export` checks it, with export's
     own functions (commands/export.py: the architecture, hidden size, layer count against
     the taps, vocabulary, and the embedding and head hashes recorded at convert): a GGUF of
-    another target is refused (104) before anything runs, as export refuses it."""
+    another target is refused (104) before anything runs, as export refuses it. An artifact
+    of a family llama.cpp's export does not take is not checked: llama.cpp runs nothing of
+    it (``run_engine`` lists it as not run)."""
     from dspark_convert.artifact.format import GGUF_FILE, read_metadata
     from dspark_convert.commands import export as X
     from dspark_convert.formats.gguf_reader import read_gguf
 
     label = str(spec.target_gguf)
     gguf = X.read_target_gguf(spec.target_gguf)
-    for art in arts:
+    refused = family_refusals(arts)
+    for art in (a for a in arts if a.name not in refused):
         kv = read_metadata(read_gguf(art.path / GGUF_FILE), path=str(art.path / GGUF_FILE))
         X.check_target_gguf(gguf, art.contract, kv, label, [])
 
@@ -231,6 +249,23 @@ def run_engine(spec: EngineSpec, *, arts, prompts, texts: dict[str, str | None],
 
     progress = progress or NoProgress()
     not_run: list[NotRun] = []
+    # An artifact of a family llama.cpp's export does not take: not run, with export's own
+    # reason; with none left, nothing runs (not even the target alone: the target GGUF is
+    # no artifact's target llama.cpp could run).
+    refused = family_refusals(arts)
+    not_run += [NotRun(kind="drafter", artifact=name, temperature=0.0, confidence_threshold=0.0,
+                       engine=spec.name, reason=f"dspark export refuses it: {why}")
+                for name, why in refused.items()]
+    arts = [a for a in arts if a.name not in refused]
+    if not arts:
+        not_run.append(NotRun(kind="target", artifact=None, temperature=0.0,
+                              confidence_threshold=None, engine=spec.name,
+                              reason="no artifact of a family llama.cpp's export takes: "
+                                     "nothing to run beside the target alone"))
+        return (EngineInfo(engine=spec.name, binaries=shown(spec.binaries.directory),
+                           target_gguf=shown(spec.target_gguf),
+                           target_gguf_sha256=spec.target_sha256, system_info=None),
+                [], not_run)
     for t in temperatures:
         if t != 0.0:
             not_run.append(NotRun(kind="target", artifact=None, temperature=t,

@@ -50,6 +50,7 @@ from dspark_convert.errors import (
     EngineMarkovHeadError,
     ExportArtifactError,
     ExportOptionError,
+    FamilyExportError,
     InternalError,
     IntegrityError,
     TargetGGUFError,
@@ -204,7 +205,15 @@ class _Target:
 def _check_target(target: GGUFFile, contract: FeatureContract, label: str,
                   checks: list[Check]) -> _Target:
     g, taps = contract.geometry, contract.taps
-    want_arch = L.TARGET_ARCHITECTURES[contract.family]
+    want_arch = L.TARGET_ARCHITECTURES.get(contract.family)
+    if want_arch is None:
+        # The families llama.cpp's export takes are those of its table (refuse_family says
+        # it first, from the families' own table; a caller that has not is refused here).
+        raise FamilyExportError(
+            f"{label}: cannot be checked against a {contract.family} artifact: llama.cpp "
+            f"{L.LLAMA_CPP_COMMIT}'s export takes the {', '.join(L.TARGET_ARCHITECTURES)} "
+            "family only", path=label, field="dspark.family",
+            expected=list(L.TARGET_ARCHITECTURES), found=contract.family)
     arch = _kv(target, "general.architecture", GGUFValueType.STRING, label, "the model's architecture")
     if arch != want_arch:
         raise _mismatch(label, "architecture", "general.architecture", f"'{want_arch}'", f"'{arch}'")

@@ -18,7 +18,10 @@ the library function its command runs (nothing re-implemented, nothing in a subp
 8. ``llama.cpp``: llama.cpp's own run beside the reference runtime, for a drafter that
    requires llama.cpp when ``[defaults] llama_cpp`` names a build (each engine run recorded
    with the engine's system-info line; nothing compared is never a pass);
-9. ``regression``: ``min_tau``, and against ``--baseline`` (a previous gate's gate.json)
+9. ``dspark-mlx``: dspark-mlx's own run of the BF16 artifact beside the reference runtime,
+   for a drafter that requires dspark-mlx (``[defaults] dspark_mlx``, or the interpreter
+   `make dspark-mlx` installs), judged as llama.cpp's;
+10. ``regression``: ``min_tau``, and against ``--baseline`` (a previous gate's gate.json)
    ``max_tau_drop`` and ``max_acceptance_drop`` at any draft position.
 
 A failed stage fails its drafter and skips the stages that need it; the other drafters go
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from dspark_convert import CONVERTER_NAME, __version__
 from dspark_convert.commands.gate_policy import (
+    RUN_ENGINES,
     Entry,
     LoadedPolicy,
     check_updatable,
@@ -92,7 +96,7 @@ BF16 = "bf16"                           # the converted artifact's directory and
 NEEDS: dict[str, tuple[str, ...]] = {
     "pin": (), "convert": ("pin",), "reproducibility": ("convert",), "validate": ("convert",),
     "quantize": ("validate",), "smoke": ("validate",), "eval": ("validate",),
-    "llama.cpp": ("validate",), "regression": ("eval",),
+    "llama.cpp": ("validate",), "dspark-mlx": ("validate",), "regression": ("eval",),
 }
 # Float comparisons of measured rates: a drop exactly at the limit passes.
 _EPS = 1e-9
@@ -214,6 +218,7 @@ class _EntryRun:
         self.run("smoke", self.smoke)
         self.run("eval", self.evaluate)
         self.run("llama.cpp", self.llama_cpp)
+        self.run("dspark-mlx", self.dspark_mlx)
         self.run("regression", self.regression)
 
     @staticmethod
@@ -254,7 +259,7 @@ class _EntryRun:
         hub = HubOptions(lock=e.lock) if e.source.hub is not None else None
         out = self.dir / BF16
         result = convert(e.source.spec, out, target=self.target, hub=hub,
-                         progress=self.gate.progress)
+                         sample_from_anchor=e.sample_from_anchor, progress=self.gate.progress)
         self.artifacts[BF16] = ArtifactSummary(path=self.rel(out), size=result.gguf_size,
                                                sha256=result.gguf_sha256)
         return (f"drafter.gguf {result.gguf_size:,} bytes, SHA-256 {result.gguf_sha256}; "
@@ -283,9 +288,9 @@ class _EntryRun:
         from dspark_convert.commands.validate import validate_artifact
 
         e = self.entry
-        # llama.cpp reads the file `dspark export` writes, not the artifact: its requirement
-        # is the llama.cpp stage's (export, then its own run), not validate's
-        require = [name for name in e.require if name != "llama.cpp"]
+        # An engine the gate runs reads what `dspark export` writes for it, not the artifact:
+        # its requirement is its stage's (export, then its own run), not validate's
+        require = [name for name in e.require if name not in RUN_ENGINES]
         report = validate_artifact(artifact, target=self.target, require=require,
                                    progress=self.gate.progress)
         code = report.exit_code(strict=e.strict)
@@ -409,8 +414,6 @@ class _EntryRun:
         """llama.cpp's own run (`dspark eval --engine llama.cpp=BIN_DIR`): each artifact
         exported for it on the fly, run by its binaries on the prompts llama.cpp takes as
         their ids, lossless, and every draft equal to the reference runtime's."""
-        from dspark_convert.evaluation.report import write_report
-
         e = self.entry
         if "llama.cpp" not in e.require:
             raise _Stop("not_run", "the drafter does not require llama.cpp")
@@ -419,12 +422,32 @@ class _EntryRun:
         if e.target_gguf is None:
             raise _Stop("not_run", "not run: no target GGUF given (the drafter's target_gguf: "
                         "the target as llama.cpp runs it)")
-        names = [BF16, *self.variants]
-        report = self._run_eval(names, engine=f"llama.cpp={e.llama_cpp}",
-                                target_gguf=e.target_gguf)
-        written = [self.rel(p) for p in write_report(report, self.dir / "eval-llama.cpp")]
+        return self._engine_stage("llama.cpp", [BF16, *self.variants],
+                                  engine=f"llama.cpp={e.llama_cpp}", target_gguf=e.target_gguf)
+
+    def dspark_mlx(self):
+        """dspark-mlx's own run (`dspark eval --engine dspark-mlx[=PYTHON]`): the BF16
+        artifact handed to it as `dspark export --engine deepspec` writes it (DeepSpec's
+        layout holds BF16 weights: a quantized variant has no such form), run by its
+        generate_eager loop on the prompts' ids, lossless, and every draft the reference
+        runtime's (near ties aside)."""
+        e = self.entry
+        if "dspark-mlx" not in e.require:
+            raise _Stop("not_run", "the drafter does not require dspark-mlx")
+        python = f"dspark-mlx={e.dspark_mlx}" if e.dspark_mlx is not None else "dspark-mlx"
+        return self._engine_stage("dspark-mlx", [BF16], engine=python)
+
+    def _engine_stage(self, stage: str, names: list[str], **options):
+        """The engine stage ``stage``: the eval of ``names`` with the engine's runs beside
+        (``options``: run_eval's engine and target_gguf), its report in the engine's
+        directory, each engine run recorded, and the verdict (engine_verdict)."""
+        from dspark_convert.evaluation.report import write_report
+
+        report = self._run_eval(names, **options)
+        directory = self.dir / ENGINE_STAGES[stage].report_dir
+        written = [self.rel(p) for p in write_report(report, directory)]
         self.engine_runs = engine_records(report)
-        return engine_verdict(report, names), written
+        return engine_verdict(report, names, stage), written
 
     def regression(self):
         return regression(self.entry, self.measurement, self.gate.baseline)
@@ -438,23 +461,45 @@ class _EntryRun:
 # MIN_AGREEMENT of the drafts must be equal (only the first difference of each prompt is
 # located).
 MIN_AGREEMENT = 0.9
-ADVISED = "draft-dspark"    # the --spec-type `dspark export` advises for every drafter
 
 
-def _difference(d, prompt: str) -> str:
+@dataclass(frozen=True)
+class RunEngine:
+    """An engine the gate runs in a stage of its own (``require`` names it)."""
+    name: str
+    advised: str            # the run each artifact is judged by (its spec type / loop)
+    near_tie: float         # our logit margin under which a different draft is a near tie
+    report_dir: str         # the stage's eval report, in the drafter's directory
+
+
+# The engine stages, one per engine a policy's ``require`` may name for a run of its own
+# (gate_policy.RUN_ENGINES). llama.cpp: the --spec-type `dspark export` advises for every drafter;
+# the proposal check's own near tie (NEAR_TIE). dspark-mlx: its generate_eager loop; its
+# target and the head's input run in bfloat16, and every difference from the reference
+# measured on the golden drafters is one token at a margin under 0.02 with no row offset,
+# moving with the arithmetic (docs/ENGINES.md, "What dspark-mlx 0.1.0 departs from").
+ENGINE_STAGES: dict[str, RunEngine] = {
+    "llama.cpp": RunEngine("llama.cpp", "draft-dspark", NEAR_TIE, "eval-llama.cpp"),
+    "dspark-mlx": RunEngine("dspark-mlx", "generate_eager", 0.02, "eval-dspark-mlx"),
+}
+ADVISED = ENGINE_STAGES["llama.cpp"].advised
+
+
+def _difference(d, prompt: str, engine: str) -> str:
     late = f"; its draft is ours read {d.row_offset} row(s) late" if d.row_offset else ""
     margin = f" (our margin {d.reference_margin:.3g})" if d.reference_margin is not None else ""
     return (f"draft {d.draft_call} of prompt {prompt} differs from the reference runtime's at "
-            f"position {d.position}: llama.cpp {d.engine_token}, ours {d.reference_token}"
+            f"position {d.position}: {engine} {d.engine_token}, ours {d.reference_token}"
             f"{margin}{late}")
 
 
-def _misread(run) -> str | None:
-    """Why llama.cpp's drafts are not the reference's, or None (near ties aside)."""
+def _misread(run, engine: RunEngine) -> str | None:
+    """Why an engine's drafts are not the reference's, or None (near ties aside)."""
     for p in run.prompts:
         d = p.proposals.first_difference if p.proposals is not None else None
-        if d is not None and not d.near_tie:
-            return _difference(d, p.id)
+        if d is not None and not (d.row_offset is None and d.reference_margin is not None
+                                  and d.reference_margin < engine.near_tie):
+            return _difference(d, p.id, engine.name)
     c = run.proposals
     if c is not None and c.compared and c.equal < MIN_AGREEMENT * c.compared:
         return f"only {c.equal} of {c.compared} drafts equal the reference runtime's"
@@ -469,74 +514,77 @@ def engine_records(report) -> list[EngineRunRecord]:
             for r in report.engine_runs]
 
 
-def engine_verdict(report, names: Sequence[str]) -> str:
-    """The llama.cpp stage's line from an eval report with llama.cpp's runs. Each artifact
-    is judged by its run with the --spec-type `dspark export` advises: run on at least one
+def engine_verdict(report, names: Sequence[str], engine: str = "llama.cpp") -> str:
+    """An engine stage's line from an eval report with the engine's runs (ENGINE_STAGES:
+    llama.cpp, dspark-mlx). Each artifact is judged by its run with the engine's advised
+    spec type (llama.cpp: the --spec-type `dspark export` advises): run on at least one
     prompt, lossless, at least one draft compared with the reference runtime's (a run that
     drafted nothing, or whose text was compared with nothing, fails: nothing compared is
     never a pass), and (the BF16 artifact) every draft the reference runtime's, near
     ties aside; a quantized variant's drafts are compared and reported, not held to that
     (ggml computes a quantized matrix product with the activations quantized too). Else
     the first problem, as GateEngineError."""
+    eng = ENGINE_STAGES[engine]
     refused = {n.artifact: n.reason for n in report.not_run
-               if n.engine == "llama.cpp" and n.kind == "drafter" and n.artifact in names}
+               if n.engine == engine and n.kind == "drafter" and n.artifact in names}
     problems, parts = [], []
     for name in names:
-        runs = [r for r in report.engine_runs if r.kind == "drafter" and r.artifact == name]
-        run = next((r for r in runs if r.spec_type == ADVISED), runs[0] if runs else None)
+        runs = [r for r in report.engine_runs if r.engine == engine and r.kind == "drafter"
+                and r.artifact == name]
+        run = next((r for r in runs if r.spec_type == eng.advised), runs[0] if runs else None)
         if run is None:
-            problems.append(f"{name}: llama.cpp did not run it: "
+            problems.append(f"{name}: {engine} did not run it: "
                             f"{refused.get(name, 'no run in the report')}")
             continue
         if not run.prompts:
             skipped = run.prompts_skipped[0] if run.prompts_skipped else None
-            problems.append(f"{name}: llama.cpp ran no prompt"
+            problems.append(f"{name}: {engine} ran no prompt"
                             + (f" (prompt {skipped.id}: {skipped.reason})" if skipped else ""))
             continue
         if run.lossless is None:
-            problems.append(f"{name}: llama.cpp's {run.spec_type} output of no prompt could be "
+            problems.append(f"{name}: {engine}'s {run.spec_type} output of no prompt could be "
                             "compared with its own target alone; expected each prompt's text "
                             "equal to the target's (nothing compared is never a pass)")
             continue
         if run.lossless is not True:
             bad = next((p.id for p in run.prompts if p.lossless is False), "?")
-            problems.append(f"{name}: llama.cpp's {run.spec_type} output of prompt {bad} differs "
+            problems.append(f"{name}: {engine}'s {run.spec_type} output of prompt {bad} differs "
                             "from its own target alone at temperature 0")
             continue
         c = run.proposals
         if c is None or c.compared == 0:
-            problems.append(f"{name}: llama.cpp's {run.spec_type} run on {len(run.prompts)} "
+            problems.append(f"{name}: {engine}'s {run.spec_type} run on {len(run.prompts)} "
                             "prompt(s) made no draft compared with the reference runtime's "
                             f"({'no draft check' if c is None else '0 compared'}); expected at "
                             "least one (nothing compared is never a pass)")
             continue
-        misread = _misread(run)
+        misread = _misread(run, eng)
         if misread is not None and name == BF16:
-            problems.append(f"{name}: llama.cpp's ({run.spec_type}) {misread}; "
+            problems.append(f"{name}: {engine}'s ({run.spec_type}) {misread}; "
                             f"{c.equal} of {c.compared} drafts equal")
             continue
         agree = f"{c.equal} of {c.compared} drafts the reference's"
         if misread is not None:
             agree += " (a quantized variant: compared, not required equal)"
         elif c.equal < c.compared:
-            agree += f" (each first difference a near tie, our margin < {NEAR_TIE:g})"
+            agree += f" (each first difference a near tie, our margin < {eng.near_tie:g})"
         ours = _tau_on(report, name, {p.id for p in run.prompts})
         line = (f"{name}: {run.spec_type} on {len(run.prompts)} prompt(s), lossless, {agree}; "
                 f"tau {_num(run.tau)} (ours {_num(ours)} on those prompts)")
         for other in (r for r in runs if r is not run and r.proposals is not None):
-            wrong = _misread(other)
-            line += (f"; with {other.spec_type} (which llama.cpp picks for the file) "
+            wrong = _misread(other, eng)
+            line += (f"; with {other.spec_type} (which {engine} picks for the file) "
                      f"{other.proposals.equal} of {other.proposals.compared} drafts equal"
                      + (f": {wrong}" if wrong else ""))
         parts.append(line)
     if problems:
-        raise GateEngineError(_first_of(problems), field="llama.cpp", found=len(problems))
+        raise GateEngineError(_first_of(problems), field=engine, found=len(problems))
     return "; ".join(parts)
 
 
 def _tau_on(report, name: str, ids: set[str]) -> float | None:
     """The reference runtime's tau for ``name`` on the prompts ``ids`` only (llama.cpp runs
-    the prompts whose text it tokenizes back to their ids)."""
+    the prompts whose text it tokenizes back to their ids; dspark-mlx runs every one)."""
     run = next((r for r in report.runs if r.kind == "drafter" and r.artifact == name
                 and r.confidence_threshold == 0.0), None)
     lengths = [a for p in (run.prompts if run else []) if p.id in ids
@@ -644,7 +692,8 @@ def _reads(policy: LoadedPolicy, baseline: str | os.PathLike | None) -> list[tup
     for e in policy.entries:
         reads += [(e.source.path, "a drafter's source"), (e.target.path, "a target model"),
                   (e.lock, "a lock file"), (e.prompts, "a prompt set"),
-                  (e.llama_cpp, "the llama.cpp build"), (e.target_gguf, "a target GGUF")]
+                  (e.llama_cpp, "the llama.cpp build"), (e.target_gguf, "a target GGUF"),
+                  (e.dspark_mlx, "dspark-mlx's interpreter")]
         if e.source.hub or e.target.hub:
             reads.append((hub_cache_dir(None), "the Hugging Face cache"))
     if baseline is not None:

@@ -5,7 +5,7 @@ missing key or a duplicate drafter name is refused with one line naming the draf
 name and index) and the key.
 
 Relative paths (a local source or target, a lock file, a prompt set, the llama.cpp
-build) are relative to the policy file, so a policy means the same from any directory.
+build, dspark-mlx's interpreter) are relative to the policy file, so a policy means the same from any directory.
 A Hub source or target must be pinned to a 40-hex commit: a release gate that follows a
 branch would not gate anything.
 
@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dspark_convert.artifact.engine_names import EngineName
+from dspark_convert.artifact.engine_names import ENGINES
 from dspark_convert.errors import GatePolicyError
 from dspark_convert.evaluation.options import DEVICES, DTYPES, MAX_NEW_TOKENS_LIMIT
 from dspark_convert.source.hub.spec import parse_spec
@@ -52,6 +52,13 @@ RESERVED_NAMES = ("gate.json", "gate.md", "junit.xml")
 # refused before it is parsed, with one line.
 MAX_NESTING = 16
 QuantName = Literal["q8_0", "q5_0", "q4_0"]      # `dspark quantize --type`
+# What ``require`` names: the engines whose rules validate applies (`validate --require`,
+# artifact/engine_names.py), and the engines the gate runs in a stage of their own, each on
+# what it reads (`dspark eval --engine`: llama.cpp the file `dspark export` writes, dspark-mlx
+# the checkpoint `dspark export --engine deepspec` writes). llama.cpp is both: validate leaves
+# it to its stage.
+RUN_ENGINES = ("llama.cpp", "dspark-mlx")
+Requirement = Literal[tuple(dict.fromkeys((*ENGINES, *RUN_ENGINES)))]
 DEFAULT_MAX_NEW_TOKENS = 32
 
 
@@ -74,6 +81,9 @@ class Defaults(_Strict):
     llama_cpp: str | None = Field(None, min_length=1, description=(
         "a llama.cpp BIN_DIR: eval runs the llama.cpp engine beside the reference runtime "
         "for each drafter that requires llama.cpp"))
+    dspark_mlx: str | None = Field(None, min_length=1, description=(
+        "dspark-mlx's Python interpreter (`dspark eval --engine dspark-mlx=PYTHON`) for each "
+        "drafter that requires dspark-mlx; default: the one `make dspark-mlx` installs"))
 
 
 class Drafter(_Strict):
@@ -93,8 +103,14 @@ class Drafter(_Strict):
     changed_because: str | None = Field(None, min_length=1, description=(
         "why drafter.gguf's bytes differ from `sha256` in this release: the "
         "reproducibility stage then passes, saying so"))
-    require: list[EngineName] = Field(default_factory=list, description="engines that must "
-                                      "accept the artifact and each variant (`validate --require`)")
+    require: list[Requirement] = Field(default_factory=list, description=(
+        "engines that must accept the artifact and each variant (`validate --require`: "
+        "strata.open, strata.run), and engines that must run it losslessly, drafting as the "
+        "reference runtime does (a stage each: llama.cpp, dspark-mlx)"))
+    sample_from_anchor: bool | None = Field(None, description=(
+        "a speculators-format source whose config.json has no sample_from_anchor: its block "
+        "layout as trained (`dspark convert --sample-from-anchor`); refused by convert for "
+        "any other source"))
     quantize: list[QuantName] = Field(default_factory=list,
                                       description="variants to build and validate")
     # At least 1: every draft commits at least one token, so tau >= 1 and a floor below it
@@ -188,6 +204,8 @@ class Entry:
     strict: bool
     llama_cpp: Path | None
     target_gguf: Path | None
+    sample_from_anchor: bool | None = None
+    dspark_mlx: Path | None = None        # None: the interpreter `make dspark-mlx` installs
 
 
 @dataclass(frozen=True)
@@ -431,7 +449,9 @@ def load_policy(path: str | os.PathLike) -> LoadedPolicy:
             max_new_tokens=e.max_new_tokens if e.max_new_tokens is not None else d.max_new_tokens,
             device=d.device, dtype=d.dtype, strict=d.strict,
             llama_cpp=_relative(base, d.llama_cpp) if d.llama_cpp is not None else None,
-            target_gguf=_relative(base, e.target_gguf) if e.target_gguf is not None else None))
+            target_gguf=_relative(base, e.target_gguf) if e.target_gguf is not None else None,
+            sample_from_anchor=e.sample_from_anchor,
+            dspark_mlx=_relative(base, d.dspark_mlx) if d.dspark_mlx is not None else None))
     return LoadedPolicy(path=path, text=text, sha256=hashlib.sha256(data).hexdigest(),
                         model=policy, entries=tuple(entries))
 

@@ -8,8 +8,8 @@ A stage ends in one of five states:
   the policy yet, a drafter the baseline does not have), which does not fail the gate;
 - ``failed``: its refusal's class, exit code and one line, the JUnit failure's message;
 - ``skipped``: a stage it needs did not pass;
-- ``not_run``: nothing to do (no variants to build, no llama.cpp build given, no
-  baseline and no floor) or the run was interrupted before it; never a failure.
+- ``not_run``: nothing to do (no variants to build, an engine not required or no llama.cpp
+  build given, no baseline and no floor) or the run was interrupted before it; never a failure.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ StageStatus = Literal["passed", "recorded", "failed", "skipped", "not_run"]
 # The stages in the order they run (quantize: "quantize.TYPE" per variant, or "quantize"
 # alone when there is none).
 STAGES = ("pin", "convert", "reproducibility", "validate", "quantize", "smoke", "eval",
-          "llama.cpp", "regression")
+          "llama.cpp", "dspark-mlx", "regression")
 OK_STATUSES = ("passed", "recorded")
 
 
@@ -62,7 +62,7 @@ Rate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
 class EngineRunRecord(_Model):
-    """One run of another engine (llama.cpp) in the llama.cpp stage: what it ran, and the
+    """One run of another engine in its stage (llama.cpp, dspark-mlx): what it ran, and the
     engine's own system-info line (None: its log had none)."""
     kind: Literal["target", "drafter"]
     artifact: str | None = Field(description="the artifact (bf16, a variant); None: the target alone")
@@ -73,7 +73,7 @@ class EngineRunRecord(_Model):
 
 class StageReport(_Model):
     name: str = Field(description="pin, convert, reproducibility, validate, quantize.TYPE, "
-                      "smoke, eval, llama.cpp, regression")
+                      "smoke, eval, llama.cpp, dspark-mlx, regression")
     status: StageStatus
     detail: str = Field(description="one line: what was found, or the refusal")
     error: str | None = Field(None, description="a failure's error class")
@@ -83,8 +83,8 @@ class StageReport(_Model):
     files: list[str] = Field(default_factory=list, description="what it wrote, relative "
                              "to the output directory")
     engine_runs: list[EngineRunRecord] = Field(default_factory=list, description=(
-        "the llama.cpp stage: each run of the engine, with the system-info line it printed "
-        "(its backends and CPU features: which code path ran)"))
+        "an engine's stage (llama.cpp, dspark-mlx): each run of the engine, with the "
+        "system-info line it printed (its backends and CPU features: which code path ran)"))
 
     @property
     def ok(self) -> bool:
