@@ -9,6 +9,7 @@ pin of a real set and expect the requirement and the pin named, so each check ca
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sysconfig
 from pathlib import Path
@@ -142,3 +143,21 @@ def test_the_speculators_pins_are_closed_but_for_the_declared_omissions():
                                         list(pins), omitted=tool.OMITTED)
     assert any(p.startswith("datasets==5.1.0 requires 'fsspec[http]") and
                p.endswith("the pin is fsspec==2026.9.0") for p in problems), problems
+
+
+def test_the_lock_takes_each_files_sha256_from_the_index_or_from_the_local_file(tmp_path):
+    """tools/lock.py on items of pip's report: an index's hash as given, a find-links file
+    hashed, a remote file without a hash refused (it would be trust in a download)."""
+    wheel = tmp_path / "w-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"a wheel")
+    item = {"metadata": {"name": "w", "version": "1.0"}}
+    assert lock._file_sha256({**item, "download_info": {
+        "url": "https://x/w.whl", "archive_info": {"hashes": {"sha256": "ab" * 32}}}}) == "ab" * 32
+    assert lock._file_sha256({**item, "download_info": {
+        "url": wheel.as_uri(), "archive_info": {}}}) == hashlib.sha256(b"a wheel").hexdigest()
+    with pytest.raises(lock.LockError, match="w from https://x/w.whl has no SHA-256"):
+        lock._file_sha256({**item, "download_info": {"url": "https://x/w.whl",
+                                                      "archive_info": {}}})
+    with pytest.raises(lock.LockError, match="w is not an archive"):
+        lock._file_sha256({**item, "download_info": {"url": "git+https://x/w",
+                                                      "vcs_info": {}}})
