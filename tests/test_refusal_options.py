@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import typer
 
 from support.cli import run_cli
+from support.edited import edited_copy
 from support.paths import GOLDEN, GOLDEN_TARGET, REFERENCE_DRAFTER
 from dspark_convert import errors
 from dspark_convert.cli.main import app
@@ -63,13 +63,7 @@ def test_the_scan_finds_an_option_the_command_lacks():
 
 
 def _copy(tmp_path: Path, base: Path, edit=None) -> Path:
-    dest = tmp_path / "src"
-    shutil.copytree(base, dest)
-    if edit is not None:
-        config = json.loads((dest / "config.json").read_text())
-        edit(config)
-        (dest / "config.json").write_text(json.dumps(config, indent=2))
-    return dest
+    return edited_copy(base, tmp_path / "src", edit)
 
 
 def _no_layout_nested_false(c):

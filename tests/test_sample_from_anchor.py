@@ -13,12 +13,12 @@ has, and validate holds the manifest's source.config to the same rule.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from support.cli import assert_refused, run_cli
+from support.edited import convert_then_export, edited_copy
 from support.paths import GOLDEN, GOLDEN_TARGET, REFERENCE_DRAFTER
 from dspark_convert.errors import (AnchorLayoutError, ConfigError, ExportArtifactError,
                                    ManifestMismatchError)
@@ -36,12 +36,7 @@ NOT_TRUE = [(False, AnchorLayoutError), (0, ConfigError), (1, ConfigError),
 
 
 def _source(tmp_path: Path, base: Path, edit) -> Path:
-    dest = tmp_path / "src"
-    shutil.copytree(base, dest)
-    config = json.loads((dest / "config.json").read_text())
-    edit(config)
-    (dest / "config.json").write_text(json.dumps(config, indent=2))
-    return dest
+    return edited_copy(base, tmp_path / "src", edit)
 
 
 def _refused_with_nothing_written(tmp_path: Path, src: Path, target: Path, error, field: str):
@@ -92,17 +87,12 @@ def test_speculators_layer_config_holds_true_or_nothing(tmp_path, value, error):
 
 
 def _convert_and_export(tmp_path: Path, src: Path, target: Path) -> dict:
-    art, exported = tmp_path / "art", tmp_path / "exported"
-    proc = run_cli("convert", str(src), "--target", str(target), "-o", str(art), "-q")
-    assert proc.returncode == 0, proc.stderr
-    proc = run_cli("export", str(art), "--engine", "deepspec", "--target", str(target),
-                   "-o", str(exported), "-q")
-    assert proc.returncode == 0, proc.stderr
+    _manifest, config = convert_then_export(tmp_path, src, target)
     # What vLLM and SGLang read back: the export converts again as the same drafter.
-    again = run_cli("convert", str(exported), "--target", str(target), "-o",
+    again = run_cli("convert", str(tmp_path / "exported"), "--target", str(target), "-o",
                     str(tmp_path / "again"), "-q")
     assert again.returncode == 0, again.stderr
-    return json.loads((exported / "config.json").read_text())
+    return config
 
 
 @pytest.mark.parametrize("base,target,edit", [

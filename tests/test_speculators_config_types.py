@@ -14,7 +14,6 @@ directory). The property test feeds arbitrary JSON to every field, top level and
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from support.cli import assert_refused, run_cli
+from support.edited import convert_then_export, edited_copy
 from support.fuzz import fuzz_settings, json_values
 from support.paths import GOLDEN, GOLDEN_TARGET
 from dspark_convert import errors
@@ -69,10 +69,7 @@ def _edit(config: dict, dotted: str, value) -> dict:
 
 
 def _source(tmp_path: Path, config: dict, base: Path = SPEC) -> Path:
-    dest = tmp_path / "src"
-    shutil.copytree(base, dest)
-    (dest / "config.json").write_text(json.dumps(config, indent=2))
-    return dest
+    return edited_copy(base, tmp_path / "src", lambda c: (c.clear(), c.update(config)))
 
 
 @pytest.mark.parametrize("dotted,value", WRONG_TYPES,
@@ -110,18 +107,9 @@ def test_a_nested_model_type_is_refused_at_convert(tmp_path):
     assert not out.exists()
 
 
-def _artifact_and_export(tmp_path: Path, config: dict, base: Path = SPEC) -> tuple[dict, dict]:
-    tmp_path.mkdir()
-    src = _source(tmp_path, config, base)
-    art, exported = tmp_path / "art", tmp_path / "exported"
-    proc = run_cli("convert", str(src), "--target", str(GOLDEN_TARGET), "-o", str(art), "-q")
-    assert proc.returncode == 0, proc.stderr
-    proc = run_cli("export", str(art), "--engine", "deepspec", "--target", str(GOLDEN_TARGET),
-                   "-o", str(exported), "-q")
-    assert proc.returncode == 0, proc.stderr
-    assert not [p for p in tmp_path.iterdir() if "tmp" in p.name]
-    return (json.loads((art / "manifest.json").read_text()),
-            json.loads((exported / "config.json").read_text()))
+def _artifact_and_export(work: Path, config: dict, base: Path = SPEC) -> tuple[dict, dict]:
+    work.mkdir()
+    return convert_then_export(work, _source(work, config, base), GOLDEN_TARGET)
 
 
 @pytest.mark.parametrize("name", ["vanilla_conf_markov", "dflash_shared"])
