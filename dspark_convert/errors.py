@@ -708,7 +708,9 @@ class EngineBinaryError(EngineError):
 
 
 class EngineRunError(EngineError):
-    """An engine binary failed: a non-zero exit, a signal or a timeout. Named in one line:
+    """An engine binary failed: a non-zero exit, a signal, a timeout, or an exit that left a
+    process it started holding its output (stopped, with every process it started, 2 s
+    after). Named in one line:
     the binary and which run (artifact, --spec-type, prompt), the signal by name, the
     command line, the engine's last log lines and, where its log shows one, the likely
     cause (weights repacked for AMX: --no-repack avoids it)."""
@@ -736,7 +738,9 @@ class MlxInstallError(EngineError):
 
 class MlxRunError(EngineError):
     """A dspark-mlx run failed: a non-zero exit (its traceback's last line names the
-    exception), a signal or a timeout; named in one line with the run (the target alone,
+    exception), a signal, a timeout, or an exit that left a process it started holding its
+    records or its output (stopped, with every process it started, 2 s after); named in one
+    line with the run (the target alone,
     an artifact), the command line and the engine's last lines of output."""
     exit_code = 115
 

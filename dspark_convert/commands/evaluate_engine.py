@@ -23,7 +23,9 @@ On the eval's prompts and settings, at temperature 0 with the confidence cut off
 
 What llama.cpp cannot run is listed in ``not_run`` with ``engine: "llama.cpp"`` and the
 reason: another temperature or a confidence threshold (the check is greedy, the cutoff
-off), an artifact ``dspark export`` refuses for itself (its message). A --target-gguf that
+off), an artifact ``dspark export`` refuses for itself (its message), among them one of a
+family its export does not take (Gemma4; the families' table, ``refuse_family``), listed
+before anything runs: with none left, llama.cpp runs nothing, not even the target alone. A --target-gguf that
 is not the artifacts' target is refused (104) before anything runs, by export's own check
 (``check_target_gguf``): it is no artifact's fault, and llama.cpp's runs of another model
 would be reported as the drafter's.
