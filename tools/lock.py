@@ -62,9 +62,16 @@ def requirements() -> list[str]:
             *project["build-system"]["requires"]]
 
 
+def constraints() -> list[str]:
+    """constraints.txt's lines less comments and blank lines."""
+    lines = (line.split("#", 1)[0].strip() for line in CONSTRAINTS.read_text().splitlines())
+    return [line for line in lines if line]
+
+
 def inputs_sha256() -> str:
-    """The SHA-256 of what the lock is made from: the requirement lists and constraints.txt."""
-    data = json.dumps({"requirements": requirements(), "constraints": CONSTRAINTS.read_text()},
+    """The SHA-256 of what the lock is made from: the requirement lists and constraints.txt's
+    constraints (not their comments)."""
+    data = json.dumps({"requirements": requirements(), "constraints": constraints()},
                       sort_keys=True)
     return hashlib.sha256(data.encode()).hexdigest()
 
