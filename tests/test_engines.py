@@ -375,8 +375,9 @@ def test_llama_cpp_reads_what_its_converter_writes(plain):
     steps.append(now().reason)
     kv["dflash.attention.causal"], types["dflash.attention.causal"] = False, "BOOL"
     steps.append(now().reason)
-    # a file of llama.cpp's own convention: no dspark.format_version, taps stored id + 1
-    del kv["dspark.format_version"]
+    # a file of llama.cpp's own convention: no dspark.format_version, no rope base under
+    # Strata's name (engines.STRATA_CONVENTION_KEYS), taps stored id + 1
+    del kv["dspark.format_version"], kv["dflash.rope.frequency_base"]
     kv["dflash.target_layers"] = [1, 3, 5]
     steps.append(now().reason)
     kv.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["t"] * 256})
@@ -411,7 +412,7 @@ def llama_ready(config: dict):
     types.update({"dflash.context_length": "UINT32", "dflash.rope.freq_base": "FLOAT32",
                   "dflash.attention.causal": "BOOL", "tokenizer.ggml.model": "STRING",
                   "tokenizer.ggml.tokens": "ARRAY[STRING]", "tokenizer.ggml.mask_token_id": "UINT32"})
-    del kv["dspark.format_version"]
+    del kv["dspark.format_version"], kv["dflash.rope.frequency_base"]
     kv["dflash.target_layers"] = [t + 1 for t in kv["dflash.target_layers"]]
     return kv, types, tensors
 

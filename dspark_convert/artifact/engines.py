@@ -715,6 +715,10 @@ LLAMA_DEFAULT_ROPE_BASE = L.DEFAULT_ROPE_BASE
 LLAMA_KEYS = L.LOADER_KEYS
 _PER_LAYER_OK = set(L.PER_LAYER_KEYS)
 LLAMA_TAP_KEY = L.TAP_KEY
+# Keys that mark a file of Strata's conventions (DeepSpec tap ids): ours, and the rope base
+# under Strata's name, which Strata's tools/dflash_gguf.py and our format write and
+# llama.cpp's converter (and `dspark export`) never do (it writes dflash.rope.freq_base).
+STRATA_CONVENTION_KEYS = ("dspark.format_version", "dflash.rope.frequency_base")
 # LLAMA_MAX_LAYERS (src/llama-hparams.h): the per-layer arrays' size; get_key_or_arr
 # refuses a layer count above it before it reads a per-layer key.
 LLAMA_MAX_LAYERS = 512
@@ -726,6 +730,18 @@ LLAMA_EXPORT_HINT = ("; this is the Strata-layout artifact: `dspark export ARTIF
                      "file llama.cpp 0c1e570 loads")
 # The families `dspark export` writes a llama.cpp file for (artifact/llama_cpp.py), by hint.
 LLAMA_EXPORT_HINTS = {QWEN3: LLAMA_EXPORT_HINT}
+
+
+def _llama_alignment_type(view: _View) -> str | None:
+    """gguf_init_from_file_impl (ggml/src/gguf.cpp): a general.alignment of another type than
+    u32 fails the file before any model code reads it (gguf-py's GGUFReader refuses it too:
+    "Bad type for general.alignment field"). Strata's tools/dflash_quantize.py writes it
+    INT64."""
+    got = view.type_of("general.alignment")
+    if got is None or got == "UINT32":
+        return None
+    return (f"gguf_init_from_file_impl: key 'general.alignment' must be of type u32 but is "
+            f"{GGUF_TYPE_NAMES.get(got.split('[')[0], got)}")
 
 
 def _key_rule(key: str, want: str, required: bool) -> Rule:
@@ -782,9 +798,10 @@ def _llama_taps(view: _View) -> str | None:
 
 def _llama_tap_convention(view: _View) -> str | None:
     """llama.cpp stores DeepSpec id + 1 (it taps the input of that layer, i.e. the output of
-    layer id); our format, like Strata, stores the id. A file of our format
-    (dspark.format_version present) read by llama.cpp taps one layer too early."""
-    if "dspark.format_version" not in view.kv:
+    layer id); our format, like Strata, stores the id. A file of Strata's convention (ours,
+    dspark.format_version present, or Strata's own, STRATA_CONVENTION_KEYS) read by
+    llama.cpp taps one layer too early."""
+    if not any(key in view.kv for key in STRATA_CONVENTION_KEYS):
         return None
     taps = view.found["llama_taps"]
     wanted = [t + 1 for t in taps]
@@ -983,6 +1000,7 @@ def _g4_llama_rope(view: _View) -> str | None:
 
 
 LLAMA_RULES: tuple[Rule, ...] = (
+    Rule("gguf.alignment_type", "load_error", _llama_alignment_type, final=True),
     FAMILY_RULE,
     Rule("architecture", "load_error", _llama_arch),
     *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[:3]),
@@ -1122,7 +1140,8 @@ def check_name(engine: str) -> str:
     return f"engine.{engine}"
 
 
-def _decisive(report: EngineReport) -> tuple[str, Refusal | None]:
+def _decisive(report: EngineReport, made_for: Mapping[str, str] = MADE_FOR
+              ) -> tuple[str, Refusal | None]:
     """The check status of a report, and the refusal that decides it:
 
     - ``failed``: the engine the artifact's family is made for (MADE_FOR: Strata's loader
@@ -1135,7 +1154,7 @@ def _decisive(report: EngineReport) -> tuple[str, Refusal | None]:
     - ``passed``: the engine accepts it."""
     if report.accepts:
         return "passed", None
-    if report.engine == MADE_FOR.get(report.family):
+    if report.engine == made_for.get(report.family):
         broken = next((r for r in report.refusals if r.kind == "load_error"), None)
         if broken is not None:
             return "failed", broken
@@ -1145,26 +1164,31 @@ def _decisive(report: EngineReport) -> tuple[str, Refusal | None]:
     return "info", report.refusals[0]
 
 
-def _detail(report: EngineReport, decisive: Refusal | None) -> str:
+def _detail(report: EngineReport, decisive: Refusal | None, name_rule: bool = False) -> str:
     title = ENGINE_TITLES[report.engine]
     if decisive is None:
         return f"{title} accepts it"
     others = [r.rule for r in report.refusals if r is not decisive]
     more = f" ({len(others)} more: {', '.join(others)})" if others else ""
-    return f"{title} refuses it ({decisive.kind}): {decisive.message}{more}"
+    rule = f", {decisive.rule}" if name_rule else ""
+    return f"{title} refuses it ({decisive.kind}{rule}): {decisive.message}{more}"
 
 
 def engine_verdicts(reports: Mapping[str, EngineReport], *, require: Sequence[str] = (),
-                    label: str = "drafter.gguf") -> list[tuple[Check, DSparkError | None]]:
+                    label: str = "drafter.gguf", made_for: Mapping[str, str] = MADE_FOR,
+                    name_rules: bool = False) -> list[tuple[Check, DSparkError | None]]:
     """One check per engine, ``engine.<name>``, in ENGINES order, each with the refusal of a
     failed one. ``require`` names engines whose refusal fails the check with
     EngineRequirementError (``validate --require``); a check already failed keeps its own
-    error."""
+    error. ``made_for``: family -> the engine whose load_error fails the check (MADE_FOR;
+    none for a bare file that is not of our format: it is said what each engine makes of
+    it, not judged broken). ``name_rules``: the detail names the deciding rule's id (the
+    bare file's checks; an artifact's keep the form manifest.json records)."""
     out: list[tuple[Check, DSparkError | None]] = []
     for engine in ENGINES:
         report = reports[engine]
-        status, decisive = _decisive(report)
-        name, detail = check_name(engine), _detail(report, decisive)
+        status, decisive = _decisive(report, made_for)
+        name, detail = check_name(engine), _detail(report, decisive, name_rules)
         error: DSparkError | None = None
         if status == "failed":
             error = StrataRuleError(f"{label}: {detail}", path=label, field=engine)

@@ -285,13 +285,15 @@ def check_storable(contract: FeatureContract, *, path: str) -> None:
 
 # --- reading metadata back ----------------------------------------------------------------
 
-def read_metadata(gguf, *, path: str) -> dict[str, object]:
+def read_metadata(gguf, *, path: str, entries: dict | None = None) -> dict[str, object]:
     """The metadata of a parsed drafter.gguf (gguf_reader.GGUFFile) as {key: value}, every
     key known to the format and of its exact GGUF type (MetadataError otherwise). The one
     reader of an artifact's metadata: validate, inspect and the runtime go through it, so
     no rule ever sees a value of the wrong type (a scalar where an array belongs, a string
-    for a count)."""
-    for key, value in gguf.kv.items():
+    for a count). ``entries``: the file's entries as read otherwise (``as_format_types``,
+    for a bare file another tool re-typed), in place of ``gguf.kv``."""
+    entries = gguf.kv if entries is None else entries
+    for key, value in entries.items():
         spec = KEYS_BY_NAME.get(key)
         if spec is None:
             raise MetadataError(f"{path}: metadata key '{key}' is not part of the format",
@@ -301,7 +303,51 @@ def read_metadata(gguf, *, path: str) -> dict[str, object]:
             got = value.type.name + (f"[{value.sub_type.name}]" if value.sub_type else "")
             raise MetadataError(f"{path}: metadata key '{key}': expected type {want}, found {got}",
                                 path=path, field=key, expected=want, found=got)
-    return {key: value.value for key, value in gguf.kv.items()}
+    return {key: value.value for key, value in entries.items()}
+
+
+def _holds_exactly(value: object, vtype: GGUFValueType) -> bool:
+    """Whether ``vtype`` holds ``value`` (an int or float read from another numeric type)
+    exactly: an integer in its range, a float that is that FLOAT32 or FLOAT64."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if vtype in _INT_RANGES:
+        low, high = _INT_RANGES[vtype]
+        return isinstance(value, int) and low <= value <= high
+    if vtype == T.FLOAT32:
+        return isinstance(value, float) and (as_float32(value) == value or math.isnan(value))
+    return vtype == T.FLOAT64 and isinstance(value, float)
+
+
+def as_format_types(kv: dict) -> tuple[dict, tuple[str, ...]]:
+    """A file's metadata (gguf_reader GGUFValues) with every key of the format that another
+    tool stored under another numeric GGUF type, holding a value the format's type holds
+    exactly, read as the format's type; and what was re-typed ("key: INT64 as UINT32").
+
+    Strata's loader reads any numeric type (its meta_i64 / meta_f64), and Strata's
+    tools/dflash_quantize.py rewrites every key it copies by the Python type of its value
+    (an int as INT64, a float as FLOAT64, a list of ints as an INT32 array; docs/ENGINES.md,
+    "Files other tools wrote"): a file of our format it quantized holds our values under
+    those types. A key left as stored (a string for a count, a value out of range) is
+    refused by ``read_metadata`` as before."""
+    from dspark_convert.formats.gguf_reader import GGUFValue
+
+    out, retyped = dict(kv), []
+    for key, entry in kv.items():
+        spec = KEYS_BY_NAME.get(key)
+        if spec is None or (entry.type, entry.sub_type) == (spec.type, spec.sub_type):
+            continue
+        if spec.type == T.ARRAY:
+            if entry.type != T.ARRAY or not isinstance(entry.value, list) or not all(
+                    _holds_exactly(v, spec.sub_type) for v in entry.value):
+                continue
+            out[key] = GGUFValue(T.ARRAY, list(entry.value), spec.sub_type)
+            stored = f"ARRAY[{entry.sub_type.name}]" if entry.sub_type else "ARRAY"
+            retyped.append(f"{key}: {stored} as ARRAY[{spec.sub_type.name}]")
+        elif entry.type != T.ARRAY and _holds_exactly(entry.value, spec.type):
+            out[key] = GGUFValue(spec.type, entry.value)
+            retyped.append(f"{key}: {entry.type.name} as {spec.type.name}")
+    return out, tuple(retyped)
 
 
 def _get(kv: dict, key: str, path: str):

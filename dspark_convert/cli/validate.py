@@ -35,7 +35,9 @@ def _engines(values: Optional[list[str]]) -> list[str]:
 
 @app.command()
 def validate(
-    artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert`.")],
+    artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert`, or a "
+                                             "GGUF drafter file alone (checked as far as the file "
+                                             "allows; what needs manifest.json is skipped).")],
     strict: Annotated[bool, typer.Option("--strict", help="Treat warnings as failures (exit 45).")] = False,
     target: TargetOpt = None,
     require: Annotated[Optional[list[str]], typer.Option(
@@ -45,14 +47,15 @@ def validate(
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Re-check an artifact from scratch; exit 0 only when every check passed."""
+    """Re-check an artifact (or a GGUF drafter file alone) from scratch; exit 0 only when
+    every check passed."""
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
-        from dspark_convert.commands.validate import validate_artifact
+        from dspark_convert.commands.validate_bare import validate_path
 
-        report = validate_artifact(artifact, progress=RichProgress(enabled=not as_json),
-                                   target=target, require=require or [])
+        report = validate_path(artifact, progress=RichProgress(enabled=not as_json),
+                               target=target, require=require or [])
         code = report.exit_code(strict=strict)
         if as_json:
             print(dumps({**report.model_dump(), "strict": strict, "exit_code": code}, indent=2))

@@ -158,7 +158,7 @@ class ValidationReport(BaseModel):
         return 0
 
 
-class _Checks:
+class Checks:
     """The checks of one run, in order; a failure keeps its refusal for the report."""
 
     def __init__(self) -> None:
@@ -259,7 +259,7 @@ def _check_provenance_values(prov: Provenance, label: str) -> None:
                             found=prov.converter)
 
 
-def _check_layout(gguf: GGUFFile, label: str) -> None:
+def check_layout(gguf: GGUFFile, label: str) -> None:
     """The canonical layout gguf-py writes: tensors in table order, each at the next
     aligned offset, nothing in between."""
     if gguf.alignment != ALIGNMENT:
@@ -639,7 +639,90 @@ def _check_target_geometry(manifest: Manifest) -> None:
                         "a tied head is the embedding:")
 
 
-def _check_format_version(checks: _Checks, manifest: Manifest, kv: dict, label: str) -> None:
+def check_metadata(checks: Checks, gguf: GGUFFile, label: str,
+                   entries: dict | None = None) -> tuple[dict | None, FeatureContract | None]:
+    """``gguf.metadata``: every key of its type, the contract rebuilt from the metadata with
+    the conversion rules, every value what the contract and provenance imply; (values,
+    contract), the contract None on a failure. ``entries``: read_metadata's."""
+    kv = None
+    try:
+        kv = read_metadata(gguf, path=label, entries=entries)
+        contract = contract_from_metadata(kv, path=label)
+        prov = provenance_from_metadata(kv, path=label)
+        _check_provenance_values(prov, label)
+        _compare_metadata(kv, expected_metadata(contract, prov), label)
+        checks.passed("gguf.metadata", f"{len(kv)} keys of the right types; the contract rebuilt "
+                      "from them follows the format's rules")
+        return kv, contract
+    except DSparkError as exc:
+        checks.failed("gguf.metadata", exc)
+        return kv, None
+
+
+def check_tensors(checks: Checks, gguf: GGUFFile, kv: dict | None,
+                  contract: FeatureContract | None, label: str) -> bool:
+    """``gguf.inventory`` against the rebuilt contract, and a quantized file's
+    ``gguf.quantization``: whether the tensors are the contract's (the long read is not
+    moot)."""
+    qtype = kv.get(QUANTIZATION_KEY) if kv is not None and contract is not None else None
+    structural = contract is not None
+    if contract is not None:
+        try:
+            # A quantized artifact's tensors may hold any of the four types here; which one
+            # each must hold is gguf.quantization's rule (its own error class, 48).
+            check_gguf_inventory(gguf, contract, label, type_ok=any_quantized_type(qtype))
+            checks.passed("gguf.inventory", f"{len(gguf.tensors)} tensors match the contract: "
+                          "names, order, " + ("BF16, " if qtype is None else "") + "shapes")
+        except DSparkError as exc:
+            checks.failed("gguf.inventory", exc)
+            structural = False
+    else:
+        checks.skipped("gguf.inventory", "no valid contract in the metadata")
+    if qtype is not None:
+        if not structural:
+            checks.skipped("gguf.quantization", "needs the tensors to match the contract")
+        else:
+            try:
+                checks.passed("gguf.quantization", check_quantized_types(gguf.tensors, contract, qtype,
+                                                                         label))
+            except DSparkError as exc:
+                checks.failed("gguf.quantization", exc)
+                structural = False
+    return structural
+
+
+def check_values(checks: Checks, gguf: GGUFFile, label: str, progress: Progress) -> _Scan | None:
+    """``gguf.values``: one read of the file, every BF16 value and quantized block scale
+    finite; the scan (hashes included), None when the file could not be read."""
+    try:
+        progress.start(f"validate {label}", gguf.file_size)
+        try:
+            scan = scan_gguf(gguf, label, progress.advance)
+        finally:
+            progress.finish()
+        checks.gguf_sha256 = scan.file_sha256
+        # The types scanned: BF16 and the block types (an artifact holds no other; a bare
+        # file of another tool's layout may, e.g. llama.cpp's F32 norms, not read here).
+        read = sum(t.ggml_type.name == "BF16" or t.ggml_type.name in quants.QUANT_TYPES
+                   for t in gguf.tensors)
+        if scan.non_finite is not None:
+            checks.failed("gguf.values", scan.non_finite)
+        else:
+            scales = (f"; every block scale of the {scan.quantized} quantized ones finite"
+                      if scan.quantized else "")
+            rest = (f" ({len(gguf.tensors) - read} tensors of other types not read)"
+                    if read < len(gguf.tensors) else "")
+            checks.passed("gguf.values", f"every value of {read} tensors is "
+                          f"finite{scales}{rest}")
+        return scan
+    except DSparkError as exc:
+        checks.failed("gguf.values", exc)
+    except OSError as exc:
+        checks.failed("gguf.values", GGUFFormatError(f"{label}: cannot read: {exc}", path=label))
+    return None
+
+
+def _check_format_version(checks: Checks, manifest: Manifest, kv: dict, label: str) -> None:
     """manifest.json's format_version against drafter.gguf's dspark.format_version (the
     metadata check passed, so the file's version is its family's). The one legacy case is
     a warning (docs/ARTIFACT_FORMAT.md, "Format versions"): a manifest of the version
@@ -689,7 +772,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     if unknown:
         raise ValueError(f"require: unknown engine {unknown[0]!r}; expected one of {ENGINES}")
     root = Path(path)
-    checks = _Checks()
+    checks = Checks()
     checks.required = [name for name in ENGINES if name in require]
     try:
         check_path(root, what="the artifact", error=InvalidArtifactError)
@@ -732,7 +815,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     try:
         gguf = read_gguf(gguf_path)
         checks.gguf = gguf
-        _check_layout(gguf, label)
+        check_layout(gguf, label)
         checks.passed("gguf.structure", f"GGUF v{gguf.version}, {len(gguf.kv)} keys, "
                       f"{len(gguf.tensors)} tensors, offsets aligned, in range, non-overlapping")
     except DSparkError as exc:
@@ -745,49 +828,14 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     checks.engines = reports_for_gguf(gguf, path=label)
 
     # 4. metadata: types, the rebuilt contract, the contract rules, values
-    kv: dict | None = None
-    contract = None
-    try:
-        kv = read_metadata(gguf, path=label)
-        contract = contract_from_metadata(kv, path=label)
-        prov = provenance_from_metadata(kv, path=label)
-        _check_provenance_values(prov, label)
-        _compare_metadata(kv, expected_metadata(contract, prov), label)
-        checks.passed("gguf.metadata", f"{len(kv)} keys of the right types; the contract rebuilt "
-                      "from them follows the format's rules")
-    except DSparkError as exc:
-        checks.failed("gguf.metadata", exc)
-        contract = None
+    kv, contract = check_metadata(checks, gguf, label)
 
     # 4b. one format version: the manifest's is the one drafter.gguf holds
     if manifest is not None and contract is not None:
         _check_format_version(checks, manifest, kv, label)
 
     # 5. the tensor inventory against the rebuilt contract; a quantized artifact's types
-    qtype = kv.get(QUANTIZATION_KEY) if kv is not None and contract is not None else None
-    structural = contract is not None
-    if contract is not None:
-        try:
-            # A quantized artifact's tensors may hold any of the four types here; which one
-            # each must hold is gguf.quantization's rule (its own error class, 48).
-            check_gguf_inventory(gguf, contract, label, type_ok=any_quantized_type(qtype))
-            checks.passed("gguf.inventory", f"{len(gguf.tensors)} tensors match the contract: "
-                          "names, order, " + ("BF16, " if qtype is None else "") + "shapes")
-        except DSparkError as exc:
-            checks.failed("gguf.inventory", exc)
-            structural = False
-    else:
-        checks.skipped("gguf.inventory", "no valid contract in the metadata")
-    if qtype is not None:
-        if not structural:
-            checks.skipped("gguf.quantization", "needs the tensors to match the contract")
-        else:
-            try:
-                checks.passed("gguf.quantization", check_quantized_types(gguf.tensors, contract, qtype,
-                                                                         label))
-            except DSparkError as exc:
-                checks.failed("gguf.quantization", exc)
-                structural = False
+    structural = check_tensors(checks, gguf, kv, contract, label)
 
     # 6. the manifest's size and tensor list, before the long read
     layout_ok = manifest is not None
@@ -799,28 +847,9 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
             layout_ok = structural = False
 
     # 7. values and hashes, in one read of the file
-    scan = None
+    scan = check_values(checks, gguf, label, progress) if structural else None
     if not structural:
         checks.skipped("gguf.values", "an earlier failure makes reading the tensor data moot")
-    else:
-        try:
-            progress.start(f"validate {GGUF_FILE}", gguf.file_size)
-            try:
-                scan = scan_gguf(gguf, label, progress.advance)
-            finally:
-                progress.finish()
-            checks.gguf_sha256 = scan.file_sha256
-            if scan.non_finite is not None:
-                checks.failed("gguf.values", scan.non_finite)
-            else:
-                scales = (f"; every block scale of the {scan.quantized} quantized ones finite"
-                          if scan.quantized else "")
-                checks.passed("gguf.values", f"every value of {len(gguf.tensors)} tensors is "
-                              f"finite{scales}")
-        except DSparkError as exc:
-            checks.failed("gguf.values", exc)
-        except OSError as exc:
-            checks.failed("gguf.values", GGUFFormatError(f"{label}: cannot read: {exc}", path=label))
 
     # 8. integrity and agreement with the manifest
     if layout_ok and scan is not None:
@@ -844,7 +873,7 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
 
     # 10. the target, when one is given
     if target is not None:
-        _check_target(checks, target, contract, kv, manifest, label, progress)
+        check_target(checks, target, contract, kv, manifest, label, progress)
     return checks.report(root)
 
 
@@ -863,7 +892,7 @@ def validated_input(path: Path, *, what: str, error: type[DSparkError], expected
     return report
 
 
-def _check_target(checks: _Checks, target, contract: FeatureContract | None, kv: dict | None,
+def check_target(checks: Checks, target, contract: FeatureContract | None, kv: dict | None,
                   manifest: Manifest | None, label: str, progress: Progress) -> None:
     from dspark_convert.target.pairing import pair_artifact, target_record
     from dspark_convert.target.model import Target, hash_target_tensors, open_target

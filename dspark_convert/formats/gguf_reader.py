@@ -68,7 +68,8 @@ from dspark_convert.errors import GGUFFormatError
 
 __all__ = [
     "GGUFValue", "GGUFArray", "GGUFTensorInfo", "GGUFFile", "read_gguf", "parse_gguf_bytes",
-    "tensor_data", "SUPPORTED_VERSION", "DEFAULT_ALIGNMENT", "MAX_TENSORS", "MAX_KV_PAIRS",
+    "tensor_data", "SUPPORTED_VERSION", "DEFAULT_ALIGNMENT", "STRICT_ALIGNMENT_TYPES",
+    "ANY_INTEGER_ALIGNMENT", "MAX_TENSORS", "MAX_KV_PAIRS",
     "MAX_KEY_LENGTH", "MAX_TENSOR_NAME_LENGTH", "MAX_STRING_LENGTH", "MAX_ARRAY_LENGTH",
     "MAX_ARRAY_DEPTH", "MAX_ARRAYS", "MAX_DIMS", "MAX_LIST_LENGTH", "MAX_DECODED_BYTES",
 ]
@@ -77,6 +78,16 @@ __all__ = [
 
 #: The only GGUF version we read (and write). v1/v2 differ in field widths.
 SUPPORTED_VERSION = 3
+
+#: The GGUF types general.alignment may have. gguf-py's GGUFReader ("Bad type for
+#: general.alignment field") and llama.cpp's gguf_init_from_file ("key 'general.alignment'
+#: must be of type u32") take UINT32 only: the default. Strata's tools/dflash_quantize.py
+#: re-adds it as a Python int, which its writer stores as INT64; a bare file's check reads
+#: any integer type (the alignment is its value either way) and reports the engines' rule.
+STRICT_ALIGNMENT_TYPES = frozenset({GGUFValueType.UINT32})
+ANY_INTEGER_ALIGNMENT = frozenset({GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16,
+                                   GGUFValueType.INT16, GGUFValueType.UINT32, GGUFValueType.INT32,
+                                   GGUFValueType.UINT64, GGUFValueType.INT64})
 
 #: Alignment of the data section and of every tensor offset when general.alignment is absent
 #: (the GGUF default; our artifacts write it explicitly as 32 anyway).
@@ -360,10 +371,11 @@ class _Parser:
     past the end; every failure goes through :meth:`fail`, which names the file; everything
     decoded is charged to the file's MAX_DECODED_BYTES through :meth:`charge`."""
 
-    def __init__(self, source, path: str):
+    def __init__(self, source, path: str, alignment_types: frozenset = frozenset()):
         self.source = source
         self.size = source.size
         self.path = path
+        self.alignment_types = alignment_types or STRICT_ALIGNMENT_TYPES
         self.pos = 0
         self.decoded = 0
         self.arrays = 0
@@ -655,11 +667,12 @@ class _Parser:
         entry = kv.get("general.alignment")
         if entry is None:
             return DEFAULT_ALIGNMENT
-        if entry.type != GGUFValueType.UINT32:
-            raise self.fail(f"general.alignment has type {entry.type.name}: expected UINT32",
-                            field="general.alignment", expected="UINT32", found=entry.type.name)
+        if entry.type not in self.alignment_types:
+            want = " or ".join(sorted(t.name for t in self.alignment_types))
+            raise self.fail(f"general.alignment has type {entry.type.name}: expected {want}",
+                            field="general.alignment", expected=want, found=entry.type.name)
         value = entry.value
-        if value == 0 or value & (value - 1):
+        if value <= 0 or value & (value - 1):
             raise self.fail(f"general.alignment is {value}: expected a non-zero power of two",
                             field="general.alignment", expected="power of two", found=value)
         return value
@@ -766,20 +779,26 @@ class _Parser:
 
 # --- public functions ----------------------------------------------------------------------
 
-def parse_gguf_bytes(buf: bytes | memoryview, *, path: str = "<bytes>") -> GGUFFile:
+def parse_gguf_bytes(buf: bytes | memoryview, *, path: str = "<bytes>",
+                     alignment_types: frozenset = STRICT_ALIGNMENT_TYPES) -> GGUFFile:
     """Parse a whole GGUF file held in memory (bytes, a memoryview or an mmap).
 
     Returns the parsed header, metadata and tensor table, or raises GGUFFormatError; the
-    tensor bytes are not copied (see :func:`tensor_data`)."""
+    tensor bytes are not copied (see :func:`tensor_data`). ``alignment_types``: as for
+    :func:`read_gguf`."""
     if isinstance(buf, memoryview) and (buf.format != "B" or buf.ndim != 1):
         buf = buf.cast("B")
-    return _Parser(_BufferSource(buf), str(path)).parse()
+    return _Parser(_BufferSource(buf), str(path), alignment_types).parse()
 
 
-def read_gguf(path: str | os.PathLike) -> GGUFFile:
+def read_gguf(path: str | os.PathLike, *,
+              alignment_types: frozenset = STRICT_ALIGNMENT_TYPES) -> GGUFFile:
     """Parse the GGUF file at ``path``. Only the header (metadata and tensor infos) is read,
     not the tensor data. Raises GGUFFormatError (also for a file that cannot be opened or
-    read, and for one that shrinks while it is parsed)."""
+    read, and for one that shrinks while it is parsed). ``alignment_types``: the GGUF types
+    ``general.alignment`` may have: UINT32 (STRICT_ALIGNMENT_TYPES, gguf-py's and llama.cpp's
+    rule, the default), or any integer type (ANY_INTEGER_ALIGNMENT, for a file another tool
+    wrote: Strata's quantizer writes it INT64; the value is read the same)."""
     name = os.fspath(path)
     try:
         # Refuse directories, FIFOs and devices before opening: opening a FIFO would block
@@ -789,7 +808,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         with open(name, "rb") as fh:
             # The size the bounds are checked against: what fstat says at open.
             size = os.fstat(fh.fileno()).st_size
-            return _Parser(_FileSource(fh.fileno(), size), name).parse()
+            return _Parser(_FileSource(fh.fileno(), size), name, alignment_types).parse()
     except OSError as exc:
         raise GGUFFormatError(f"{name}: cannot read the file: {exc.strerror or exc}",
                               path=name) from None
