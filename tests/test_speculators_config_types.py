@@ -82,6 +82,16 @@ def test_a_field_of_the_wrong_type_is_one_line(tmp_path, dotted, value):
     assert not out.exists() and not [p for p in tmp_path.iterdir() if "tmp" in p.name]
 
 
+@pytest.mark.parametrize("dotted", ["speculators_model_type", "aux_hidden_state_layer_ids",
+                                    f"{NESTED}.sample_from_anchor", "draft_vocab_size"])
+def test_a_huge_value_is_quoted_short(tmp_path, dotted):
+    """A refusal quotes what it found on one short line, never a 20,000-entry list."""
+    src = _source(tmp_path, _edit(CONFIG, dotted, [[i] for i in range(20_000)]))
+    proc = run_cli("convert", str(src), "--target", str(GOLDEN_TARGET), "-o", str(tmp_path / "o"))
+    line = assert_refused(proc, ConfigError, (f"field '{dotted}'", "..."))
+    assert len(line) < 600, len(line)
+
+
 def test_the_gate_records_the_refusal_of_a_list_model_type(tmp_path):
     src = _source(tmp_path, _edit(CONFIG, "speculators_model_type", ["dspark"]))
     policy = tmp_path / "policy.toml"

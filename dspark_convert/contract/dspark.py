@@ -15,7 +15,6 @@ error class of each refusal. ``check_inventory`` compares a checkpoint's tensors
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -38,7 +37,8 @@ from dspark_convert.contract.qwen3 import (
     parse_qwen3_config,
     rope_theta,
 )
-from dspark_convert.contract.speculators import LAYOUT_FIELD, MODEL_TYPE_FIELD, anchor_layout_error
+from dspark_convert.contract.speculators import (LAYOUT_FIELD, MODEL_TYPE_FIELD,
+                                                 anchor_layout_error, quoted_value)
 from dspark_convert.contract.tensor_table import TENSOR_RULES, TensorRule, eval_dim, expand_rule, pretty_dim
 
 FAMILY = "qwen3-dspark"
@@ -277,9 +277,9 @@ def check_block_layout(cfg, path: str) -> None:
         raise ConfigError(
             f"{path}: field '{MODEL_TYPE_FIELD}': expected absent from DeepSpec's "
             "config.json (it marks speculators' format, whose top level it belongs to), "
-            f"found {json.dumps(extra[MODEL_TYPE_FIELD])}", path=path,
+            f"found {quoted_value(extra[MODEL_TYPE_FIELD])}", path=path,
             field=MODEL_TYPE_FIELD, expected="absent",
-            found=json.dumps(extra[MODEL_TYPE_FIELD]))
+            found=quoted_value(extra[MODEL_TYPE_FIELD]))
     if LAYOUT_FIELD not in extra or extra[LAYOUT_FIELD] is True:
         return
     value = extra[LAYOUT_FIELD]
@@ -287,8 +287,8 @@ def check_block_layout(cfg, path: str) -> None:
         raise anchor_layout_error(f"{path}: field '{LAYOUT_FIELD}' is false", path=path,
                                   field=LAYOUT_FIELD)
     raise ConfigError(f"{path}: field '{LAYOUT_FIELD}': expected true (a JSON boolean; absent "
-                      f"reads true), found {json.dumps(value)}", path=path, field=LAYOUT_FIELD,
-                      expected=True, found=json.dumps(value))
+                      f"reads true), found {quoted_value(value)}", path=path, field=LAYOUT_FIELD,
+                      expected=True, found=quoted_value(value))
 
 
 def _check_heads(cfg: DSparkConfig, path: str) -> None:

@@ -201,10 +201,18 @@ class Reading:
 
 
 _MISSING = object()
+MAX_QUOTED = 60
+
+
+def quoted_value(value: object) -> str:
+    """A value from config.json as JSON on one line, cut to MAX_QUOTED characters (a refusal
+    quotes what it found, never a whole 4 MiB list)."""
+    text = json.dumps(value)
+    return text if len(text) <= MAX_QUOTED else text[:MAX_QUOTED - 3] + "..."
 
 
 def _malformed(path: str, field: str, expected: str, found: object) -> ConfigError:
-    shown = "nothing" if found is _MISSING else json.dumps(found)
+    shown = "nothing" if found is _MISSING else quoted_value(found)
     return ConfigError(f"{path}: field '{field}': expected {expected}, found {shown}", path=path,
                        field=field, expected=expected, found=shown)
 
@@ -282,7 +290,7 @@ def read_config(raw: dict, *, path: str, num_target_layers: int,
     if model_type not in MODEL_TYPES:
         raise SpeculatorsModelError(
             f"{path}: field '{arch.speculators}': expected one of "
-            f"{', '.join(repr(m) for m in MODEL_TYPES)}, found {json.dumps(model_type)} (the "
+            f"{', '.join(repr(m) for m in MODEL_TYPES)}, found {quoted_value(model_type)} (the "
             "speculators models the artifact format can express)", path=path,
             field=arch.speculators, expected=list(MODEL_TYPES), found=model_type)
     (layer,) = _row("layer")
@@ -294,7 +302,7 @@ def read_config(raw: dict, *, path: str, num_target_layers: int,
     if tl_type != QWEN3_MODEL_TYPE:
         raise SpeculatorsModelError(
             f"{path}: field '{nested}.model_type': expected 'qwen3', found "
-            f"{json.dumps(tl_type)}: speculators {SPECULATORS_VERSION}'s DSpark and DFlash "
+            f"{quoted_value(tl_type)}: speculators {SPECULATORS_VERSION}'s DSpark and DFlash "
             "drafters are Qwen3 layers (a Gemma4 DSpark drafter has no speculators form)",
             path=path, field=f"{nested}.model_type", expected=QWEN3_MODEL_TYPE,
             found=tl_type)
@@ -305,8 +313,8 @@ def read_config(raw: dict, *, path: str, num_target_layers: int,
         raise _malformed(path, "speculators_config.algorithm", "a string", algorithm)
     if algorithm is not None and algorithm != model_type:
         raise SpeculatorsModelError(
-            f"{path}: field 'speculators_config.algorithm' is {json.dumps(algorithm)} but "
-            f"speculators_model_type is {json.dumps(model_type)}; expected them equal",
+            f"{path}: field 'speculators_config.algorithm' is {quoted_value(algorithm)} but "
+            f"speculators_model_type is {quoted_value(model_type)}; expected them equal",
             path=path, field="speculators_config.algorithm", expected=model_type,
             found=algorithm)
     value, by = _layout(raw, model_type, path, sample_from_anchor)
@@ -323,17 +331,17 @@ def read_config(raw: dict, *, path: str, num_target_layers: int,
     draft = _get(raw, vocab.speculators, path, int, "an integer (the draft vocabulary's size)")
     if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and draft != vocab_size:
         raise DraftVocabularyError(
-            f"{path}: field '{vocab.speculators}' is {draft} but "
-            f"'{nested}.vocab_size' is {vocab_size}: a reduced draft vocabulary (d2t/t2d); the "
-            "artifact format has no vocabulary map yet", path=path, field=vocab.speculators,
-            expected=vocab_size, found=draft)
+            f"{path}: field '{vocab.speculators}' is {quoted_value(draft)} but "
+            f"'{nested}.vocab_size' is {quoted_value(vocab_size)}: a reduced draft vocabulary "
+            "(d2t/t2d); the artifact format has no vocabulary map yet", path=path,
+            field=vocab.speculators, expected=vocab_size, found=draft)
     (hidden,) = _row("hidden")
     target_hidden = _get(raw, hidden.speculators, path, int, "null or an integer",
                          required=False)
     if target_hidden is not None and target_hidden != tl.get("hidden_size"):
         raise SpeculatorsModelError(
-            f"{path}: field '{hidden.speculators}' is {target_hidden} but "
-            f"'{nested}.hidden_size' is {json.dumps(tl.get('hidden_size'))}; expected null or "
+            f"{path}: field '{hidden.speculators}' is {quoted_value(target_hidden)} but "
+            f"'{nested}.hidden_size' is {quoted_value(tl.get('hidden_size'))}; expected null or "
             "the same (a DeepSpec drafter has its target's hidden size)", path=path,
             field=hidden.speculators, expected=tl.get("hidden_size"), found=target_hidden)
     (shift,) = _row("shift")

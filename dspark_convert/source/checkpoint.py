@@ -117,8 +117,9 @@ def read_source(directory: Path, options: SpeculatorsOptions | None = None
         if layers is None:
             raise SpeculatorsTargetError(
                 f"{label}: a speculators-format checkpoint (speculators_model_type "
-                f"{shown(str(raw['speculators_model_type']))}): it holds no embedding and "
-                f"records no target layer count; {options.without_target}",
+                f"{shown(speculators.quoted_value(raw[speculators.MODEL_TYPE_FIELD]))}): it "
+                f"holds no embedding and records no target layer count; "
+                f"{options.without_target}",
                 path=label, field="speculators_model_type", expected="--target",
                 found="no target")
         reading = speculators.read_config(raw, path=label, num_target_layers=layers,
