@@ -105,10 +105,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _one_prompt(tmp_path: Path) -> Path:
-    path = tmp_path / "prompts.jsonl"
-    path.write_text('{"id": "p1", "prompt_ids": [1, 17, 33, 90]}\n')
-    return path
+def _eval(tmp_path: Path, artifact: Path, *engine: str):
+    """`dspark eval` of ``artifact`` on one prompt with ``engine``'s options, in a child
+    process: (the result, its seconds)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "p1", "prompt_ids": [1, 17, 33, 90]}\n')
+    t0 = time.monotonic()
+    proc = run_process("eval", str(artifact), "--target", str(GOLDEN_TARGET), "--prompts",
+                       str(prompts), "--max-new-tokens", "4", "--threshold", "0", *engine, "-o",
+                       str(tmp_path / "report"), timeout=300)
+    return proc, time.monotonic() - t0
 
 
 def assert_none_left(pids: Path) -> None:
@@ -158,13 +164,8 @@ def test_eval_with_a_llama_cpp_that_leaves_a_child_ends_with_112(tmp_path, paire
     process left (the child held llama-completion's stdout and stderr for 1000 s)."""
     bins, pids = _llama(tmp_path, "stdout stderr")
     gguf = write_target_gguf(tmp_path / "target.gguf")
-    t0 = time.monotonic()
-    proc = run_process("eval", str(paired_artifacts[DSPARK]), "--target", str(GOLDEN_TARGET),
-                       "--prompts", str(_one_prompt(tmp_path)), "--max-new-tokens", "4",
-                       "--threshold", "0", "--engine",
-                       f"llama.cpp={bins}", "--target-gguf", str(gguf), "-o",
-                       str(tmp_path / "report"), timeout=300)
-    seconds = time.monotonic() - t0
+    proc, seconds = _eval(tmp_path, paired_artifacts[DSPARK], "--engine", f"llama.cpp={bins}",
+                          "--target-gguf", str(gguf))
     assert_refused(proc, EngineRunError, ["exited 0, but a process it started still held its "
                                           "output open"])
     assert not (tmp_path / "report").exists()
@@ -219,12 +220,7 @@ def test_eval_with_a_dspark_mlx_that_leaves_a_child_ends_with_115(tmp_path, pair
     exits 0 and leaves a child holding the records pipe and stdout: one line, exit 115,
     nothing written, no process left."""
     python, pids = _mlx(tmp_path, "records stdout")
-    t0 = time.monotonic()
-    proc = run_process("eval", str(paired_artifacts[DSPARK]), "--target", str(GOLDEN_TARGET),
-                       "--prompts", str(_one_prompt(tmp_path)), "--max-new-tokens", "4",
-                       "--threshold", "0", "--engine",
-                       f"dspark-mlx={python}", "-o", str(tmp_path / "report"), timeout=300)
-    seconds = time.monotonic() - t0
+    proc, seconds = _eval(tmp_path, paired_artifacts[DSPARK], "--engine", f"dspark-mlx={python}")
     assert_refused(proc, MlxRunError, ["dspark-mlx (the target alone): exited 0, but a "
                                        "process it started still held"])
     assert not (tmp_path / "report").exists()

@@ -814,9 +814,9 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
         seconds = run.seconds
     last = " | ".join(list(tail)[-5:]) or "no output"
     if run.timed_out.is_set():
-        raise MlxRunError(f"{ENGINE} ({what}): still running after {timeout:g} s; stopped with "
-                          f"every process it started; its last lines: {last}", path=str(python),
-                          field=what, expected=f"done within {timeout:g} s", found="timeout")
+        raise MlxRunError(f"{ENGINE} ({what}): {run.timeout_text()}; its last lines: {last}",
+                          path=str(python), field=what, expected=f"done within {timeout:g} s",
+                          found="timeout")
     if over.is_set():
         raise MlxOutputError(f"{ENGINE} ({what}): its own output exceeds {OUTPUT_LIMIT:,} bytes; "
                              "refused rather than read on", path=str(python), field="output",
@@ -828,10 +828,8 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
                           f"lines: {last}", path=str(python), field=what, expected="exit 0",
                           found=signal_name(code) if code < 0 else code)
     if run.orphaned.is_set():
-        raise MlxRunError(f"{ENGINE} ({what}): exited {code}, but a process it started still "
-                          f"held its records or its output open {run.grace:g} s later; stopped "
-                          f"with every process it started; its last lines: {last}",
-                          path=str(python), field=what,
+        raise MlxRunError(f"{ENGINE} ({what}): {run.orphan_text('its records or its output')}; "
+                          f"its last lines: {last}", path=str(python), field=what,
                           expected="its pipes closed when it exits",
                           found="a process it started holding its pipes")
     if error is not None:

@@ -753,17 +753,14 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
         proc.stderr.close()
     last = " | ".join(list(log.tail)[-3:]) or "no log line"
     if run.timed_out.is_set():
-        raise EngineRunError(f"{binary.name} ({what}): still running after {timeout:g} s; "
-                             f"stopped with every process it started; its last log lines: "
+        raise EngineRunError(f"{binary.name} ({what}): {run.timeout_text()}; its last log lines: "
                              f"{last}", path=str(binary), expected=f"done within {timeout:g} s",
                              found="timeout")
     if code != 0 and not run.stopped.is_set():
         raise _crash(binary, what, cmd, code, log)
     if run.orphaned.is_set():
-        raise EngineRunError(f"{binary.name} ({what}): exited {code}, but a process it started "
-                             f"still held its output open {run.grace:g} s later; stopped with "
-                             f"every process it started; its last log lines: {last}",
-                             path=str(binary), field=what,
+        raise EngineRunError(f"{binary.name} ({what}): {run.orphan_text('its output')}; its "
+                             f"last log lines: {last}", path=str(binary), field=what,
                              expected="its output closed when it exits",
                              found="a process it started holding its output")
     if error is not None:

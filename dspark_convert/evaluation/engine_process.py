@@ -99,6 +99,15 @@ class Watched:
         """The reader of ``fd``, one of the ``readers``."""
         return Pipe(self, fd)
 
+    def timeout_text(self) -> str:
+        """The words of a run stopped at its deadline (``timed_out``), for its refusal."""
+        return f"still running after {self.timeout:g} s; stopped with every process it started"
+
+    def orphan_text(self, pipes: str) -> str:
+        """The words of a run whose process exited leaving ``pipes`` held (``orphaned``)."""
+        return (f"exited {self.proc.returncode}, but a process it started still held {pipes} "
+                f"open {self.grace:g} s later; stopped with every process it started")
+
     def finish(self) -> int:
         """The run ended (the watcher's verdict reached): the engine's exit code."""
         self._watcher.join()
