@@ -240,10 +240,12 @@ def install(*, quiet_pip: bool = True) -> Path:
         venvs.run_step(PACKAGE, [sys.executable, "-m", "pip", "--python", str(python_path(work)),
                                  "install", "--disable-pip-version-check", "--no-input",
                                  *(["--quiet"] if quiet_pip else []), "--require-hashes",
-                                 "--no-deps", "--only-binary", ":all:", "--no-warn-script-location",
-                                 "-r", str(work / REQUIREMENTS_FILE)], log,
-                       f"pip install --require-hashes {PACKAGE}=={VERSION} mlx[cpu]=={MLX} and "
-                       f"the {len(PINS) - 3} distributions they need (about a minute)")
+                                 "--no-deps", "--only-binary", ":all:",
+                                 "--no-warn-script-location", "-r",
+                                 str(work / REQUIREMENTS_FILE)], log,
+                       f"pip install --require-hashes --no-deps {PACKAGE}=={VERSION} "
+                       f"mlx[cpu]=={MLX} and the {len(PINS) - 3} distributions they need "
+                       "(about a minute)")
         venvs.remove_console_scripts(work)
         # --no-deps: pip took exactly the pins; that they are all the install needs is
         # checked here, on their own METADATA (tools/pins_closed.py).
