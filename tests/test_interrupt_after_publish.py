@@ -365,3 +365,67 @@ def test_outputs_are_recorded_only_while_a_record_is_open(tmp_path):
     assert list(inner) == [tmp_path / "both"]
     assert list(outer) == [tmp_path / "both", tmp_path / "outer"]
     assert atomic._RECORDS == []
+
+
+# --- in process: the CLI's line (cli/errors.run) -------------------------------------------------
+
+def _exit_code(action) -> int:
+    import typer
+
+    from dspark_convert.cli.errors import run
+
+    with pytest.raises(typer.Exit) as done:
+        run(action)
+    return done.value.exit_code
+
+
+def test_the_cli_names_what_was_published_before_the_interrupt(tmp_path, capsys):
+    out = tmp_path / "out"
+
+    def publish_then_interrupt() -> int:
+        with atomic_directory(out) as tmp:
+            (tmp / "a.txt").write_text("whole\n")
+        signal.raise_signal(signal.SIGTERM)
+        return 0
+
+    assert _exit_code(publish_then_interrupt) == EXIT_TERMINATED
+    assert capsys.readouterr().err == (f"error: terminated after the output was written: {out} is "
+                                       "in place and whole\n")
+    assert files_of(out) == {"a.txt": b"whole\n"}
+
+
+def test_the_cli_says_nothing_was_written_when_nothing_was(tmp_path, capsys):
+    def interrupt_while_writing() -> int:
+        with atomic_directory(tmp_path / "out") as tmp:
+            (tmp / "a.txt").write_text("half\n")
+            signal.raise_signal(signal.SIGINT)
+        return 0
+
+    assert _exit_code(interrupt_while_writing) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "error: interrupted; nothing was written\n"
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_interrupt_while_a_refusal_is_printed_still_wins(monkeypatch, capsys):
+    """Ctrl-C while the refusal's line is written (a slow stderr): 130 and the interrupt's
+    line, not a traceback out of the refusal's handler."""
+    import sys
+
+    from dspark_convert.errors import ConfigError
+
+    real_write = sys.stderr.write
+    calls: list[str] = []
+
+    def write_under_a_signal(text: str) -> int:
+        calls.append(text)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGINT)
+        return real_write(text)
+
+    monkeypatch.setattr(sys.stderr, "write", write_under_a_signal)
+
+    def refuse() -> int:
+        raise ConfigError("config.json: refused")
+
+    assert _exit_code(refuse) == EXIT_INTERRUPTED
+    assert calls[-1] == "error: interrupted; nothing was written\n"

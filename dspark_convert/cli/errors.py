@@ -71,32 +71,36 @@ def interrupt_line(stop: BaseException, published: Sequence[Path]) -> tuple[str,
 
 
 def run(action: Callable[[], int | None], *, debug: bool = False, as_json: bool = False) -> None:
-    """Run a command body; exit with its code, or map its exception to one."""
+    """Run a command body; exit with its code, or map its exception to one. An interrupt
+    wins wherever it comes: in the body, as the record closes, or while a refusal's line
+    is printed."""
     from dspark_convert.util.atomic import published_outputs
 
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = signal.getsignal(signal.SIGTERM)
+    published: Sequence[Path] = ()     # what the body put in place; still read once closed
     try:
-        with published_outputs() as published:
-            try:
+        signal.signal(signal.SIGTERM, _on_sigterm)     # inside: a SIGTERM just after is caught
+        try:
+            with published_outputs() as published:
                 code = action() or 0
-            except (KeyboardInterrupt, Terminated) as stop:
-                line, code = interrupt_line(stop, published)
-                with _signals_default():
-                    sys.stderr.write(line + "\n")
-    except DSparkError as exc:
-        if debug:
-            traceback.print_exc()
-        emit_error(exc, as_json=as_json)
-        code = exc.exit_code
-    except typer.Exit:
-        raise
-    except Exception as exc:  # a bug: one line unless --debug
-        if debug:
-            traceback.print_exc()
-        hint = "" if debug else " (rerun with --debug for the traceback)"
-        error = InternalError(f"internal error: {type(exc).__name__}: {exc}{hint}")
-        emit_error(error, as_json=as_json)
-        code = error.exit_code
+        except DSparkError as exc:
+            if debug:
+                traceback.print_exc()
+            emit_error(exc, as_json=as_json)
+            code = exc.exit_code
+        except typer.Exit:
+            raise
+        except Exception as exc:  # a bug: one line unless --debug
+            if debug:
+                traceback.print_exc()
+            hint = "" if debug else " (rerun with --debug for the traceback)"
+            error = InternalError(f"internal error: {type(exc).__name__}: {exc}{hint}")
+            emit_error(error, as_json=as_json)
+            code = error.exit_code
+    except (KeyboardInterrupt, Terminated) as stop:
+        line, code = interrupt_line(stop, published)
+        with _signals_default():
+            sys.stderr.write(line + "\n")
     finally:
         signal.signal(signal.SIGTERM, previous)
     raise typer.Exit(code)
