@@ -10,6 +10,8 @@ tests assert the run's end, its one line, and that the sleep is gone.
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
 import sys
 import time
@@ -31,8 +33,8 @@ DSPARK = "vanilla_conf_markov"
 # for a loaded 2-core machine.
 MARGIN = GRACE_SECONDS + 5.0
 
-# Where llama.cpp's binaries stand: start a sleep holding HOLD (stdout, stderr or both),
-# record its pid, then exit 0 or (mode "hang") sleep too.
+# Where llama.cpp's binaries stand: start a sleep holding HOLD (stdout, stderr or both; in
+# a session of its own with "escape"), record its pid, then exit 0 or (mode "hang") sleep too.
 FAKE_LLAMA = r"""#!{python}
 import subprocess, sys, time
 hold, mode = {hold!r}, {mode!r}
@@ -40,7 +42,8 @@ sys.stderr.write("0.00.000.100 I llama_completion: llama backend init\n")
 sys.stderr.flush()
 child = subprocess.Popen(["sleep", "1000"], stdin=subprocess.DEVNULL,
                          stdout=None if "stdout" in hold else subprocess.DEVNULL,
-                         stderr=None if "stderr" in hold else subprocess.DEVNULL)
+                         stderr=None if "stderr" in hold else subprocess.DEVNULL,
+                         start_new_session="escape" in hold)
 with open({pids!r}, "a") as fh:
     fh.write(f"{{child.pid}}\n")
 if mode == "hang":
@@ -144,6 +147,22 @@ def test_a_llama_cpp_binary_that_exits_leaving_a_child_on_its_pipe_is_112(tmp_pa
     assert "stopped with every process it started" in m and "llama backend init" in m
     assert pids.read_text().count("\n") == 1          # never run again
     assert_none_left(pids)
+
+
+def test_a_child_that_escaped_the_engines_session_cannot_hold_the_run(tmp_path):
+    """A child in a session of its own is out of the kill's reach, not of the run's end:
+    the reads give up once the engine has exited and the grace has passed."""
+    bins, pids = _llama(tmp_path, "stdout stderr escape")
+    vocab = L.Vocabulary((b"a",), (b"a",))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(EngineRunError, match="still held its output open"):
+            L.run_target(L.find_binaries(bins), tmp_path / "t.gguf", "hello", vocab=vocab,
+                         max_new_tokens=8, timeout=60)
+        assert time.monotonic() - t0 < MARGIN
+    finally:
+        for pid in map(int, pids.read_text().split()):
+            os.kill(pid, signal.SIGKILL)          # the escaped child: the test's to end
 
 
 def test_a_llama_cpp_binary_that_never_exits_is_stopped_at_its_deadline(tmp_path):
