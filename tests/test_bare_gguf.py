@@ -21,6 +21,7 @@ from support.llama_cpp import rewrite_gguf, write_target_gguf
 from support.paths import GOLDEN
 from support.strata_files import strata_convert, strata_quantize
 from dspark_convert import errors as E
+from dspark_convert.commands.inspection import inspect_path
 from dspark_convert.commands.quantize import quantize_artifact
 from dspark_convert.commands.validate_bare import validate_path
 from dspark_convert.formats.gguf_reader import read_gguf
@@ -218,6 +219,33 @@ def test_a_directory_is_still_an_artifact(tmp_path, converted):
     shutil.copytree(converted["reference"], art)
     (art / "manifest.json").unlink()
     assert_refused(run_cli("validate", str(art)), E.InvalidArtifactError, ["manifest.json"])
+
+
+def test_inspect_says_what_a_bare_file_is(tmp_path, strata_files, converted):
+    """inspect FILE.gguf: a Strata file (not ours: its tensors as stored and the engines),
+    and our file as Strata's quantizer re-typed it (the contract, the re-typed keys)."""
+    proc = run_cli("inspect", str(strata_files["Q8_0"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["kind"] == "gguf" and data["contract"] is None and "Strata's layout" in data["file"]
+    assert len(data["tensors"]) == 25 and data["tensors"][0] == {
+        "name": "fc.weight", "type": "Q8_0", "shape": [192, 64]}
+    assert data["engines"]["strata.open"]["accepts"] is True
+    assert data["engines"]["llama.cpp"]["reason"].startswith("gguf_init_from_file_impl")
+    retyped = strata_quantize(converted["dflash_plain"] / "drafter.gguf",
+                              tmp_path / "ours.q4_0.gguf", "Q4_0")
+    result = inspect_path(retyped)
+    assert result.kind == "artifact" and result.problem is None and result.contract is not None
+    assert "dflash.vocab_size: INT64 as UINT32" in result.retyped
+    assert all(row.status == "ok" for row in result.rows)
+    text = run_cli("inspect", str(retyped))
+    assert text.returncode == 0 and "retyped" in text.stdout and "engines" in text.stdout
+
+
+def test_inspect_refuses_a_bad_bare_file_with_the_readers_code(tmp_path):
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(BAD_FILES["alignment INT64 48"])
+    assert_refused(run_cli("inspect", str(path)), E.GGUFFormatError, ["general.alignment is 48"])
 
 
 @pytest.mark.slow

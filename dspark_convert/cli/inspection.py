@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dspark_convert.cli.app import STATUS_STYLE, DebugOpt, JsonOpt, _out, app, escape
+from dspark_convert.cli.app import STATUS_STYLE, DebugOpt, JsonOpt, _out, app, escape, print_engines
 from dspark_convert.cli.errors import run
 from dspark_convert.util.json_out import dumps
 from dspark_convert.util.text import shown
@@ -43,6 +43,13 @@ def _print_inspect(result) -> None:
     c = result.contract
     out = _out()
     out.print(escape(f"{result.kind}: {result.path}"))
+    if result.file is not None:                 # a .gguf file given alone
+        out.print(f"  file          {escape(result.file)}")
+        if result.retyped:
+            out.print(f"  retyped       {escape('; '.join(result.retyped))}")
+    if c is None:
+        _print_gguf_tensors(out, result)
+        return
     out.print(f"  family        {c.family} ({c.architecture})")
     summary = dict(c.summary())
     out.print(f"  geometry      {escape(summary.pop('geometry'))}")
@@ -69,3 +76,19 @@ def _print_inspect(result) -> None:
     out.print(table)
     if result.unexpected_not_listed:
         out.print(f"  ... and {result.unexpected_not_listed:,} more unexpected tensors (not listed)")
+    if result.engines is not None:
+        print_engines(out, result.engines)
+
+
+def _print_gguf_tensors(out, result) -> None:
+    """A GGUF file not of our format: its tensors as stored, and the engines' verdicts."""
+    table = Table()
+    for col in ("gguf", "type", "shape"):
+        table.add_column(col)
+    for row in result.tensors:
+        table.add_row(escape(row.name), escape(row.type), escape(str(row.shape)))
+    out.print(table)
+    if result.tensors_not_listed:
+        out.print(f"  ... and {result.tensors_not_listed:,} more tensors (not listed)")
+    if result.engines is not None:
+        print_engines(out, result.engines)

@@ -10,9 +10,17 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
+from dspark_convert.artifact.engines import engine_records, reports_for_gguf
+from dspark_convert.artifact.file_kinds import file_kind
+from dspark_convert.artifact.format import (
+    GGUF_FILE,
+    as_format_types,
+    contract_from_metadata,
+    read_metadata,
+)
+from dspark_convert.artifact.manifest import EngineName, EngineRecord
 from dspark_convert.artifact.quantized import (
     QUANTIZATION_KEY,
     any_quantized_type,
@@ -30,24 +38,48 @@ from dspark_convert.errors import (
     SourceNotFoundError,
 )
 from dspark_convert.util.paths import check_path
-from dspark_convert.formats.gguf_reader import read_gguf
+from dspark_convert.formats.gguf_reader import ANY_INTEGER_ALIGNMENT, read_gguf
 from dspark_convert.formats.safetensors import read_checkpoint
 from dspark_convert.source.checkpoint import check_checkpoint_inventory, read_contract
 
 MAX_UNEXPECTED_ROWS = 50
+# Tensors of a GGUF file not of our format listed (a full model's file holds hundreds).
+MAX_LISTED_TENSORS = 200
+
+class GGUFTensorRow(BaseModel):
+    """A tensor of a GGUF file that is not of our format, as stored (no contract to hold
+    it to)."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    type: str                       # the ggml type's name
+    shape: list[int]                # GGUF order: ne0 first
+
 
 class InspectResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["checkpoint", "artifact"]
+    kind: Literal["checkpoint", "artifact", "gguf"] = Field(
+        description="gguf: a GGUF file that is not of our format (no contract)")
     path: str
-    contract: AnyContract
+    contract: AnyContract | None = Field(description="null for a GGUF file not of our format")
     rows: list[TensorRow]
     problem: dict | None            # the error convert/validate would raise, as a dict
     problem_exit_code: int | None
     # Rows for unexpected tensors beyond MAX_UNEXPECTED_ROWS are counted, not listed: a
     # hostile header of tens of thousands of tensors must not become a table that long.
     unexpected_not_listed: int = 0
+    # A .gguf file given alone (docs/ENGINES.md, "Files other tools wrote"): what it is,
+    # the keys of our format another tool stored under another type (read as Strata reads
+    # them), its tensors as stored when it is not of our format, and each engine's report.
+    file: str | None = Field(default=None, description="a .gguf file given alone: what it is")
+    retyped: list[str] = Field(default_factory=list, description="keys of our format stored "
+                               "under another GGUF type, read as Strata's loader reads them")
+    tensors: list[GGUFTensorRow] = Field(default_factory=list, description="a GGUF file not "
+                                         f"of our format: its first {MAX_LISTED_TENSORS} tensors")
+    tensors_not_listed: int = 0
+    engines: dict[EngineName, EngineRecord] | None = Field(
+        default=None, description="a .gguf file given alone: each engine's verdict")
 
 
 def _result(kind, path: Path, contract: FeatureContract, rows, left_out: int,
@@ -73,9 +105,30 @@ def _inspect_checkpoint(directory: Path) -> InspectResult:
                    lambda: check_checkpoint_inventory(checkpoint, cfg, contract))
 
 
-def _inspect_artifact(gguf_path: Path) -> InspectResult:
-    gguf = read_gguf(gguf_path)
-    kv = read_metadata(gguf, path=gguf_path.name)
+def _inspect_bare(gguf_path: Path) -> InspectResult:
+    """A .gguf file given alone: read as `dspark validate FILE.gguf` reads it (any integer
+    type for general.alignment, our format's keys another tool re-typed read as Strata reads
+    them); a file not of our format is listed as stored, with each engine's report."""
+    gguf = read_gguf(gguf_path, alignment_types=ANY_INTEGER_ALIGNMENT)
+    kind = file_kind(gguf)
+    extra = {"file": kind.describe(gguf),
+             "engines": {name: EngineRecord(**record) for name, record in
+                         engine_records(reports_for_gguf(gguf, path=gguf_path.name)).items()}}
+    if kind.ours:
+        entries, retyped = as_format_types(gguf.kv)
+        result = _inspect_artifact(gguf_path, gguf, entries)
+        return result.model_copy(update={**extra, "retyped": list(retyped),
+                                          "path": str(gguf_path)})
+    listed = [GGUFTensorRow(name=t.name, type=t.ggml_type.name, shape=list(t.shape))
+              for t in gguf.tensors[:MAX_LISTED_TENSORS]]
+    return InspectResult(kind="gguf", path=str(gguf_path), contract=None, rows=[],
+                         problem=None, problem_exit_code=None, tensors=listed,
+                         tensors_not_listed=len(gguf.tensors) - len(listed), **extra)
+
+
+def _inspect_artifact(gguf_path: Path, gguf=None, entries=None) -> InspectResult:
+    gguf = read_gguf(gguf_path) if gguf is None else gguf
+    kv = read_metadata(gguf, path=gguf_path.name, entries=entries)
     contract = contract_from_metadata(kv, path=gguf_path.name)
     # The table: BF16, or in a quantized artifact the type artifact/quantized.py's rule
     # allows each tensor. The problem: validate's two checks, in its order (the inventory,
@@ -96,7 +149,7 @@ def inspect_path(path: str | os.PathLike) -> InspectResult:
     """A checkpoint directory, an artifact directory, or a drafter.gguf file."""
     target = check_path(path, what="the path to inspect", error=SourceNotFoundError)
     if target.is_file() and target.suffix == ".gguf":
-        return _inspect_artifact(target)
+        return _inspect_bare(target)
     # A drafter.gguf that is there but not a regular file (a FIFO, a dangling link) makes it
     # an artifact to refuse (read_gguf says why), not a checkpoint without a config.json.
     gguf = target / GGUF_FILE

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from dspark_convert.artifact.engine_names import ENGINES
 from dspark_convert.artifact.engines import MADE_FOR, engine_verdicts, reports_for_gguf
+from dspark_convert.artifact.file_kinds import file_kind
 from dspark_convert.artifact.format import as_format_types
 from dspark_convert.commands.validate import (
     Checks,
@@ -37,47 +37,9 @@ from dspark_convert.commands.validate import (
     ValidationReport,
 )
 from dspark_convert.errors import DSparkError
-from dspark_convert.formats.gguf_reader import ANY_INTEGER_ALIGNMENT, GGUFFile, read_gguf
+from dspark_convert.formats.gguf_reader import ANY_INTEGER_ALIGNMENT, read_gguf
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
-
-
-def _architecture(kv: Mapping[str, object]) -> str | None:
-    value = kv.get("general.architecture")
-    return value if isinstance(value, str) else None
-
-
-@dataclass(frozen=True)
-class FileKind:
-    name: str
-    ours: bool                                    # held to our format, as an artifact's file
-    matches: Callable[[Mapping[str, object]], bool]
-    what: str                                     # the check's detail; {arch} is filled in
-
-
-# What a bare file is, by its metadata: the first row that matches.
-FILE_KINDS: tuple[FileKind, ...] = (
-    FileKind("dspark", True, lambda kv: "dspark.format_version" in kv,
-             "a drafter file of our format (dspark.format_version), held to "
-             "docs/ARTIFACT_FORMAT.md as an artifact's drafter.gguf is"),
-    FileKind("dspark-export", False, lambda kv: "dspark.export.engine" in kv,
-             "a drafter file `dspark export --engine llama.cpp` wrote: llama.cpp's layout, "
-             "not our format"),
-    FileKind("llama.cpp", False,
-             lambda kv: _architecture(kv) == "dflash" and "dflash.context_length" in kv,
-             "a DFlash/DSpark drafter file in llama.cpp's layout (its convert_hf_to_gguf.py "
-             "writes dflash.context_length and the target's tokenizer): not our format"),
-    FileKind("strata", False, lambda kv: _architecture(kv) == "dflash",
-             "a DFlash drafter file in Strata's layout (its tools/dflash_gguf.py and "
-             "tools/dflash_quantize.py write these): not our format, no dspark.format_version"),
-    FileKind("other", False, lambda kv: True,
-             "not a DFlash/DSpark drafter file: general.architecture is {arch}"),
-)
-
-
-def file_kind(gguf: GGUFFile) -> FileKind:
-    values = {key: entry.value for key, entry in gguf.kv.items()}
-    return next(kind for kind in FILE_KINDS if kind.matches(values))
 
 
 def _retyped_detail(retyped: tuple[str, ...]) -> str:
@@ -140,8 +102,7 @@ def _bare_checks(checks: Checks, path: Path, *, target, progress: Progress) -> N
     except DSparkError as exc:
         checks.failed("gguf.structure", exc)
         return
-    arch = _architecture({k: v.value for k, v in gguf.kv.items()})
-    checks.info("gguf.kind", kind.what.format(arch=repr(arch) if arch else "missing"))
+    checks.info("gguf.kind", kind.describe(gguf))
     checks.engines = reports_for_gguf(gguf, path=label)
 
     kv = contract = None
