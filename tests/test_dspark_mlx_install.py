@@ -275,3 +275,22 @@ def test_a_wheel_of_another_sha256_is_refused_by_pip_and_nothing_is_left(tmp_pat
                        "DO NOT MATCH THE HASHES"):
         tool.install()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_install_refuses_pins_that_are_not_closed(installed):
+    """The check install runs after pip (--no-deps) on the new venv, here on the cached
+    install's METADATA: the pins pass; without mdurl, which markdown-it-py requires, they are
+    refused in one line naming both; an extra asked of a pin (mlx[cpu]) counts."""
+    site = installed / SITE
+    tool.venvs.check_closed([site], tool.pin_versions(), tool.requirements())
+    without = {n: v for n, v in tool.pin_versions().items() if n != "mdurl"}
+    roots = [line for line in tool.requirements() if not line.startswith("mdurl==")]
+    with pytest.raises(tool.InstallError) as caught:
+        tool.venvs.check_closed([site], without, roots)
+    assert str(caught.value).startswith("the pins are not closed: markdown-it-py==4.3.0 "
+                                        "requires 'mdurl"), caught.value
+    assert "no pin of mdurl" in str(caught.value) and "\n" not in str(caught.value)
+    without_cpu = {n: v for n, v in tool.pin_versions().items() if n != "mlx-cpu"}
+    roots = [line for line in tool.requirements() if not line.startswith("mlx-cpu==")]
+    with pytest.raises(tool.InstallError, match=r"mlx\[cpu\]==0.32.4 requires 'mlx-cpu"):
+        tool.venvs.check_closed([site], without_cpu, roots)
