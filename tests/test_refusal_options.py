@@ -102,15 +102,29 @@ def test_a_refusal_names_only_options_of_its_command(tmp_path, case):
     assert misadvised(line, command) == [], line
 
 
+# The gate's drafters: (the source, an edit of its config, the policy's sample_from_anchor,
+# the code its convert stage records).
+GATE_CASES = [
+    (SPEC / "no_layout", None, None, errors.SampleFromAnchorMissingError.exit_code),
+    (SPEC / "vanilla_conf_markov", _no_layout_nested_false, None,
+     errors.AnchorLayoutError.exit_code),
+    (SPEC / "no_layout", None, False, errors.AnchorLayoutError.exit_code),
+    (SPEC / "vanilla_conf_markov", None, False, errors.SampleFromAnchorOptionError.exit_code),
+    (REFERENCE_DRAFTER, None, True, errors.SampleFromAnchorOptionError.exit_code),
+]
+
+
 def test_the_gate_records_refusals_naming_only_options_it_can_pass_on(tmp_path):
     """The gate converts with the policy's target, so it never meets 36; what it records of
-    a config without sample_from_anchor (33) names convert's option as convert's."""
+    a layout missing, stated or contradicted (33, 34, 38) names convert's option as convert's
+    and the policy's key."""
     entries = ""
-    for i, name in enumerate(("no_layout", "vanilla_conf_markov")):
-        src = _copy(tmp_path / name, SPEC / name,
-                    None if name == "no_layout" else _no_layout_nested_false)
+    for i, (base, edit, layout, _code) in enumerate(GATE_CASES):
+        src = _copy(tmp_path / f"d{i}", base, edit)
         entries += (f'[[drafter]]\nname = "d{i}"\nsource = {json.dumps(str(src))}\n'
-                    f'target = {json.dumps(str(GOLDEN_TARGET))}\nsha256 = "{"0" * 64}"\n\n')
+                    f'target = {json.dumps(str(GOLDEN_TARGET))}\nsha256 = "{"0" * 64}"\n'
+                    + ("" if layout is None else f"sample_from_anchor = {json.dumps(layout)}\n")
+                    + "\n")
     policy = tmp_path / "policy.toml"
     policy.write_text(entries)
     out = tmp_path / "gate"
@@ -123,5 +137,4 @@ def test_the_gate_records_refusals_naming_only_options_it_can_pass_on(tmp_path):
         convert = next(s for s in entry["stages"] if s["name"] == "convert")
         codes.append(convert["exit_code"])
         assert misadvised(convert["detail"], "gate") == [], convert["detail"]
-    assert codes == [errors.SampleFromAnchorMissingError.exit_code,
-                     errors.AnchorLayoutError.exit_code]
+    assert codes == [code for *_, code in GATE_CASES]

@@ -168,7 +168,7 @@ def _check(directory: Path, config: dict, option) -> None:
     except errors.DSparkError as exc:
         assert type(exc) in errors.concrete_errors() and exc.exit_code != 1, exc.message
         assert "\n" not in exc.message
-        assert exc.message.startswith((str(directory / "config.json"), "--sample-from-anchor"))
+        assert exc.message.startswith((str(directory / "config.json"), "the stated layout"))
     assert time.perf_counter() - start < MAX_SECONDS_PER_EXAMPLE
 
 

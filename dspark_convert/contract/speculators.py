@@ -247,6 +247,12 @@ def anchor_layout_error(where: str, *, path: str, field: str) -> AnchorLayoutErr
         "would be for other positions", path=path, field=field, expected=True, found=False)
 
 
+# Who states a layout a config lacks, in the words of every command that can: convert's
+# option, a gate policy's key (a refusal names no option its command lacks).
+STATED_LAYOUT = ("the stated layout (`dspark convert --sample-from-anchor`, or a gate policy "
+                 "drafter's sample_from_anchor)")
+
+
 def _layout(raw: dict, model_type: str, path: str,
             option: bool | None) -> tuple[bool, Literal["config", "option"]]:
     field = LAYOUT_FIELD
@@ -259,19 +265,20 @@ def _layout(raw: dict, model_type: str, path: str,
             raise _malformed(path, field, "true or false (a JSON boolean)", stated)
     if stated is not None and option is not None and stated != option:
         raise SampleFromAnchorOptionError(
-            f"--sample-from-anchor {str(option).lower()}: {path} says {field} "
-            f"{str(stated).lower()}; expected the option only for a config without it",
+            f"{STATED_LAYOUT} is {str(option).lower()}: {path} says {field} "
+            f"{str(stated).lower()}; expected a stated layout only for a config without it",
             path=path, field=field, expected=stated, found=option)
     if stated is None and option is None:
         raise SampleFromAnchorMissingError(
             f"{path}: field '{field}' is missing; for a {model_type} drafter "
-            f"{MISSING_LAYOUT_READINGS[model_type]}: the block layout is not guessed; state it "
-            "with `dspark convert --sample-from-anchor true|false`", path=path, field=field,
+            f"{MISSING_LAYOUT_READINGS[model_type]}: the block layout is not guessed; state it as "
+            "trained: `dspark convert --sample-from-anchor true|false`, or a gate policy "
+            "drafter's sample_from_anchor", path=path, field=field,
             expected="true or false", found="nothing")
     value, by = (stated, "config") if stated is not None else (option, "option")
     if not value:
         where = f"{path}: field '{field}' is false" if by == "config" else \
-            "--sample-from-anchor false"
+            f"{STATED_LAYOUT} is false"
         raise anchor_layout_error(where, path=path, field=field)
     return True, by
 

@@ -128,9 +128,10 @@ def read_source(directory: Path, options: SpeculatorsOptions | None = None
         raw = reading.twin
     elif options.sample_from_anchor is not None:
         raise SampleFromAnchorOptionError(
-            f"--sample-from-anchor: {label} is DeepSpec's config (no speculators_model_type), "
-            "whose block layout is always anchor first; expected the option only for a "
-            "speculators-format checkpoint without sample_from_anchor", path=label,
+            f"{speculators.STATED_LAYOUT}: {label} is DeepSpec's config (no "
+            "speculators_model_type), whose block layout is anchor first; expected a stated "
+            "layout only for a speculators-format checkpoint without sample_from_anchor",
+            path=label,
             field="sample_from_anchor", expected="no option", found="given")
     try:
         family = family_of(raw, path=label)
