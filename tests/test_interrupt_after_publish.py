@@ -164,7 +164,8 @@ def _eval(artifact: Path, root: Path, out: Path, *extra: str) -> list[str]:
     rows = [{"id": f"p{i}", "prompt_ids": [1, 17 + 5 * i, 33, 90, 250 - i, 7 + i]} for i in range(2)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return ["eval", str(artifact), "--target", str(GOLDEN_TARGET), "--device", "cpu",
-            "--prompts", str(prompts), "--max-new-tokens", "8", "-o", str(out), *extra]
+            "--prompts", str(prompts), "--max-new-tokens", "8", "--threshold", "0.5", "-o",
+            str(out), *extra]
 
 
 # --- after the publish: the output is named, in place and whole --------------------------------
