@@ -688,6 +688,14 @@ class ExportOptionError(ExportRefusal):
     exit_code = 107
 
 
+class ExportConfigSizeError(ExportRefusal):
+    """The config.json `dspark export --engine deepspec|speculators` would write from the
+    artifact (manifest.json's source.config, laid out as save_pretrained writes one) is over
+    the size every config reader here accepts: the export would not read back as the
+    checkpoint it stands for. A manifest convert wrote never is; a hand-made one can be."""
+    exit_code = 86
+
+
 # --- another engine's own runs beside ours: `dspark eval --engine` (exit codes 110-119;
 # dspark_convert/evaluation/engine_llama_cpp.py) ---------------------------------------------
 

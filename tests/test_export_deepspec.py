@@ -250,6 +250,28 @@ def test_an_invalid_artifact_is_refused_as_export_s(exported, tmp_path):
     _assert_nothing(out)
 
 
+@pytest.mark.parametrize("engine, field", [("deepspec", "zz_long"),
+                                           ("speculators", "pad_token_id")])
+def test_a_recorded_config_too_long_to_read_back_is_refused(exported, tmp_path, engine, field):
+    """A valid artifact whose manifest (hand-made, compact, under its own 4 MiB) records a
+    source.config that save_pretrained's layout makes longer than any config.json reader
+    here reads: refused before anything is written (86), not an export that fails its own
+    read-back (exit 1, naming its temporary directory)."""
+    _source, target, art, *_ = exported["vanilla_conf_markov"]
+    edited = tmp_path / "edited"
+    shutil.copytree(art, edited)
+    manifest = json.loads((edited / "manifest.json").read_text())
+    manifest["source"]["config"][field] = [1] * 1_500_000
+    (edited / "manifest.json").write_text(json.dumps(manifest, separators=(",", ":")))
+    assert run_cli("validate", str(edited)).returncode == 0
+    out = tmp_path / "out"
+    proc = run_cli("export", str(edited), "--engine", engine, "--target", str(target),
+                   "-o", str(out))
+    assert_refused(proc, errors.ExportConfigSizeError,
+                   (f"{edited / 'manifest.json'}: field 'source.config'", "4194304"))
+    _assert_nothing(out)
+
+
 @pytest.mark.parametrize("args, needles", [
     (("--engine", "deepspec"), ("needs --target",)),
     (("--engine", "deepspec", "--target", "T", "--target-gguf", "x.gguf"),

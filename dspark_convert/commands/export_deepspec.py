@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_convert.artifact.format import GGUF_FILE, contract_from_metadata, read_metadata
+from dspark_convert.artifact.format import (GGUF_FILE, MANIFEST_FILE, contract_from_metadata,
+                                             read_metadata)
 from dspark_convert.artifact.manifest import FileRecord, Manifest
 from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY
 from dspark_convert.checks import Check
@@ -54,6 +55,7 @@ from dspark_convert.contract.dspark import FeatureContract
 from dspark_convert.errors import (
     DSparkError,
     ExportArtifactError,
+    ExportConfigSizeError,
     IntegrityError,
     InternalError,
     NonFiniteTensorError,
@@ -65,6 +67,7 @@ from dspark_convert.util.atomic import Output, atomic_directory, check_outputs, 
 from dspark_convert.util.hashed_output import HashedOutput
 from dspark_convert.util.hashing import BLOCK, read_blocks
 from dspark_convert.util.progress import NoProgress, Progress
+from dspark_convert.util.strict_json import MAX_CONFIG_BYTES
 
 if TYPE_CHECKING:  # the target layer is imported where it is used
     from dspark_convert.target.model import Target
@@ -360,14 +363,22 @@ def _changed(t: PlannedTensor, how: str) -> IntegrityError:
 def write_checkpoint(out: Path, *, force: bool, progress: Progress, config: bytes,
                      header: bytes, plan: list[PlannedTensor], engine: str,
                      read_back: Callable[[Path], object], source: str,
-                     contract) -> dict[str, FileRecord]:
+                     contract, manifest_path: Path) -> dict[str, FileRecord]:
     """The one write of a checkpoint directory, inside util/atomic.atomic_directory:
     config.json, then model.safetensors (``header``, then each planned tensor streamed,
     hashed and checked: SafetensorsWriter), its size the plan's; the directory is then read
     back, ``read_back(tmp)`` (convert's read of ``source``: config.json, the strict
     safetensors header, the inventory), and its contract must be ``contract``
-    (manifest.json's, which validate checked) before the rename. Returns each file's record,
-    in the order written."""
+    (manifest.json's, which validate checked) before the rename; a config.json over the
+    size that read refuses is refused first (86, naming ``manifest_path``), nothing
+    written. Returns each file's record, in the order written."""
+    if len(config) > MAX_CONFIG_BYTES:     # the read-back's first refusal, before any write
+        raise ExportConfigSizeError(
+            f"{manifest_path}: field 'source.config': written as {CONFIG_FILE} it is "
+            f"{len(config)} bytes; expected at most {MAX_CONFIG_BYTES} (what every reader "
+            f"of {CONFIG_FILE} here reads, so that the export reads back as {source})",
+            path=str(manifest_path), field="source.config", expected=MAX_CONFIG_BYTES,
+            found=len(config))
     expected = len(header) + sum(t.nbytes for t in plan)
     written: dict[str, FileRecord] = {}
     with atomic_directory(out, force=force) as tmp:
@@ -496,7 +507,8 @@ def export_deepspec(artifact: str | os.PathLike, target: str | os.PathLike | Tar
     written = write_checkpoint(out, force=force, progress=progress, config=config,
                                header=_header_for(plan, manifest), plan=plan, engine="DeepSpec",
                                read_back=open_source, source="a source",
-                               contract=manifest.contract)
+                               contract=manifest.contract,
+                               manifest_path=gguf.path.parent / MANIFEST_FILE)
 
     config_check, config_same = _config_check(manifest, written[CONFIG_FILE].sha256, changed)
     weights_check, weights_same = _weights_check(manifest, written[WEIGHTS_FILE].sha256)

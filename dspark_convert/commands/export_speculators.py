@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_convert.artifact.format import GGUF_FILE
+from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE
 from dspark_convert.artifact.manifest import FileRecord
 from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY
 from dspark_convert.checks import Check
@@ -134,7 +134,7 @@ def export_speculators(artifact: str | os.PathLike, target: str | os.PathLike | 
         plan=plan, engine="speculators", source="a speculators source",
         read_back=lambda tmp: open_source(tmp, SpeculatorsOptions(
             target_layers=lambda: opened.config.num_hidden_layers)),
-        contract=manifest.contract)
+        contract=manifest.contract, manifest_path=inputs.gguf.path.parent / MANIFEST_FILE)
 
     checks = inputs.pairing + (
         Check.passed("export.tensors", f"{len(plan)} BF16 tensors, each bit-exact from "
