@@ -113,11 +113,13 @@ def test_require_turns_an_engines_refusal_of_a_bare_file_into_a_failure(strata_f
                    ["engine.llama.cpp", "llama.cpp/gguf.alignment_type", "must be of type u32"])
 
 
-def test_our_drafter_file_alone_is_held_to_the_format(converted):
+def test_our_drafter_file_alone_is_held_to_the_format(tmp_path, converted):
     """drafter.gguf copied without its manifest: every check the file allows, as in its
     artifact, the same engine verdicts manifest.json recorded."""
     art = converted["reference"]
-    report = validate_path(art / "drafter.gguf")
+    alone = tmp_path / "drafter.gguf"
+    shutil.copyfile(art / "drafter.gguf", alone)
+    report = validate_path(alone)
     by = assert_bare(report)
     assert report.ok, report.first_failure
     for name in ("gguf.structure", "gguf.metadata", "gguf.inventory", "gguf.values"):
@@ -212,6 +214,14 @@ def test_a_truncated_drafter_file_is_refused_in_bounded_memory(tmp_path, strata_
     path.write_bytes(data[:len(data) // 2])
     proc = run_bounded("validate", str(path))
     assert_refused(proc.proc, E.GGUFFormatError, ["gguf.structure", "cut.gguf"])
+
+
+def test_an_artifacts_own_drafter_file_is_its_artifact(converted):
+    """drafter.gguf with its manifest.json beside it: the artifact's check (as inspect)."""
+    art = converted["reference"]
+    report = validate_path(art / "drafter.gguf")
+    assert report.ok and report.artifact == str(art)
+    assert checks(report)["integrity"].status == "passed"
 
 
 def test_a_directory_is_still_an_artifact(tmp_path, converted):

@@ -16,6 +16,7 @@ from dspark_convert.artifact.engines import engine_records, reports_for_gguf
 from dspark_convert.artifact.file_kinds import file_kind
 from dspark_convert.artifact.format import (
     GGUF_FILE,
+    MANIFEST_FILE,
     as_format_types,
     contract_from_metadata,
     read_metadata,
@@ -146,9 +147,12 @@ def _inspect_artifact(gguf_path: Path, gguf=None, entries=None) -> InspectResult
 
 
 def inspect_path(path: str | os.PathLike) -> InspectResult:
-    """A checkpoint directory, an artifact directory, or a drafter.gguf file."""
+    """A checkpoint directory, an artifact directory, an artifact's drafter.gguf, or a .gguf
+    file alone (no manifest.json beside it: read as a bare file, ``_inspect_bare``)."""
     target = check_path(path, what="the path to inspect", error=SourceNotFoundError)
     if target.is_file() and target.suffix == ".gguf":
+        if target.name == GGUF_FILE and (target.parent / MANIFEST_FILE).is_file():
+            return _inspect_artifact(target)            # its artifact's, as by the directory
         return _inspect_bare(target)
     # A drafter.gguf that is there but not a regular file (a FIFO, a dangling link) makes it
     # an artifact to refuse (read_gguf says why), not a checkpoint without a config.json.

@@ -25,7 +25,7 @@ from pathlib import Path
 from dspark_convert.artifact.engine_names import ENGINES
 from dspark_convert.artifact.engines import MADE_FOR, engine_verdicts, reports_for_gguf
 from dspark_convert.artifact.file_kinds import file_kind
-from dspark_convert.artifact.format import as_format_types
+from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE, as_format_types
 from dspark_convert.commands.validate import (
     Checks,
     check_layout,
@@ -62,10 +62,14 @@ def is_bare_file(path: str | os.PathLike) -> bool:
 
 def validate_path(path: str | os.PathLike, *, progress: Progress | None = None,
                   target=None, require: Sequence[str] = ()) -> ValidationReport:
-    """`dspark validate PATH`: an artifact directory (validate_artifact), or a GGUF file
+    """`dspark validate PATH`: an artifact directory, or its drafter.gguf (a manifest.json
+    beside it: validate_artifact of the directory, as inspect reads it), or a GGUF file
     alone (validate_bare_gguf)."""
     if is_bare_file(path):
-        return validate_bare_gguf(path, progress=progress, target=target, require=require)
+        path = Path(path)
+        if not (path.name == GGUF_FILE and is_bare_file(path.parent / MANIFEST_FILE)):
+            return validate_bare_gguf(path, progress=progress, target=target, require=require)
+        path = path.parent
     return validate_artifact(path, progress=progress, target=target, require=require)
 
 
