@@ -99,7 +99,7 @@ def test_strata_quantizer_retyping_is_read_as_each_engine_reads_it(strata_files,
     assert proc.returncode == 0, proc.stderr
     assert data["engines"]["strata.open"] == {"accepts": True, "reason": None}
     assert data["engines"]["llama.cpp"] == {
-        "accepts": False, "reason": "gguf_init_from_file_impl: key 'general.alignment' must "
+        "accepts": False, "reason": "gguf_init_from_reader: key 'general.alignment' must "
                                     "be of type u32 but is i64"}
     structure = next(c for c in data["checks"] if c["name"] == "gguf.structure")
     assert "general.alignment is INT64" in structure["detail"]
@@ -241,7 +241,7 @@ def test_inspect_says_what_a_bare_file_is(tmp_path, strata_files, converted):
     assert len(data["tensors"]) == 25 and data["tensors"][0] == {
         "name": "fc.weight", "type": "Q8_0", "shape": [192, 64]}
     assert data["engines"]["strata.open"]["accepts"] is True
-    assert data["engines"]["llama.cpp"]["reason"].startswith("gguf_init_from_file_impl")
+    assert data["engines"]["llama.cpp"]["reason"].startswith("gguf_init_from_reader")
     retyped = strata_quantize(converted["dflash_plain"] / "drafter.gguf",
                               tmp_path / "ours.q4_0.gguf", "Q4_0")
     result = inspect_path(retyped)
@@ -276,3 +276,16 @@ def test_llama_cpp_converter_output_is_read_as_llama_cpp_reads_it(llama_golden):
         report = validate_path(path)
         assert report.ok and report.engines["llama.cpp"].accepts, name
         assert "dspark export" in checks(report)["gguf.kind"].detail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["BF16", "Q8_0"])
+def test_llama_cpp_itself_refuses_strata_files_as_reported(llama_golden, strata_files, kind):
+    """The real llama.cpp 0c1e570 on Strata's files: its first error is the reason the
+    report gives (the INT64 alignment at gguf init; the missing context length)."""
+    path = strata_files[kind]
+    run = llama_golden.engine.completion(path, "hi", 1)
+    errors = [line.split(" E ", 1)[1] for line in run.stderr.splitlines() if " E " in line]
+    assert run.returncode != 0 and errors, run.stderr[-2000:]
+    reason = validate_path(path).engines["llama.cpp"].reason
+    assert reason.split(" (")[0] in errors[0], (reason, errors[0])

@@ -733,14 +733,14 @@ LLAMA_EXPORT_HINTS = {QWEN3: LLAMA_EXPORT_HINT}
 
 
 def _llama_alignment_type(view: _View) -> str | None:
-    """gguf_init_from_file_impl (ggml/src/gguf.cpp): a general.alignment of another type than
+    """gguf_init_from_reader (ggml/src/gguf.cpp): a general.alignment of another type than
     u32 fails the file before any model code reads it (gguf-py's GGUFReader refuses it too:
     "Bad type for general.alignment field"). Strata's tools/dflash_quantize.py writes it
     INT64."""
     got = view.type_of("general.alignment")
     if got is None or got == "UINT32":
         return None
-    return (f"gguf_init_from_file_impl: key 'general.alignment' must be of type u32 but is "
+    return (f"gguf_init_from_reader: key 'general.alignment' must be of type u32 but is "
             f"{GGUF_TYPE_NAMES.get(got.split('[')[0], got)}")
 
 
