@@ -216,6 +216,21 @@ def test_a_truncated_drafter_file_is_refused_in_bounded_memory(tmp_path, strata_
     assert_refused(proc.proc, E.GGUFFormatError, ["gguf.structure", "cut.gguf"])
 
 
+def test_a_bare_file_of_our_format_is_paired_with_its_target(tmp_path, paired_artifacts):
+    """--target on our drafter.gguf alone: the pairing checks run on the contract and
+    hashes the file holds (a changed target is refused as for an artifact)."""
+    from support.paths import GOLDEN_TARGET
+
+    name = next(iter(paired_artifacts))
+    alone = tmp_path / "drafter.gguf"
+    shutil.copyfile(paired_artifacts[name] / "drafter.gguf", alone)
+    report = validate_path(alone, target=GOLDEN_TARGET)
+    assert report.ok, report.first_failure
+    assert checks(report)["target.identity.head"].status == "passed"
+    strata = strata_convert(PLAIN_DFLASH, tmp_path / "strata.gguf")
+    assert checks(validate_path(strata, target=GOLDEN_TARGET))["target"].status == "skipped"
+
+
 def test_an_artifacts_own_drafter_file_is_its_artifact(converted):
     """drafter.gguf with its manifest.json beside it: the artifact's check (as inspect)."""
     art = converted["reference"]
