@@ -161,7 +161,12 @@ class ValidationReport(BaseModel):
 class Checks:
     """The checks of one run, in order; a failure keeps its refusal for the report."""
 
-    def __init__(self) -> None:
+    def __init__(self, require: Sequence[str] = ()) -> None:
+        """``require``: engines (artifact/engines.ENGINES) whose refusal fails their check;
+        an unknown name is a ValueError (the CLI refuses it as a usage error first)."""
+        unknown = [name for name in require if name not in ENGINES]
+        if unknown:
+            raise ValueError(f"require: unknown engine {unknown[0]!r}; expected one of {ENGINES}")
         self.items: list[Check] = []
         self.errors: dict[str, DSparkError] = {}
         self.gguf: GGUFFile | None = None
@@ -169,7 +174,7 @@ class Checks:
         self.manifest: Manifest | None = None
         self.manifest_bytes: bytes | None = None
         self.engines: dict[str, EngineReport] | None = None
-        self.required: list[str] = []
+        self.required: list[str] = [name for name in ENGINES if name in require]
 
     def passed(self, name: str, detail: str) -> None:
         self.items.append(Check.passed(name, detail))
@@ -768,12 +773,8 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     the metadata, the inventory and the size recorded in the manifest agree: an earlier
     failure makes it moot, and the file may be anything (a 40 GB sparse file)."""
     progress = progress or NoProgress()
-    unknown = [name for name in require if name not in ENGINES]
-    if unknown:
-        raise ValueError(f"require: unknown engine {unknown[0]!r}; expected one of {ENGINES}")
     root = Path(path)
-    checks = Checks()
-    checks.required = [name for name in ENGINES if name in require]
+    checks = Checks(require)
     try:
         check_path(root, what="the artifact", error=InvalidArtifactError)
     except InvalidArtifactError as exc:
