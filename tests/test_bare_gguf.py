@@ -157,12 +157,34 @@ def test_our_file_quantized_by_strata_is_our_format_with_retyped_keys(tmp_path, 
             data_theirs[b.data_offset:b.data_offset + b.nbytes], a.name
 
 
-def test_a_key_of_our_format_retyped_beyond_its_type_is_a_metadata_refusal(tmp_path, converted):
-    src = converted["dflash_plain"] / "drafter.gguf"
-    bad = rewrite_gguf(src, tmp_path / "bad.gguf",
-                       set_keys={"dflash.block_count": (2**40, VT.INT64, None)})
-    assert_refused(run_cli("validate", str(bad)), E.MetadataError,
-                   ["gguf.metadata", "'dflash.block_count'", "UINT32", "INT64"])
+# A key of our format stored under another type whose value the format's type does not
+# hold exactly: not re-typed, so refused as for an artifact (one line, its own code).
+RETYPED_BEYOND = {
+    "count beyond u32": ({"dflash.block_count": (2**40, VT.INT64, None)}, E.MetadataError,
+                         ["'dflash.block_count'", "expected type UINT32, found INT64"]),
+    "negative count": ({"dflash.block_count": (-1, VT.INT64, None)}, E.MetadataError,
+                       ["'dflash.block_count'", "found INT64"]),
+    "count as a bool": ({"dflash.block_count": (True, VT.BOOL, None)}, E.MetadataError,
+                        ["'dflash.block_count'", "found BOOL"]),
+    "count as a float": ({"dflash.vocab_size": (512.0, VT.FLOAT64, None)}, E.MetadataError,
+                         ["'dflash.vocab_size'", "found FLOAT64"]),
+    "eps no FLOAT32 holds": ({"dflash.attention.layer_norm_rms_epsilon": (1e-300, VT.FLOAT64, None)},
+                             E.MetadataError, ["layer_norm_rms_epsilon", "found FLOAT64"]),
+    "eps NaN": ({"dflash.attention.layer_norm_rms_epsilon": (float("nan"), VT.FLOAT64, None)},
+                E.GeometryLimitError, ["layer_norm_rms_epsilon", "positive finite", "nan"]),
+    "float taps": ({"dflash.target_layers": ([1.0, 3.0], VT.ARRAY, VT.FLOAT32)},
+                   E.MetadataError, ["'dflash.target_layers'", "ARRAY[FLOAT32]"]),
+    "version a string": ({"dspark.format_version": ("1", VT.STRING, None)}, E.MetadataError,
+                         ["'dspark.format_version'", "found STRING"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RETYPED_BEYOND))
+def test_a_key_of_our_format_retyped_beyond_its_type_is_refused(tmp_path, converted, name):
+    keys, error, needles = RETYPED_BEYOND[name]
+    bad = rewrite_gguf(converted["dflash_plain"] / "drafter.gguf", tmp_path / "bad.gguf",
+                       set_keys=keys)
+    assert_refused(run_cli("validate", str(bad)), error, ["gguf.metadata", *needles])
 
 
 def test_a_file_that_is_no_drafter_is_said_so(tmp_path):
