@@ -748,7 +748,7 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
         r_fd, w_fd = os.pipe()
         cmd = [str(python), "-I", "-B", str(script), str(req), str(w_fd)]
         try:
-            run = Watched(cmd, timeout=timeout, readers=2, stdin=subprocess.DEVNULL,
+            run = Watched(cmd, timeout=timeout, fds=(r_fd,), stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(w_fd,),
                           env=environment(), cwd=tmp)
         except OSError as exc:
@@ -761,8 +761,8 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
         proc = run.proc
         tail: deque[str] = deque(maxlen=TAIL)
         over = threading.Event()
-        output = run.reader(proc.stdout.fileno())
-        records = run.reader(r_fd)
+        output = run.pipe(proc.stdout.fileno())
+        records = run.pipe(r_fd)
 
         def drain() -> None:
             total, part = 0, b""
@@ -780,8 +780,6 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
                             tail.append(shown(line[:400].decode("utf-8", "replace")))
             except Abandoned:
                 pass
-            finally:
-                output.done()
             if part.strip():
                 tail.append(shown(part[:400].decode("utf-8", "replace")))
 
@@ -806,7 +804,6 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
             run.stop()                  # Ctrl-C or a bug: the process must not outlive it
             raise
         finally:
-            records.done()
             code = run.finish()
             reader.join()
             proc.stdout.close()

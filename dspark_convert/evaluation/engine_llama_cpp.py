@@ -705,7 +705,7 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
     refused."""
     cmd = [str(binary), *args]
     try:
-        run = Watched(cmd, timeout=timeout, readers=2, stdin=subprocess.DEVNULL,
+        run = Watched(cmd, timeout=timeout, stdin=subprocess.DEVNULL,
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                       env=log_drain.environment())
     except OSError as exc:
@@ -714,8 +714,8 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
     proc = run.proc
     out = bytearray()
     over = threading.Event()
-    stdout = run.reader(proc.stdout.fileno())
-    stderr = run.reader(proc.stderr.fileno())
+    stdout = run.pipe(proc.stdout.fileno())
+    stderr = run.pipe(proc.stderr.fileno())
 
     def drain_stdout() -> None:
         try:
@@ -727,8 +727,6 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
                 out.extend(chunk)
         except Abandoned:
             pass
-        finally:
-            stdout.done()
 
     reader = threading.Thread(target=drain_stdout, daemon=True)
     reader.start()
@@ -746,7 +744,6 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
         run.stop()                      # Ctrl-C or a bug: the process must not outlive it
         raise
     finally:
-        stderr.done()
         code = run.finish()
         reader.join()
         proc.stdout.close()

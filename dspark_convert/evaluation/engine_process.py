@@ -7,15 +7,16 @@ ends the run:
 
 - at the deadline (``timeout`` seconds after the start): the whole session is killed and the
   run marked ``timed_out``;
-- once the engine's own process exits: its pipes' last bytes are read for up to
-  GRACE_SECONDS, then the whole session is killed (nothing it started outlives the run). A
-  pipe still open then is held by a process the engine left behind: the run is marked
+- once the engine's own process exits: its pipes' writers are given GRACE_SECONDS to close,
+  then the whole session is killed (nothing it started outlives the run). A pipe still
+  held open then is held by a process the engine left behind: the run is marked
   ``orphaned`` (the engine's failure, not its output's end).
 
-Its pipes are read through ``reader``, which waits for bytes at most POLL_SECONDS at a time
-and gives up (``Abandoned``) once the watcher has ended the run: no read waits on a pipe a
-process outside the session still holds (one that made a session of its own: it escaped
-the kill, not the deadline).
+Its pipes are read through ``pipe``, which waits for bytes at most POLL_SECONDS at a time:
+once the watcher has ended the run, what is left in a pipe whose writers are gone is read to
+its end, and a read of a pipe a writer still holds gives up (``Abandoned``): no read waits on
+a process outside the session (one that made a session of its own escaped the kill, not
+the end of the run).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import subprocess
 import threading
 import time
 
-GRACE_SECONDS = 2.0       # after the engine's process exits: its pipes' last bytes read
-POLL_SECONDS = 0.1        # how often a blocked read looks whether the run has ended
+GRACE_SECONDS = 2.0       # after the engine's process exits: for its pipes' writers to close
+POLL_SECONDS = 0.1        # how often a blocked read or the watcher looks again
 
 
 class Abandoned(Exception):
@@ -37,12 +38,21 @@ class Abandoned(Exception):
     run's own marks say which, and the caller raises that."""
 
 
-class Watched:
-    """``cmd`` started in a session of its own, ended as the module docstring says.
-    ``readers``: how many readers of its pipes there are (``reader``: each is done at the
-    end of its pipe, or when its caller says so). OSError when it cannot start."""
+def _writers_gone(fd: int) -> bool:
+    """Whether every writer of the pipe ``fd`` has closed it (POLLHUP: what is left in it
+    can be read to its end without waiting). A poll object of its own: one is never polled
+    by two threads at once."""
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    return any(ev & (select.POLLHUP | select.POLLERR) for _, ev in poll.poll(0))
 
-    def __init__(self, cmd: list[str], *, timeout: float, readers: int,
+
+class Watched:
+    """``cmd`` started in a session of its own, ended as the module docstring says; ``pipe``
+    reads its stdout, its stderr (each when Popen's ``stdout``/``stderr`` is PIPE) and the
+    read ends ``fds`` of pipes it was given. OSError when it cannot start."""
+
+    def __init__(self, cmd: list[str], *, timeout: float, fds: tuple[int, ...] = (),
                  grace: float = GRACE_SECONDS, **popen) -> None:
         self.timeout, self.grace = timeout, grace
         self.t0 = time.perf_counter()
@@ -51,17 +61,18 @@ class Watched:
         self.orphaned = threading.Event()
         self.stopped = threading.Event()        # by us: a limit, a refused output, Ctrl-C
         self._ended = threading.Event()
-        self._left = readers
-        self._lock = threading.Lock()
-        self._read = threading.Event()
-        if readers <= 0:
-            self._read.set()
+        own = [f.fileno() for f in (self.proc.stdout, self.proc.stderr) if f is not None]
+        self._pipes = {fd: Pipe(self, fd) for fd in (*own, *fds)}
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
 
     @property
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
+
+    def pipe(self, fd: int) -> "Pipe":
+        """The reader of ``fd`` (the process's stdout or stderr, or one of ``fds``)."""
+        return self._pipes[fd]
 
     def _kill(self) -> None:
         # The session's process group: the engine and whatever it started. Its id is the
@@ -83,21 +94,18 @@ class Watched:
             self.timed_out.set()
             self._kill()
             self.proc.wait()
-        if not self._read.wait(self.grace) and not (self.timed_out.is_set()
-                                                    or self.stopped.is_set()):
-            self.orphaned.set()
+        # Exited (or killed): its pipes' writers should close with it. One still open after
+        # the grace is a process it left behind (the parser's own pace does not count: what
+        # is left in a pipe whose writers are gone is read to its end after this).
+        until = time.perf_counter() + self.grace
+        while not all(p.released() for p in self._pipes.values()):
+            if time.perf_counter() > until:
+                if not (self.timed_out.is_set() or self.stopped.is_set()):
+                    self.orphaned.set()
+                break
+            time.sleep(POLL_SECONDS / 2)
         self._kill()                    # whatever it started: nothing outlives its run
         self._ended.set()
-
-    def _done_reading(self) -> None:
-        with self._lock:
-            self._left -= 1
-            if self._left <= 0:
-                self._read.set()
-
-    def reader(self, fd: int) -> "Pipe":
-        """The reader of ``fd``, one of the ``readers``."""
-        return Pipe(self, fd)
 
     def timeout_text(self) -> str:
         """The words of a run stopped at its deadline (``timed_out``), for its refusal."""
@@ -115,31 +123,31 @@ class Watched:
 
 
 class Pipe:
-    """``pipe(n)``: bytes of an engine's pipe as they come, b"" at its end, Abandoned once
-    the run has ended with the pipe still open. ``done()`` (idempotent; the end of the pipe
-    calls it): this reader reads no more, and the watcher waits on it no longer."""
+    """``pipe(n)``: bytes of an engine's pipe as they come, b"" at its end. Once the run has
+    ended, a pipe whose writers are gone is still read to its end (bytes already written,
+    bounded); one a writer still holds gives up (Abandoned)."""
 
     def __init__(self, run: Watched, fd: int) -> None:
         self._run, self._fd = run, fd
         self._poll = select.poll()
-        self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        self._done = False
+        self._poll.register(fd, select.POLLIN)
+        self._eof = False
 
     def __call__(self, n: int) -> bytes:
-        while not self._done:
-            if self._run._ended.is_set():
+        while not self._eof:
+            events = self._poll.poll(int(POLL_SECONDS * 1000))
+            hup = any(ev & (select.POLLHUP | select.POLLERR) for _, ev in events)
+            if self._run._ended.is_set() and not hup:
                 raise Abandoned
-            if self._poll.poll(int(POLL_SECONDS * 1000)):
+            if events:
                 data = os.read(self._fd, n)
-                if not data:
-                    self.done()
+                self._eof = not data
                 return data
         return b""
 
-    def done(self) -> None:
-        if not self._done:
-            self._done = True
-            self._run._done_reading()
+    def released(self) -> bool:
+        """Read to its end, or every writer gone."""
+        return self._eof or _writers_gone(self._fd)
 
 
 def signal_name(code: int) -> str:
