@@ -51,7 +51,8 @@ def gate(
     debug: DebugOpt = False,
 ) -> None:
     """Gate a release: for each drafter of POLICY pin, convert, check the bytes, validate,
-    quantize, smoke, eval and compare with the last release; exit 0 only when all passed."""
+    quantize, smoke, eval, run the engines it requires (llama.cpp, dspark-mlx) and compare
+    with the last release; exit 0 only when all passed."""
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
