@@ -135,3 +135,32 @@ def test_validate_holds_the_recorded_config_to_the_rule(tmp_path, value):
                    "-o", str(out))
     assert_refused(proc, ExportArtifactError, ("'sample_from_anchor'", "does not validate"))
     assert not out.exists()
+
+
+# speculators' own schema, the format's oracle: how it reads each value that is not a JSON
+# boolean. It coerces strings and numbers (pydantic, lax) where a reader that takes the
+# field's truth value reads "false" as true, and refuses null: no such value states a layout
+# every reader agrees on, hence 13 rather than a reading.
+SPECULATORS_READING = """
+import json
+from pydantic import TypeAdapter
+from speculators.models.dspark.config import DSparkSpeculatorConfig
+field = DSparkSpeculatorConfig.model_fields["sample_from_anchor"]
+read = TypeAdapter(field.annotation)
+out = {"default": field.default}
+for value in ("false", "true", 0, 1, None):
+    try:
+        out[json.dumps(value)] = read.validate_python(value)
+    except Exception as exc:
+        out[json.dumps(value)] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow            # speculators' interpreter imports torch and transformers
+def test_speculators_reads_the_values_refused_as_13_against_their_truth():
+    from support import speculators
+
+    assert speculators.run(SPECULATORS_READING) == {
+        "default": True, '"false"': False, '"true"': True, "0": False, "1": True,
+        "null": "ValidationError"}

@@ -266,12 +266,12 @@ def _check_taps(cfg: DSparkConfig, path: str) -> None:
 def check_block_layout(cfg, path: str) -> None:
     """DeepSpec's config.json (every family's; a speculators config's twin, whose layer config
     it copies) in the one block layout the artifact format records: ``sample_from_anchor``
-    absent (DeepSpec writes none, and vLLM and SGLang read a DeepSpec config without it as
-    true: docs/REFERENCE.md, "Engines") or a JSON true. False is the anchor-as-bonus layout
-    (34); any other value (0, 1, "true", null) is no layout (13): an engine reads it by
-    truthiness, "false" as true. And no ``speculators_model_type``: a config naming one is
-    speculators' format (this reader's, vLLM's), which the twin written back would be read
-    as (13)."""
+    absent (DeepSpec writes none, and vLLM's and SGLang's DSpark proposers read a config
+    without it as true: docs/CONFORMANCE.md) or a JSON true. False is the anchor-as-bonus
+    layout (34); any other value (0, 1, "true", null) states none (13): speculators' schema
+    coerces "false" to false, a reader of its truth value takes it for true. And no
+    ``speculators_model_type``: a config naming one is speculators' format (this reader's,
+    vLLM's), which the twin written back would be read as (13)."""
     extra = cfg.model_extra or {}
     if MODEL_TYPE_FIELD in extra:
         raise ConfigError(

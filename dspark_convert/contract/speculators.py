@@ -239,7 +239,7 @@ LAYOUT_FIELD = _row("layout")[0].speculators
 
 def anchor_layout_error(where: str, *, path: str, field: str) -> AnchorLayoutError:
     """The refusal (34) of the anchor-as-bonus block layout, ``where`` saying who stated it
-    (a field of a config, DeepSpec's or speculators', or --sample-from-anchor false)."""
+    (a field of a config, DeepSpec's or speculators', or the layout a user stated)."""
     return AnchorLayoutError(
         f"{where}: the anchor-as-bonus block layout (slot k predicts position p+k, "
         "block_size - 1 drafts); the artifact format, Strata, llama.cpp and the reference "
@@ -256,8 +256,9 @@ STATED_LAYOUT = ("the stated layout (`dspark convert --sample-from-anchor`, or a
 def _layout(raw: dict, model_type: str, path: str,
             option: bool | None) -> tuple[bool, Literal["config", "option"]]:
     field = LAYOUT_FIELD
-    # Absent is the one "not stated"; null is no layout at all (vLLM reads it false,
-    # speculators' schema refuses it): a value of the wrong type (13), like "true" or 1.
+    # Absent is the one "not stated"; null states no layout (speculators' schema refuses
+    # it): a value of the wrong type (13), like "true" or 1, which speculators coerces and a
+    # reader of its truth value does not ("false" is true).
     stated = None
     if field in raw:
         stated = raw[field]
