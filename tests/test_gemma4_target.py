@@ -16,6 +16,7 @@ import pytest
 
 from conftest import REFERENCE_DRAFTER
 from support.cli import assert_refused, run_cli, run_process
+from support.edited import edited_copy
 from support.gemma4 import GEMMA4_DRAFTERS, GEMMA4_TARGET, GEMMA4_TRAINER_CONFIGS
 from support.hub_server import HubServer
 from support.paths import GOLDEN_TARGET
@@ -40,22 +41,11 @@ DSPARK = GEMMA4_DRAFTERS["gemma4_vanilla_conf_markov"]
 
 def _target(tmp_path, edit=None, name="target"):
     """A copy of the Gemma4 fixture target, its config.json changed by ``edit(cfg)``."""
-    target = tmp_path / name
-    shutil.copytree(GEMMA4_TARGET, target)
-    if edit is not None:
-        cfg = json.loads((target / "config.json").read_text())
-        edit(cfg)
-        (target / "config.json").write_text(json.dumps(cfg, indent=2))
-    return target
+    return edited_copy(GEMMA4_TARGET, tmp_path / name, edit)
 
 
 def _drafter(tmp_path, edit):
-    draft = tmp_path / "draft"
-    shutil.copytree(DSPARK, draft)
-    cfg = json.loads((draft / "config.json").read_text())
-    edit(cfg)
-    (draft / "config.json").write_text(json.dumps(cfg, indent=2))
-    return draft
+    return edited_copy(DSPARK, tmp_path / "draft", edit)
 
 
 def _flip_embedding_row(target, row: int) -> None:
