@@ -824,6 +824,36 @@ class GateEngineError(GateError):
     exit_code = 126
 
 
+# --- verify-length scheduling: policies and the target's cost table (exit codes 140-142;
+# dspark_convert/scheduling/; 130 and 143 are SIGINT and SIGTERM) ---------------------------
+
+class SchedulingError(DSparkError):
+    kind = "scheduling"
+
+
+class SchedulingPolicyError(SchedulingError):
+    """A verify-length policy cannot be used as given: its name is none of the table's
+    (full, threshold=X, dspark, dspark-async, target-only), its parameter is missing, not
+    wanted or out of range, or what it is handed is not a step it can decide (a confidence
+    not a number in [0, 1], dspark-async without the confidences of two steps earlier)."""
+    exit_code = 140
+
+
+class CostTableError(SchedulingError):
+    """A cost table (the target's verify steps per second by batch tokens) cannot be read:
+    not a regular file, over its size bound, not strict JSON, a field missing, extra or of
+    the wrong type, no entries, `tokens` and `steps_per_second` of different lengths,
+    tokens not strictly increasing positive integers, or a rate not finite and positive."""
+    exit_code = 141
+
+
+class CostTableRangeError(SchedulingError):
+    """A verify step of B tokens was looked up in a cost table whose largest entry is
+    smaller (or B is not a positive integer): the table does not say what that step costs,
+    and no rate is guessed for it."""
+    exit_code = 142
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1

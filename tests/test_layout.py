@@ -14,7 +14,7 @@ from conftest import ROOT
 PACKAGE = ROOT / "dspark_convert"
 # Lowest first. A module may import its own layer and the layers before it.
 LAYERS = ["errors", "checks", "util", "formats", "contract", "artifact", "source", "target",
-          "runtime", "evaluation", "synthetic", "commands", "cli"]
+          "scheduling", "runtime", "evaluation", "synthetic", "commands", "cli"]
 
 
 def _module(path: Path) -> str:

@@ -27,6 +27,7 @@ def _models() -> dict:
     from dspark_convert.commands.gate_report import GateReport
     from dspark_convert.commands.conform import ConformResult
     from dspark_convert.evaluation.conform import TraceRecord
+    from dspark_convert.scheduling.cost_table import CostTable
 
     return {
         "dspark-config.schema.json": DSparkConfig,
@@ -41,6 +42,7 @@ def _models() -> dict:
         "gate-report.schema.json": GateReport,
         "conform-trace.schema.json": TraceRecord,
         "conform-report.schema.json": ConformResult,
+        "cost_table.schema.json": CostTable,
     }
 
 

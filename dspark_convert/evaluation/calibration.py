@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.errors import CalibrationFileError, CalibrationMismatchError, InternalError
+from dspark_convert.scheduling.policies import static_cutoff
 from dspark_convert.util.patterns import is_sha256
 from dspark_convert.util.models import VersionOne, validated
 from dspark_convert.util.paths import check_input_file
@@ -334,12 +335,7 @@ def cut_length(logits, threshold: float, temperatures: Sequence[float] | None = 
     """The static cutoff (docs/REFERENCE.md §2, DSparkDrafter.propose): with threshold > 0 the
     first k with sigmoid(cl_k [/ T_k]) < threshold, else the whole block."""
     values = list(logits) if temperatures is None else scale_confidence_logits(list(logits), temperatures)
-    if threshold <= 0.0:
-        return len(values)
-    for k, c in enumerate(values):
-        if _sigmoid(float(c)) < threshold:
-            return k
-    return len(values)
+    return static_cutoff([_sigmoid(float(c)) for c in values], threshold)
 
 
 def _sigmoid(x: float) -> float:

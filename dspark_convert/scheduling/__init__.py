@@ -1,0 +1,13 @@
+"""Verify-length scheduling (docs/REFERENCE.md §9, docs/SCHEDULING.md): per verify step, how
+many draft tokens of each in-flight request the target verifies, chosen from the confidence
+head's probabilities and the target's cost table.
+
+- ``policies``: what a policy may see (``StepView``: confidences only), the policies as pure
+  functions (full, threshold=X, dspark, dspark-async, target-only), their table and the
+  parsing of a policy's name; the retrospective search without the stop, which is not
+  lossless, kept only as the tests' negative control.
+- ``cost_table``: the target's verify steps per second by batch tokens (a JSON file), its
+  strict reader and writer, and the lookup SPS(B).
+
+Pure Python and pydantic; no torch, no engine.
+"""
