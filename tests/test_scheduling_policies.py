@@ -68,7 +68,8 @@ def test_misspelt_policy_or_bad_parameter_is_one_line(spec):
 
 
 def test_a_policy_made_by_hand_is_checked_too():
-    for name, parameter in [("dspark2", None), ("threshold", None), ("full", 0.5)]:
+    for name, parameter in [("dspark2", None), ("threshold", None), ("full", 0.5),
+                            ("threshold", 1.5), ("threshold", float("nan")), ("threshold", "0.5")]:
         with pytest.raises(SchedulingPolicyError):
             Policy(name, parameter)
 

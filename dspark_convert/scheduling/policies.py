@@ -246,7 +246,9 @@ class Policy:
 
     def __post_init__(self):
         kind = POLICIES.get(self.name)
-        if kind is None or (kind.parameter is None) != (self.parameter is None):
+        value = self.parameter
+        if kind is None or (kind.parameter is None) != (value is None) or (
+                value is not None and not (isinstance(value, float) and 0.0 <= value <= 1.0)):
             raise SchedulingPolicyError(f"policy {self.name!r} with parameter {self.parameter!r}: "
                                         f"expected a policy of POLICIES (parse_policy)",
                                         field="policy", found=repr(self.name))
