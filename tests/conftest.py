@@ -3,9 +3,19 @@ shared by test modules live in tests/support/; test modules never import each ot
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+
+# The interrupt tests send SIGINT to in-process code and to `dspark` children. A suite started
+# in the background of a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored,
+# and an ignored SIGINT is inherited through exec: Python then installs no KeyboardInterrupt
+# handler, in pytest or in any child, and those tests fail for the way they were started.
+# The suite takes SIGINT as an interactive one does; a Python handler is reset to the default
+# on exec, so the children get theirs too.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Re-exported: test modules read the data's paths and the CLI's argv from here.
 from support.cli import dspark_cmd  # noqa: F401
