@@ -804,9 +804,7 @@ def _run(python: Path, request: dict, what: str, parse, *, limit: int, timeout: 
             run.stop()                  # Ctrl-C or a bug: the process must not outlive it
             raise
         finally:
-            code = run.finish()
-            reader.join()
-            proc.stdout.close()
+            code = run.finish(reader)
             os.close(r_fd)
         seconds = run.seconds
     last = " | ".join(list(tail)[-5:]) or "no output"

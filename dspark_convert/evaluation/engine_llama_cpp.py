@@ -744,10 +744,7 @@ def _run(binary: Path, args: list[str], what: str, parse: Callable[[Log], object
         run.stop()                      # Ctrl-C or a bug: the process must not outlive it
         raise
     finally:
-        code = run.finish()
-        reader.join()
-        proc.stdout.close()
-        proc.stderr.close()
+        code = run.finish(reader)
     last = " | ".join(list(log.tail)[-3:]) or "no log line"
     if run.timed_out.is_set():
         raise EngineRunError(f"{binary.name} ({what}): {run.timeout_text()}; its last log lines: "

@@ -116,9 +116,15 @@ class Watched:
         return (f"exited {self.proc.returncode}, but a process it started still held {pipes} "
                 f"open {self.grace:g} s later; stopped with every process it started")
 
-    def finish(self) -> int:
-        """The run ended (the watcher's verdict reached): the engine's exit code."""
+    def finish(self, reader: threading.Thread) -> int:
+        """The run ended (the watcher's verdict reached), ``reader`` (the thread draining
+        one of its pipes) joined and the process's own pipes closed: the engine's exit
+        code."""
         self._watcher.join()
+        reader.join()
+        for own in (self.proc.stdout, self.proc.stderr):
+            if own is not None:
+                own.close()
         return self.proc.returncode
 
 
