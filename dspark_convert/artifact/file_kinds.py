@@ -6,10 +6,32 @@ at all (docs/ENGINES.md, "Files other tools wrote"). `dspark validate FILE.gguf`
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE
 from dspark_convert.formats.gguf_reader import GGUFFile
+
+
+def is_regular_file(path: str | os.PathLike) -> bool:
+    """A regular file (not a link, not a directory)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def artifact_of(path: str | os.PathLike) -> Path | None:
+    """The artifact directory whose drafter.gguf ``path`` is (a manifest.json, a regular
+    file, beside it), else None: a .gguf file alone, which validate and inspect read as a
+    bare file. The one rule both commands use, so that they read the same file alike."""
+    path = Path(path)
+    if path.name == GGUF_FILE and is_regular_file(path.parent / MANIFEST_FILE):
+        return path.parent
+    return None
 
 
 def architecture(kv: Mapping[str, object]) -> str | None:

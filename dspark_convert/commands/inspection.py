@@ -13,10 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dspark_convert.artifact.engines import engine_records, reports_for_gguf
-from dspark_convert.artifact.file_kinds import file_kind
+from dspark_convert.artifact.file_kinds import artifact_of, file_kind
 from dspark_convert.artifact.format import (
     GGUF_FILE,
-    MANIFEST_FILE,
     as_format_types,
     contract_from_metadata,
     read_metadata,
@@ -151,7 +150,7 @@ def inspect_path(path: str | os.PathLike) -> InspectResult:
     file alone (no manifest.json beside it: read as a bare file, ``_inspect_bare``)."""
     target = check_path(path, what="the path to inspect", error=SourceNotFoundError)
     if target.is_file() and target.suffix == ".gguf":
-        if target.name == GGUF_FILE and (target.parent / MANIFEST_FILE).is_file():
+        if artifact_of(target) is not None:
             return _inspect_artifact(target)            # its artifact's, as by the directory
         return _inspect_bare(target)
     # A drafter.gguf that is there but not a regular file (a FIFO, a dangling link) makes it

@@ -18,13 +18,12 @@ our format that breaks the format (its own codes).
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from dspark_convert.artifact.engines import MADE_FOR, engine_verdicts, reports_for_gguf
-from dspark_convert.artifact.file_kinds import file_kind
-from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE, as_format_types
+from dspark_convert.artifact.file_kinds import artifact_of, file_kind, is_regular_file
+from dspark_convert.artifact.format import as_format_types
 from dspark_convert.commands.validate import (
     Checks,
     check_layout,
@@ -50,25 +49,16 @@ def _retyped_detail(retyped: tuple[str, ...]) -> str:
             "the engine checks say what each makes of them")
 
 
-def is_bare_file(path: str | os.PathLike) -> bool:
-    """A regular file (not a link, not a directory): what `dspark validate` checks as a
-    bare GGUF file rather than as an artifact directory."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def validate_path(path: str | os.PathLike, *, progress: Progress | None = None,
                   target=None, require: Sequence[str] = ()) -> ValidationReport:
     """`dspark validate PATH`: an artifact directory, or its drafter.gguf (a manifest.json
     beside it: validate_artifact of the directory, as inspect reads it), or a GGUF file
     alone (validate_bare_gguf)."""
-    if is_bare_file(path):
-        path = Path(path)
-        if not (path.name == GGUF_FILE and is_bare_file(path.parent / MANIFEST_FILE)):
+    if is_regular_file(path):
+        directory = artifact_of(path)
+        if directory is None:
             return validate_bare_gguf(path, progress=progress, target=target, require=require)
-        path = path.parent
+        path = directory
     return validate_artifact(path, progress=progress, target=target, require=require)
 
 
