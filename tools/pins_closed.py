@@ -27,8 +27,6 @@ library only.
 from __future__ import annotations
 
 import email.parser
-import os
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,6 +34,8 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+
+import engine_cache as cache   # tools/engine_cache.py, beside it: the bounded read
 
 METADATA_MAX_BYTES = 4 << 20        # the largest METADATA of the pins is ~200 KB
 
@@ -46,18 +46,10 @@ class MetadataError(Exception):
 
 def read_metadata(dist_info: Path) -> tuple[str, str, list[str]]:
     """(name, version, Requires-Dist lines) of one installed distribution's METADATA, read
-    bounded and never through a link."""
+    bounded and never through a link (the engine cache's one bounded read)."""
     path = dist_info / "METADATA"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        raise MetadataError(f"{path}: {exc.strerror}; expected the METADATA pip wrote") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise MetadataError(f"{path}: not a regular file; expected the METADATA pip wrote")
-        data = fh.read(METADATA_MAX_BYTES + 1)
-    if len(data) > METADATA_MAX_BYTES:
-        raise MetadataError(f"{path}: over {METADATA_MAX_BYTES} bytes; expected a METADATA file")
+    data = cache.read_bounded(path, METADATA_MAX_BYTES, "expected the METADATA pip wrote",
+                              MetadataError)
     msg = email.parser.BytesHeaderParser().parsebytes(data)
     name, version = msg.get("Name"), msg.get("Version")
     if not name or not version:
