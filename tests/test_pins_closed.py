@@ -21,7 +21,7 @@ from support.paths import ROOT
 from support.tools import load_tool
 
 closed = load_tool("tools/pins_closed.py", siblings=("engine_cache",))
-lock = load_tool("tools/lock.py")
+lock = load_tool("tools/lock.py", siblings=("engine_cache",))
 
 LOCK_LINE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+) --hash=sha256:[0-9a-f]{64}")
 

@@ -24,6 +24,7 @@ scripts import it by its plain name, beside them (the tests load it as their sib
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -101,6 +102,12 @@ def refuse_constant(name: str) -> None:
 # A JSON value's kind, by the Python type json.loads gives it.
 JSON_KIND = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
              type(None): "null"}
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex): a pinned sdist's, a find-links wheel's."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def read_bounded(path: Path, limit: int, expected: str, error: type[Exception]) -> bytes:

@@ -43,7 +43,6 @@ temporaries, signals, the bounded read of the info file) is tools/engine_cache.p
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -229,14 +228,6 @@ def is_built(root: Path | None = None, *, native: bool = False) -> bool:
 
 # --- building -----------------------------------------------------------------------------
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def run_step(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
     print(f"llama.cpp: {what} (log: {log})", flush=True)
     with open(log, "ab") as out:
@@ -360,7 +351,7 @@ def fetch_sdist(work: Path) -> Path:
     downloaded = False
     if local:
         sdist = Path(local)
-    elif kept.is_file() and not kept.is_symlink() and sha256_of(kept) == SDIST_SHA256:
+    elif kept.is_file() and not kept.is_symlink() and cache.sha256_of(kept) == SDIST_SHA256:
         sdist = kept
     else:
         sdist = download_sdist(work / "download")
@@ -368,7 +359,7 @@ def fetch_sdist(work: Path) -> Path:
     if not sdist.is_file():
         raise BuildError(f"{cache.shown(sdist)}: no such sdist (expected {SDIST_NAME})")
     print(f"llama.cpp: checking the SHA-256 of {cache.shown(sdist)}", flush=True)
-    got = sha256_of(sdist)
+    got = cache.sha256_of(sdist)
     if got != SDIST_SHA256:
         raise BuildError(f"{cache.shown(sdist)}: SHA-256 {got}, expected {SDIST_SHA256} "
                          f"({PACKAGE}=={VERSION}); refusing to build it")

@@ -40,6 +40,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import engine_cache as cache   # tools/engine_cache.py, beside it: a file's SHA-256
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements.lock"
 CONSTRAINTS = ROOT / "constraints.txt"
@@ -76,11 +78,6 @@ def inputs_sha256() -> str:
     return hashlib.sha256(data.encode()).hexdigest()
 
 
-def _sha256_of_file(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 def _file_sha256(item: dict) -> str:
     """The SHA-256 of the file pip chose for one item of its report."""
     info = item.get("download_info")
@@ -96,7 +93,7 @@ def _file_sha256(item: dict) -> str:
         return hashes["sha256"]
     url = urllib.parse.urlparse(info["url"])
     if url.scheme == "file":
-        return _sha256_of_file(Path(urllib.request.url2pathname(url.path)))
+        return cache.sha256_of(Path(urllib.request.url2pathname(url.path)))
     raise LockError(f"pip's report: {name} from {info['url']} has no SHA-256; expected an index "
                     "that publishes hashes, or a local file")
 
