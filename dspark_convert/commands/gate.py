@@ -497,8 +497,7 @@ def _misread(run, engine: RunEngine) -> str | None:
     """Why an engine's drafts are not the reference's, or None (near ties aside)."""
     for p in run.prompts:
         d = p.proposals.first_difference if p.proposals is not None else None
-        if d is not None and not (d.row_offset is None and d.reference_margin is not None
-                                  and d.reference_margin < engine.near_tie):
+        if d is not None and not d.within(engine.near_tie):
             return _difference(d, p.id, engine.name)
     c = run.proposals
     if c is not None and c.compared and c.equal < MIN_AGREEMENT * c.compared:

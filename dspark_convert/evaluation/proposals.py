@@ -72,6 +72,17 @@ class FirstDifference(BaseModel):
     near_tie: bool                     # margin below NEAR_TIE and no row offset
     prompt: str | None = None          # the prompt it was met on (set by the eval)
 
+    def within(self, margin: float) -> bool:
+        """A near tie at ``margin``: no row offset and the reference's margin below it
+        (``near_tie`` is this at NEAR_TIE; an engine judged at another margin asks this)."""
+        return is_near_tie(self.row_offset, self.reference_margin, margin)
+
+
+def is_near_tie(offset: int | None, margin: float | None, limit: float = NEAR_TIE) -> bool:
+    """The near-tie rule: a difference with no row offset where the reference's margin is
+    under ``limit`` (another engine's arithmetic may break such a tie the other way)."""
+    return offset is None and margin is not None and margin < limit
+
 
 class ProposalCheck(BaseModel):
     """``compared`` drafts, ``equal`` of them token for token (over the engine's draft
@@ -226,7 +237,7 @@ def check_lines(lines: Sequence[TraceLine], proposer: ReferenceProposer, *,
             reference_token=ref[k] if k < len(ref) else -1, context_tokens=x.context_length - 1,
             anchor=x.anchor, engine_draft=list(x.draft), reference_draft=list(ref),
             row_offset=offset, reference_margin=margin,
-            near_tie=offset is None and margin is not None and margin < NEAR_TIE)
+            near_tie=is_near_tie(offset, margin))
     return ProposalCheck(compared=compared, equal=equal, positions_compared=pos_compared,
                          positions_equal=pos_equal, first_difference=difference)
 
