@@ -6,15 +6,15 @@ schemas/manifest.schema.json is generated from ``Manifest``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from dspark_convert.artifact.engine_names import EngineName
 from dspark_convert.checks import Check
 from dspark_convert.contract.families import BY_NAME as FAMILIES_BY_NAME, AnyContract
 from dspark_convert.errors import ManifestError
-from dspark_convert.util.models import validated
+from dspark_convert.util.models import exact_versions, validated
 from dspark_convert.util.patterns import COMMIT_PATTERN, SHA256_PATTERN
 from dspark_convert.util.strict_json import (
     NotVerbatimError,
@@ -29,17 +29,10 @@ FAMILY_NAMES = tuple(FAMILIES_BY_NAME)
 Sha256 = Field(pattern=SHA256_PATTERN)
 
 
-def _an_int(value: object) -> object:
-    # JSON's true and 1.0 equal 1 in Python: a Literal field took them even in strict mode.
-    if type(value) is not int:
-        raise ValueError("the integer 1 or 2")
-    return value
-
-
 #: The artifact's format version, the one its drafter.gguf's dspark.format_version holds
 #: (artifact/format.FORMAT_VERSIONS: 1 for Qwen3, 2 for a drafter family such as Gemma4);
 #: validate refuses a manifest whose version is not its file's (49).
-FormatVersion = Annotated[Literal[1, 2], BeforeValidator(_an_int)]
+FormatVersion = exact_versions(1, 2)
 
 
 class _Record(BaseModel):

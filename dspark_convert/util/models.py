@@ -18,16 +18,22 @@ from pydantic import BaseModel, BeforeValidator, ValidationError
 M = TypeVar("M", bound=BaseModel)
 
 
-def _an_int(value: object) -> object:
-    # JSON's true and 1.0 equal 1 in Python: a Literal[1] field (a format version) took
-    # them even in strict mode, where an int field refuses both.
-    if type(value) is not int:
-        raise ValueError("the integer 1")
-    return value
+def exact_versions(*versions: int):
+    """A format-version field that takes only the integers ``versions``: JSON's true and 1.0
+    equal 1 in Python, and a Literal field took them even in strict mode, where an int field
+    refuses both; the schema says const (or enum) of them."""
+    words = " or ".join(str(v) for v in versions)
+
+    def an_int(value: object) -> object:
+        if type(value) is not int:
+            raise ValueError(f"the integer {words}")
+        return value
+
+    return Annotated[Literal[versions], BeforeValidator(an_int)]
 
 
 #: A document's format version: the integer 1 (not true, not 1.0); the schema says const 1.
-VersionOne = Annotated[Literal[1], BeforeValidator(_an_int)]
+VersionOne = exact_versions(1)
 
 # pydantic error type -> what was expected, in words (for the types a JSON file holds).
 _EXPECTED_BY_TYPE = {
