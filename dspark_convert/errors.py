@@ -854,6 +854,44 @@ class CostTableRangeError(SchedulingError):
     exit_code = 142
 
 
+class ProfileInputError(SchedulingError):
+    """`dspark profile` cannot measure as asked: --tokens is not a comma list of strictly
+    increasing positive integers (or is given with --max-tokens), --max-tokens, --context or
+    --repeats is below 1, the warm-up runs are negative, or --device / --dtype is none of
+    its values."""
+    exit_code = 144
+
+
+class ProfileRangeError(SchedulingError):
+    """The profile does not fit the target: the context plus the largest batch it measures
+    is beyond the target's context (max_position_embeddings); nothing is loaded."""
+    exit_code = 145
+
+
+class DecisionsError(SchedulingError):
+    """A decisions file (decisions.jsonl: one verify step a line, what a scheduler saw and
+    chose) cannot be read: not a regular file, empty, over its size bounds, not UTF-8,
+    a blank line, a line not strict JSON or not an object, a field missing, extra or of the
+    wrong type, a confidence outside [0, 1], accepted above length, length above the
+    block, an id repeated within a step, steps not consecutive from 0, or two policies in
+    one file."""
+    exit_code = 146
+
+
+class SchedulerMismatchError(SchedulingError):
+    """A scheduler's recorded decisions are not what the policy they claim chooses on the
+    recorded confidences (`dspark simulate --check`): the first step and request that
+    differ, the length expected and found, and why (a length Algorithm 1 would not choose,
+    the stop skipped, a budget from fresher confidences than §5.2 allows)."""
+    exit_code = 147
+
+
+class ConcurrencyError(SchedulingError):
+    """A concurrency list (`--concurrency` of `simulate` and `serve-bench`) is not a comma
+    list of positive integers, strictly increasing."""
+    exit_code = 148
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1

@@ -28,6 +28,7 @@ def _models() -> dict:
     from dspark_convert.commands.conform import ConformResult
     from dspark_convert.evaluation.conform import TraceRecord
     from dspark_convert.scheduling.cost_table import CostTable
+    from dspark_convert.scheduling.decisions import DecisionLine
 
     return {
         "dspark-config.schema.json": DSparkConfig,
@@ -43,6 +44,7 @@ def _models() -> dict:
         "conform-trace.schema.json": TraceRecord,
         "conform-report.schema.json": ConformResult,
         "cost_table.schema.json": CostTable,
+        "decisions.schema.json": DecisionLine,
     }
 
 
