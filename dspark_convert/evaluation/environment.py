@@ -16,6 +16,7 @@ import sys
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert import __version__
+from dspark_convert.util.machine import cpu_name
 from dspark_convert.util.text import shown
 
 
@@ -75,17 +76,6 @@ class Environment(BaseModel):
     dspark_convert_version: str
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
 def describe_environment(device, requested: str, dtype: str) -> Environment:
     import torch
 
@@ -95,7 +85,7 @@ def describe_environment(device, requested: str, dtype: str) -> Environment:
         index = device.index if device.index is not None else torch.cuda.current_device()
         name, label = torch.cuda.get_device_name(index), f"cuda:{index}"
     else:
-        name, label = _cpu_name(), str(device)
+        name, label = cpu_name(), str(device)
     return Environment(device=label, device_requested=requested, device_name=name, dtype=dtype,
                        torch_version=torch.__version__, cuda_version=torch.version.cuda,
                        torch_threads=torch.get_num_threads(),
