@@ -6,7 +6,8 @@ registers them on the one typer app (cli/app.py)."""
 from __future__ import annotations
 
 from dspark_convert.cli import (  # noqa: F401 (register)
-    conform, convert, evaluate, export, gate, inspection, lock, profile, quantize, smoke, validate)
+    conform, convert, evaluate, export, gate, inspection, lock, profile, quantize, serve_bench,
+    simulate, smoke, validate)
 from dspark_convert.cli.app import app
 
 __all__ = ["app"]
