@@ -12,13 +12,15 @@ token at ``start+1+j`` (anchor first). Block rows are never cached.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
+from dspark_convert.runtime.layers import (Rope, attention, linear, mlp, packed_positions,
+                                           rms_norm, split_heads, split_rows)
 from dspark_convert.runtime.sampling import pick, probs_from_logits, require_finite
 from dspark_convert.runtime.weights import DrafterWeights
 
@@ -104,6 +106,14 @@ class DSparkDrafter:
         """feat(hs) = concat of hs[id+1] for each tap (DeepSpec's extract_context_feature)."""
         return torch.cat([hidden_states[i] for i in self.hidden_state_indices], dim=-1)
 
+    def fork(self) -> DSparkDrafter:
+        """A drafter over the same weights with a context of its own (empty): one per
+        request in flight (runtime/serving.py). The weights, RoPE tables and calibration
+        are shared, never copied."""
+        clone = copy.copy(self)
+        clone.reset()
+        return clone
+
     @torch.inference_mode()
     def fused_context(self, features: torch.Tensor) -> torch.Tensor:
         """Hc = hidden_norm(fc(features)), [n, H]."""
@@ -112,15 +122,26 @@ class DSparkDrafter:
     @torch.inference_mode()
     def add_context(self, features: torch.Tensor) -> None:
         """Commit context cells for positions self.length, self.length+1, ... ([n, m*H])."""
-        hc = self.fused_context(features)
+        self.add_context_packed([features], [self])
+
+    @torch.inference_mode()
+    def add_context_packed(self, features: Sequence[torch.Tensor],
+                           drafters: Sequence[DSparkDrafter]) -> None:
+        """``add_context`` of several requests at once: drafters[i] (forks of this one)
+        commits features[i]; one fc and one k/v projection per layer over all their rows."""
+        lengths = [f.shape[0] for f in features]
+        hc = self.fused_context(features[0] if len(features) == 1 else torch.cat(features))
+        where = packed_positions([d.length for d in drafters], lengths, self.device)
         for i in range(self.layers):
-            k, v = self._kv(i, hc, self.length)
-            if self.ctx_keys[i] is None:
-                self.ctx_keys[i], self.ctx_values[i] = k, v
-            else:
-                self.ctx_keys[i] = torch.cat([self.ctx_keys[i], k], dim=1)
-                self.ctx_values[i] = torch.cat([self.ctx_values[i], v], dim=1)
-        self.length += features.shape[0]
+            k, v = self._kv(i, hc, where)
+            for d, ks, vs in zip(drafters, split_rows(k, lengths), split_rows(v, lengths)):
+                if d.ctx_keys[i] is None:
+                    d.ctx_keys[i], d.ctx_values[i] = ks, vs
+                else:
+                    d.ctx_keys[i] = torch.cat([d.ctx_keys[i], ks], dim=1)
+                    d.ctx_values[i] = torch.cat([d.ctx_values[i], vs], dim=1)
+        for d, n in zip(drafters, lengths):
+            d.length += n
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` context cells (positions 0 .. length-1), as
@@ -135,34 +156,68 @@ class DSparkDrafter:
         self.ctx_values = [v[:, :length] for v in self.ctx_values]
         self.length = length
 
-    def _kv(self, layer: int, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _kv(self, layer: int, x: torch.Tensor, start: int | torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
         p = f"layers.{layer}.self_attn."
         k = split_heads(linear(x, self.w[p + "k_proj.weight"]), self.kv_heads, self.head_dim)
         k = self.rope.apply(rms_norm(k, self.w[p + "k_norm.weight"], self.eps), start)
         v = split_heads(linear(x, self.w[p + "v_proj.weight"]), self.kv_heads, self.head_dim)
         return k, v
 
+    # The backbone's family hooks (runtime/gemma4.py overrides them): the block's input
+    # rows, attention over context and block, and the rest of a layer once attention gave a.
+    def _embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed[ids]
+
+    def _block_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention(q, k, v, causal_offset=None)
+
+    def _layer_rest(self, h: torch.Tensor, a: torch.Tensor, p: str) -> torch.Tensor:
+        w = self.w
+        h = h + linear(a, w[p + "self_attn.o_proj.weight"])
+        x = rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps)
+        return h + mlp(x, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
+                       w[p + "mlp.down_proj.weight"])
+
     @torch.inference_mode()
-    def block_hidden(self, anchor: int) -> torch.Tensor:
-        """The backbone over [anchor, MASK...] at positions self.length .. +B-1; [B, H]."""
-        start, w = self.length, self.w
-        ids = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=self.device)
-        ids[0] = anchor
-        h = self.embed[ids]
+    def block_hidden(self, anchor: int, *, stages: dict | None = None) -> torch.Tensor:
+        """The backbone over [anchor, MASK...] at positions self.length .. +B-1; [B, H].
+        ``stages`` (a dict) receives the first-block stages DeepSpec's Gemma4 fixtures
+        record (noise_embedding, layer_out.i)."""
+        return self.block_hidden_packed([anchor], [self], stages=stages)[0]
+
+    @torch.inference_mode()
+    def block_hidden_packed(self, anchors: Sequence[int], drafters: Sequence[DSparkDrafter], *,
+                            stages: dict | None = None) -> list[torch.Tensor]:
+        """``block_hidden`` of several requests at once: drafters[i] (forks of this one)
+        with anchors[i]; every linear layer over all R*B rows, attention per request over
+        its own context cells and its own block (no request sees another's)."""
+        w, B = self.w, self.block_size
+        lengths = [B] * len(anchors)
+        ids = torch.full((B * len(anchors),), self.mask_token_id, dtype=torch.long,
+                         device=self.device)
+        ids[::B] = torch.tensor(list(anchors), dtype=torch.long, device=self.device)
+        where = packed_positions([d.length for d in drafters], lengths, self.device)
+        h = self._embed_rows(ids)
+        if stages is not None:
+            stages["noise_embedding"] = h
         for i in range(self.layers):
             p = f"layers.{i}."
-            x = rms_norm(h, w[p + "input_layernorm.weight"], self.eps)
+            x = self._norm(h, w[p + "input_layernorm.weight"])
             q = split_heads(linear(x, w[p + "self_attn.q_proj.weight"]), self.heads, self.head_dim)
-            q = self.rope.apply(rms_norm(q, w[p + "self_attn.q_norm.weight"], self.eps), start)
-            k, v = self._kv(i, x, start)
-            if self.ctx_keys[i] is not None:
-                k = torch.cat([self.ctx_keys[i], k], dim=1)
-                v = torch.cat([self.ctx_values[i], v], dim=1)
-            h = h + linear(attention(q, k, v, causal_offset=None), w[p + "self_attn.o_proj.weight"])
-            x = rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps)
-            h = h + mlp(x, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
-                        w[p + "mlp.down_proj.weight"])
-        return rms_norm(h, w["norm.weight"], self.eps)
+            q = self.rope.apply(self._norm(q, w[p + "self_attn.q_norm.weight"]), where)
+            k, v = self._kv(i, x, where)
+            out = []
+            for d, qs, ks, vs in zip(drafters, split_rows(q, lengths), split_rows(k, lengths),
+                                     split_rows(v, lengths)):
+                if d.ctx_keys[i] is not None:
+                    ks = torch.cat([d.ctx_keys[i], ks], dim=1)
+                    vs = torch.cat([d.ctx_values[i], vs], dim=1)
+                out.append(self._block_attention(qs, ks, vs))
+            h = self._layer_rest(h, out[0] if len(out) == 1 else torch.cat(out), p)
+            if stages is not None:
+                stages[f"layer_out.{i}"] = h
+        return list(split_rows(self._norm(h, w["norm.weight"]), lengths, dim=0))
 
     def _markov_bias(self, prev: int, hb_k: torch.Tensor, state: torch.Tensor | None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -186,7 +241,16 @@ class DSparkDrafter:
     @torch.inference_mode()
     def propose(self, anchor: int, *, temperature: float = 0.0, confidence_threshold: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:
-        hb = self.block_hidden(anchor)
+        return self.propose_from(anchor, self.block_hidden(anchor), temperature=temperature,
+                                 confidence_threshold=confidence_threshold, generator=generator)
+
+    @torch.inference_mode()
+    def propose_from(self, anchor: int, hb: torch.Tensor, *, temperature: float = 0.0,
+                     confidence_threshold: float = 0.0,
+                     generator: torch.Generator | None = None) -> Proposal:
+        """The proposal from the block's hidden states ``hb`` [B, H] (``block_hidden``, or
+        one request's part of ``block_hidden_packed``): the Markov stage's sequential
+        walk, drawing from ``generator``, and the confidence head."""
         base = self.base_logits(hb)
         B = self.block_size
         tokens: list[int] = []
@@ -230,9 +294,14 @@ class DSparkDrafter:
         DeepSpec cuts. Calibrated: sigmoid(cl_k / T_k) in float64, the arithmetic
         evaluation/calibration.py ``cut_length`` does on a trace's logits, so that the
         report's cut can be predicted from what it records."""
-        if self.confidence_temperatures is None:
-            step = torch.sigmoid(conf)
-        else:
-            step = torch.sigmoid(conf.to(torch.float64) / self.confidence_temperatures)
-        below = (step < threshold).nonzero()
+        below = (self.step_confidences(conf) < threshold).nonzero()
         return int(below[0, 0]) if below.numel() else len(conf)
+
+    def step_confidences(self, conf: torch.Tensor) -> torch.Tensor:
+        """c_k, the probability that draft token k is accepted given the ones before it, as
+        the cut sees it: sigmoid(cl_k) in the logits' dtype (raw), or sigmoid(cl_k / T_k)
+        in float64 (calibrated). A scheduler's view (runtime/serving.py) is these values."""
+        if self.confidence_temperatures is None:
+            return torch.sigmoid(conf)
+        return torch.sigmoid(conf.to(torch.float64) / self.confidence_temperatures)
+

@@ -45,10 +45,10 @@ from dspark_convert.contract.qwen3 import ConfigErrors, stop_token_ids
 from dspark_convert.errors import DSparkError, RuntimeTargetError
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.runtime.drafter import DSparkDrafter
-from dspark_convert.runtime.layers import Rope, attention, linear, split_heads
+from dspark_convert.runtime.layers import Packed, Rope, attention, linear, split_heads
 from dspark_convert.runtime.loading import (StoredModel, check_layer_count, load_target,
                                             stored_tensors)
-from dspark_convert.runtime.qwen3 import KVCache, TargetOutput
+from dspark_convert.runtime.qwen3 import KVCache, TargetOutput, packed_outputs
 from dspark_convert.target.gemma4 import TEXT_MODEL_TYPES, Gemma4TargetText, full_rope
 from dspark_convert.util.models import validated
 from dspark_convert.util.progress import Progress
@@ -319,7 +319,7 @@ def embed_scale(hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(float(hidden_size) ** 0.5, dtype=torch.float32).to(dtype)
 
 def project_kv(x: torch.Tensor, w: dict, p: str, heads: int, head_dim: int, has_v_proj: bool,
-               rope: Rope, start: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+               rope: Rope, start: int | torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A Gemma4 attention's keys and values at positions start, ...: K = rope(k_norm(k_proj
     x)); V = v_norm(v_proj x), or under k_eq_v v_norm(k_proj x) (taken before k_norm, not
     rotated). ``p``: the layer's weight-name prefix up to ``self_attn.``."""
@@ -374,30 +374,39 @@ class Gemma4Target:
         """Run ``ids`` [S] at positions cache.length, ...; the cache grows by S (every
         position is kept, the sliding layers' window is a mask: a verify's rejected rows
         can then be cropped as for Qwen3)."""
+        return self.forward_packed([(ids, cache)], keep=keep,
+                                   last_logits_only=last_logits_only)[0]
+
+    @torch.inference_mode()
+    def forward_packed(self, segments, *, keep: Collection[int] | None = None,
+                       last_logits_only: bool = False) -> list[TargetOutput]:
+        """``forward`` of several requests at once ([(ids, cache), ...]): one forward over
+        all their rows, each attending to its own cache (runtime/layers.Packed)."""
         cfg, w, t = self.config, self.w, self.config.text
-        start, eps, nh = cache.length, t.rms_norm_eps, t.num_attention_heads
+        eps, nh = t.rms_norm_eps, t.num_attention_heads
         last = t.num_hidden_layers
-        h = self.embed[ids] * self.scale
+        pack = Packed(segments, self.device)
+        h = self.embed[pack.rows] * self.scale
         hidden: list[torch.Tensor | None] = [h if keep is None or 0 in keep else None]
         for i, g in enumerate(cfg.layers):
             p = f"{PREFIX}layers.{i}."
             rope = self.ropes[g.kind]
             x = gemma_norm(h, w[p + "input_layernorm.weight"], eps)
             q = split_heads(linear(x, w[p + "self_attn.q_proj.weight"]), nh, g.head_dim)
-            q = rope.apply(gemma_norm(q, w[p + "self_attn.q_norm.weight"], eps), start)
+            q = rope.apply(gemma_norm(q, w[p + "self_attn.q_norm.weight"], eps), pack.where)
             k, v = project_kv(x, w, p + "self_attn.", g.kv_heads, g.head_dim, g.has_v_proj,
-                              rope, start, eps)
-            keys, values = cache.append(i, k, v)
+                              rope, pack.where, eps)
             window = t.sliding_window if g.kind == SLIDING else None
-            a = attention(q, keys, values, causal_offset=start, scale=1.0, window=window)
+            a = pack.attend(i, q, k, v, lambda q, keys, values, start: attention(
+                q, keys, values, causal_offset=start, scale=1.0, window=window))
             h = layer_rest(h, a, w, p, eps)
             hidden.append(h if keep is None or i + 1 in keep else None)
         hidden[-1] = gemma_norm(h, w[NORM], eps)
-        final = hidden[-1][-1:] if last_logits_only else hidden[-1]
+        final = pack.last_rows(hidden[-1]) if last_logits_only else hidden[-1]
         if keep is not None and last not in keep:
             hidden[-1] = None
         logits = softcapped(linear(final, self.lm_head), cfg.softcap)
-        return TargetOutput(logits=logits, hidden_states=tuple(hidden))
+        return packed_outputs(pack, logits, hidden, last_logits_only)
 
 
 # --- the drafter -----------------------------------------------------------------------
@@ -418,35 +427,19 @@ class Gemma4Drafter(DSparkDrafter):
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return gemma_norm(x, weight, self.eps)
 
-    def _kv(self, layer: int, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _kv(self, layer: int, x: torch.Tensor, start: int | torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
         return project_kv(x, self.w, f"layers.{layer}.self_attn.", self.kv_heads, self.head_dim,
                           not self.k_eq_v, self.rope, start, self.eps)
 
-    @torch.inference_mode()
-    def block_hidden(self, anchor: int, *, stages: dict | None = None) -> torch.Tensor:
-        """The backbone over [anchor, MASK...]; ``stages`` (a dict) receives the Gemma4
-        first-block stages DeepSpec's fixtures record (noise_embedding, layer_out.i)."""
-        start, w, eps = self.length, self.w, self.eps
-        ids = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long,
-                         device=self.device)
-        ids[0] = anchor
-        h = self.embed[ids] * self.scale
-        if stages is not None:
-            stages["noise_embedding"] = h
-        for i in range(self.layers):
-            p = f"layers.{i}."
-            x = gemma_norm(h, w[p + "input_layernorm.weight"], eps)
-            q = split_heads(linear(x, w[p + "self_attn.q_proj.weight"]), self.heads, self.head_dim)
-            q = self.rope.apply(gemma_norm(q, w[p + "self_attn.q_norm.weight"], eps), start)
-            k, v = self._kv(i, x, start)
-            if self.ctx_keys[i] is not None:
-                k = torch.cat([self.ctx_keys[i], k], dim=1)
-                v = torch.cat([self.ctx_values[i], v], dim=1)
-            a = attention(q, k, v, causal_offset=None, scale=1.0)
-            h = layer_rest(h, a, w, p, eps)
-            if stages is not None:
-                stages[f"layer_out.{i}"] = h
-        return gemma_norm(h, w["norm.weight"], eps)
+    def _embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed[ids] * self.scale
+
+    def _block_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention(q, k, v, causal_offset=None, scale=1.0)
+
+    def _layer_rest(self, h: torch.Tensor, a: torch.Tensor, p: str) -> torch.Tensor:
+        return layer_rest(h, a, self.w, p, self.eps)
 
     def base_logits(self, hb: torch.Tensor) -> torch.Tensor:
         """softcap(lm_head(hb)): the Markov bias is added after the cap (DeepSpec's

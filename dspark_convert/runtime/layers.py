@@ -64,12 +64,20 @@ class Rope:
         emb = torch.cat([freqs, freqs], dim=-1)
         self._cos, self._sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
-    def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """Rotate ``x`` [heads, tokens, d] whose tokens sit at positions start, start+1, ..."""
-        end = start + x.shape[-2]
+    def apply(self, x: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [heads, tokens, d] whose tokens sit at positions start, start+1, ...
+        or, ``start`` a tensor [tokens] of positions, at those (the packed rows of several
+        requests, runtime/serving.py). The same table rows either way, so the same values."""
+        if isinstance(start, torch.Tensor):
+            end = int(start.max()) + 1 if start.numel() else 0
+        else:
+            end = start + x.shape[-2]
         if end > self._cos.shape[0]:
             self._grow(max(end, 2 * self._cos.shape[0], 64))
-        cos, sin = self._cos[start:end], self._sin[start:end]
+        if isinstance(start, torch.Tensor):
+            cos, sin = self._cos[start], self._sin[start]
+        else:
+            cos, sin = self._cos[start:end], self._sin[start:end]
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
@@ -101,6 +109,58 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal_offse
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+
+def packed_positions(starts, lengths, device: torch.device) -> int | torch.Tensor:
+    """Where packed rows sit: one segment, its start (Rope's slice: the batch-1 path
+    unchanged); several, every row's position (Rope.apply takes either)."""
+    if len(starts) == 1:
+        return starts[0]
+    return torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, lengths)])
+
+
+def split_rows(x: torch.Tensor, lengths, dim: int = 1) -> tuple[torch.Tensor, ...]:
+    """Per packed segment, its rows of ``x`` along ``dim`` (one segment: ``x`` itself)."""
+    return (x,) if len(lengths) == 1 else x.split(list(lengths), dim=dim)
+
+
+class Packed:
+    """Several requests' new tokens run as one forward (runtime/serving.py): their rows
+    concatenated, so that every linear layer is one GEMM over all of them, while each
+    segment attends only to its own KV cache (``attend``). One segment is the batch-1
+    forward itself: the same tensors, the same kernels, the same values."""
+
+    def __init__(self, segments, device: torch.device) -> None:
+        self.ids = [ids for ids, _ in segments]
+        self.caches = [cache for _, cache in segments]
+        self.lengths = [len(ids) for ids in self.ids]
+        self.starts = [cache.length for cache in self.caches]   # before this forward appends
+        self.rows = self.ids[0] if len(self.ids) == 1 else torch.cat(self.ids)
+        self.where = packed_positions(self.starts, self.lengths, device)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               attend) -> torch.Tensor:
+        """Append each segment's k, v [nkv, n, d] to its cache and run ``attend(q, keys,
+        values, start)`` per segment; the outputs [n, nh*d] back in row order."""
+        out = []
+        for cache, start, qs, ks, vs in zip(self.caches, self.starts, split_rows(q, self.lengths),
+                                            split_rows(k, self.lengths), split_rows(v, self.lengths)):
+            keys, values = cache.append(layer, ks, vs)
+            out.append(attend(qs, keys, values, start))
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    def split(self, rows: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """Per segment, its rows of ``rows`` [sum n, ...] (None stays None)."""
+        if rows is None:
+            return [None] * len(self.ids)
+        return list(split_rows(rows, self.lengths, dim=0))
+
+    def last_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Each segment's last row, [segments, ...]."""
+        if len(self.ids) == 1:
+            return rows[-1:]
+        ends = torch.tensor(self.lengths, device=rows.device).cumsum(0) - 1
+        return rows[ends]
 
 
 def split_heads(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:

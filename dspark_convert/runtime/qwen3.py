@@ -35,7 +35,8 @@ from dspark_convert.util.progress import Progress
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.util.strict_json import read_json_strict
 from dspark_convert.runtime.drafter import DSparkDrafter
-from dspark_convert.runtime.layers import Rope, attention, linear, mlp, rms_norm, split_heads
+from dspark_convert.runtime.layers import (Packed, Rope, attention, linear, mlp, rms_norm,
+                                           split_heads)
 from dspark_convert.runtime.loading import (StoredModel, check_layer_count, load_target,
                                             stored_tensors)
 
@@ -228,10 +229,20 @@ class Qwen3Target:
         prompt does not hold every layer's output; None keeps all. ``last_logits_only``:
         the logits of the last token only (a prefill needs no others; a 151,936-token
         vocabulary costs 0.6 MB per token in float32)."""
+        return self.forward_packed([(ids, cache)], keep=keep,
+                                   last_logits_only=last_logits_only)[0]
+
+    @torch.inference_mode()
+    def forward_packed(self, segments, *, keep: Collection[int] | None = None,
+                       last_logits_only: bool = False) -> list[TargetOutput]:
+        """``forward`` of several requests at once: ``segments`` is [(ids, cache), ...],
+        each request's new tokens and its own cache; one forward over all their rows
+        (runtime/layers.Packed), one TargetOutput per segment."""
         cfg, w = self.config, self.w
-        start, eps = cache.length, cfg.rms_norm_eps
+        eps = cfg.rms_norm_eps
         last = cfg.num_hidden_layers
-        h = self.embed[ids]
+        pack = Packed(segments, self.device)
+        h = self.embed[pack.rows]
         hidden: list[torch.Tensor | None] = [h if keep is None or 0 in keep else None]
         nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         for i in range(cfg.num_hidden_layers):
@@ -240,10 +251,10 @@ class Qwen3Target:
             q = split_heads(linear(x, w[p + "self_attn.q_proj.weight"]), nh, d)
             k = split_heads(linear(x, w[p + "self_attn.k_proj.weight"]), nkv, d)
             v = split_heads(linear(x, w[p + "self_attn.v_proj.weight"]), nkv, d)
-            q = self.rope.apply(rms_norm(q, w[p + "self_attn.q_norm.weight"], eps), start)
-            k = self.rope.apply(rms_norm(k, w[p + "self_attn.k_norm.weight"], eps), start)
-            keys, values = cache.append(i, k, v)
-            attn = attention(q, keys, values, causal_offset=start)
+            q = self.rope.apply(rms_norm(q, w[p + "self_attn.q_norm.weight"], eps), pack.where)
+            k = self.rope.apply(rms_norm(k, w[p + "self_attn.k_norm.weight"], eps), pack.where)
+            attn = pack.attend(i, q, k, v, lambda q, keys, values, start:
+                               attention(q, keys, values, causal_offset=start))
             h = h + linear(attn, w[p + "self_attn.o_proj.weight"])
             x = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
             h = h + mlp(x, w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
@@ -251,10 +262,19 @@ class Qwen3Target:
             hidden.append(h if keep is None or i + 1 in keep else None)
         # HF replaces the last layer's output by its normalised form in hidden_states.
         hidden[-1] = rms_norm(h, w["model.norm.weight"], eps)
-        final = hidden[-1][-1:] if last_logits_only else hidden[-1]
+        final = pack.last_rows(hidden[-1]) if last_logits_only else hidden[-1]
         if keep is not None and last not in keep:
             hidden[-1] = None
-        return TargetOutput(logits=linear(final, self.lm_head), hidden_states=tuple(hidden))
+        return packed_outputs(pack, linear(final, self.lm_head), hidden, last_logits_only)
+
+
+def packed_outputs(pack: Packed, logits: torch.Tensor, hidden: list[torch.Tensor | None],
+                   last_logits_only: bool) -> list[TargetOutput]:
+    """One TargetOutput per segment of a packed forward (both families' targets)."""
+    per_logits = list(logits.split(1)) if last_logits_only else pack.split(logits)
+    per_hidden = list(zip(*[pack.split(hs) for hs in hidden]))
+    return [TargetOutput(logits=lg, hidden_states=tuple(hs))
+            for lg, hs in zip(per_logits, per_hidden)]
 
 
 # The family's runtime protocol (contract/families.py ``runtime``): every runtime module
