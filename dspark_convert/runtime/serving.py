@@ -30,7 +30,24 @@ loop is that loop, R at a time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from dspark_convert.errors import SchedulingPolicyError
+from dspark_convert.runtime.drafter import DSparkDrafter
+from dspark_convert.runtime.qwen3 import KVCache
+from dspark_convert.runtime.sampling import pick, probs_from_logits
+from dspark_convert.runtime.speculative import TARGET_LOGITS, _sync, _trim_at_stop, verify
+from dspark_convert.scheduling.cost_table import CostTable
+from dspark_convert.scheduling.policies import Confidences, Policy, StepView
+
+TARGET_ONLY = "target-only"
+COSTED = ("dspark", "dspark-async")      # the policies that read the cost table
 
 
 @dataclass(frozen=True)
@@ -100,3 +117,246 @@ class ServeResult:
     total_seconds: float
     prefill_seconds: float
     peak_memory_bytes: int
+
+
+def request_seed(seed: int, request_id: str) -> int:
+    """The seed of a request's own generator: from the run's seed and the request's id
+    alone (the first 8 bytes of SHA-256 of ``"{seed}\\0{id}"``), so that a request draws the
+    same numbers whatever runs beside it and in whatever order it joins."""
+    digest = hashlib.sha256(f"{seed}\0{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class _InFlight:
+    """One request being served: its tokens (prompt included), anchor index, target cache,
+    drafter (a fork with its own context), generator, and what it has done so far."""
+
+    def __init__(self, request: Request, joined: float, stops: tuple[int, ...]) -> None:
+        self.request = request
+        self.stops = stops
+        self.x: list[int] = list(request.prompt)
+        self.max_length = len(request.prompt) + request.max_new_tokens
+        self.cache = KVCache()
+        self.drafter: DSparkDrafter | None = None
+        self.generator: torch.Generator | None = None
+        self.acceptance: list[int] = []
+        self.token_seconds: list[float] = []
+        self.joined = joined
+        self.done = False
+
+    @property
+    def start(self) -> int:
+        """The anchor's index: the last committed token."""
+        return len(self.x) - 1
+
+    def room(self) -> int:
+        """The most draft tokens a verify step may send without passing max_new_tokens:
+        a step commits at most length + 1 tokens."""
+        return self.max_length - len(self.x) - 1
+
+    def commit(self, tokens: list[int], now: float) -> None:
+        """Append committed tokens (a stop token can only be the last: verify cuts there)."""
+        self.x.extend(tokens)
+        self.token_seconds.extend([now] * len(tokens))
+        if (tokens and tokens[-1] in self.stops) or len(self.x) >= self.max_length:
+            self.done = True
+
+    def result(self, finished: float) -> RequestResult:
+        new = _trim_at_stop(self.x[: self.max_length], len(self.request.prompt), self.stops)
+        n = len(new) - len(self.request.prompt)
+        return RequestResult(id=self.request.id, prompt=self.request.prompt,
+                             output_ids=tuple(new[len(self.request.prompt):]),
+                             joined_seconds=self.joined,
+                             first_token_seconds=self.token_seconds[0],
+                             finished_seconds=finished,
+                             token_seconds=tuple(self.token_seconds[:n]),
+                             acceptance_lengths=tuple(self.acceptance))
+
+
+def _check_run(drafter: DSparkDrafter | None, policy: Policy, costs: CostTable | None,
+               concurrency: int) -> None:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency: expected a positive integer, found {concurrency!r}")
+    if policy.name == TARGET_ONLY:
+        return
+    if drafter is None:
+        raise SchedulingPolicyError(f"policy {policy}: expected a drafter (only target-only "
+                                    f"runs without one)", field="policy", found=str(policy))
+    if not drafter.confidence and policy.name != "full":
+        raise SchedulingPolicyError(
+            f"policy {policy}: the drafter has no confidence head; expected full or "
+            f"target-only (the others schedule by its confidences)", field="policy",
+            expected="full, target-only", found=str(policy))
+    if policy.name in COSTED and costs is None:
+        raise SchedulingPolicyError(f"policy {policy}: expected a cost table (SPS(B)), found "
+                                    f"none", field="cost_table", expected="a cost table",
+                                    found="nothing")
+
+
+@torch.inference_mode()
+def serve(target, drafter: DSparkDrafter | None, requests: Sequence[Request], *,
+          concurrency: int, policy: Policy, costs: CostTable | None = None,
+          temperature: float = 0.0, seed: int = 0, stop_token_ids: tuple[int, ...] = (),
+          on_tokens: Callable[[int], None] | None = None) -> ServeResult:
+    """Serve ``requests`` with at most ``concurrency`` in flight, ``policy`` choosing each
+    verify step's lengths (the module's docstring). ``drafter``: a loaded drafter, forked
+    per request (None only under target-only); ``costs``: SPS(B), for dspark and
+    dspark-async. ``on_tokens(n)``: called with the number of new tokens each step (and
+    each prefill) committed."""
+    _check_run(drafter, policy, costs, concurrency)
+    device = target.device
+    speculative = policy.name != TARGET_ONLY
+    taps = drafter.hidden_state_indices if speculative else ()
+    stops = tuple(stop_token_ids)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _sync(device)
+    began = time.perf_counter()
+    clock = lambda: time.perf_counter() - began            # noqa: E731
+    waiting = list(requests)[::-1]
+    active: list[_InFlight] = []
+    done: dict[str, RequestResult] = {}
+    steps: list[StepRecord] = []
+    seen: list[Confidences] = []          # each step's confidences as the policy saw them
+    prefill_seconds = 0.0
+
+    def tell(n: int) -> None:
+        if on_tokens is not None and n:
+            on_tokens(n)
+
+    while waiting or active:
+        while waiting and len(active) < concurrency:
+            t0 = time.perf_counter()
+            r = _InFlight(waiting.pop(), clock(), stops)
+            if temperature > 0.0:
+                r.generator = torch.Generator(device="cpu")
+                r.generator.manual_seed(request_seed(seed, r.request.id))
+            out = target.forward(torch.tensor(r.x, dtype=torch.long, device=device), r.cache,
+                                 keep=taps, last_logits_only=True)
+            first = pick(out.logits[-1], temperature, r.generator, what=TARGET_LOGITS)
+            if speculative:
+                r.drafter = drafter.fork()
+                if first not in stops:
+                    r.drafter.add_context(r.drafter.features(out.hidden_states))
+            _sync(device)
+            r.commit([first], clock())
+            prefill_seconds += time.perf_counter() - t0
+            tell(1)
+            if r.done:
+                done[r.request.id] = r.result(clock())
+            else:
+                active.append(r)
+        if not active:
+            continue
+        if speculative:
+            record = _speculative_step(target, drafter, active, policy, costs, temperature,
+                                       stops, seen, len(steps), clock)
+        else:
+            record = _target_step(target, active, temperature, len(steps), clock)
+        steps.append(record)
+        tell(sum(r.acceptance[-1] for r in active))
+        for r in [r for r in active if r.done]:
+            done[r.request.id] = r.result(record.end_seconds)
+            active.remove(r)
+    _sync(device)
+    total = time.perf_counter() - began
+    return ServeResult(policy=str(policy), concurrency=concurrency,
+                       requests=tuple(done[q.id] for q in requests), steps=tuple(steps),
+                       total_seconds=total, prefill_seconds=prefill_seconds,
+                       peak_memory_bytes=_peak_memory(device))
+
+
+def _speculative_step(target, drafter: DSparkDrafter, active: list[_InFlight], policy: Policy,
+                      costs: CostTable | None, temperature: float, stops: tuple[int, ...],
+                      seen: list[Confidences], step: int, clock) -> StepRecord:
+    """One batched drafter pass, the policy's lengths, one batched verify, the commits."""
+    device = target.device
+    t0 = time.perf_counter()
+    anchors = [r.x[r.start] for r in active]
+    hidden = drafter.block_hidden_packed(anchors, [r.drafter for r in active])
+    proposals = [r.drafter.propose_from(a, hb, temperature=temperature, generator=r.generator)
+                 for r, a, hb in zip(active, anchors, hidden)]
+    rooms = [max(0, r.room()) for r in active]
+    if drafter.confidence:
+        view = tuple(tuple(float(c) for c in drafter.step_confidences(p.confidence_logits)
+                           [:room].tolist()) for p, room in zip(proposals, rooms))
+        lengths = _decide(policy, view, seen, costs)
+        seen.append(view)
+    else:                  # `full` only (_check_run): the whole block, within the room
+        view = tuple(() for _ in active)
+        lengths = tuple(min(drafter.block_size, room) for room in rooms)
+    drafts = [p.tokens[:n].tolist() for p, n in zip(proposals, lengths)]
+    _sync(device)
+    t1 = time.perf_counter()
+    outs = target.forward_packed(
+        [(torch.tensor([a, *d], dtype=torch.long, device=device), r.cache)
+         for r, a, d in zip(active, anchors, drafts)], keep=drafter.hidden_state_indices)
+    _sync(device)
+    verify_seconds = time.perf_counter() - t1
+    now = clock()
+    parts, features, growing = [], [], []
+    for r, p, out, draft, n, conf in zip(active, proposals, outs, drafts, lengths, view):
+        probs = probs_from_logits(out.logits, temperature, what=TARGET_LOGITS)
+        q = replace(p, length=n).draft_probs(temperature) if n else None
+        accepted, next_token, stopped = verify(probs, q, draft, stop_token_ids=stops,
+                                               generator=r.generator)
+        parts.append(RequestStep(id=r.request.id, confidence=conf, length=n, accepted=accepted))
+        if stopped:
+            r.acceptance.append(accepted)
+            r.commit(draft[:accepted], now)
+            r.done = True
+            continue
+        r.acceptance.append(accepted + 1)
+        r.commit(draft[:accepted] + [next_token], now)
+        r.cache.crop(r.start)
+        if not r.done:     # context cells after verification: the anchor and the accepted
+            features.append(r.drafter.features(out.hidden_states)[: accepted + 1])
+            growing.append(r.drafter)
+    t2 = time.perf_counter()
+    if growing:
+        drafter.add_context_packed(features, growing)
+    _sync(device)
+    draft_seconds = (t1 - t0) + (time.perf_counter() - t2)
+    return StepRecord(step=step, requests=tuple(parts),
+                      batch_tokens=sum(1 + n for n in lengths), draft_seconds=draft_seconds,
+                      verify_seconds=verify_seconds, end_seconds=clock())
+
+
+def _decide(policy: Policy, view: Confidences, seen: list[Confidences],
+            costs: CostTable | None) -> tuple[int, ...]:
+    """The policy's lengths on ``view``. dspark-async's budget comes from the confidences
+    of two verify steps earlier; the first two steps of a run have none, and decide by
+    Algorithm 1 on their own confidences (lossless too)."""
+    if policy.name == "dspark-async":
+        if len(seen) < 2:
+            return Policy("dspark").decide(StepView(view), costs).lengths
+        return policy.decide(StepView(view, two_steps_ago=seen[-2]), costs).lengths
+    return policy.decide(StepView(view), costs).lengths
+
+
+def _target_step(target, active: list[_InFlight], temperature: float, step: int,
+                 clock) -> StepRecord:
+    """target-only: one packed forward of each request's last token, one token each."""
+    device = target.device
+    t0 = time.perf_counter()
+    outs = target.forward_packed([(torch.tensor([r.x[-1]], dtype=torch.long, device=device),
+                                   r.cache) for r in active], keep=())
+    tokens = [pick(out.logits[-1], temperature, r.generator, what=TARGET_LOGITS)
+              for r, out in zip(active, outs)]
+    _sync(device)
+    verify_seconds = time.perf_counter() - t0
+    now = clock()
+    for r, token in zip(active, tokens):
+        r.acceptance.append(1)
+        r.commit([token], now)
+    return StepRecord(step=step, requests=tuple(RequestStep(id=r.request.id, confidence=(),
+                                                            length=0, accepted=0)
+                                                for r in active),
+                      batch_tokens=len(active), draft_seconds=0.0,
+                      verify_seconds=verify_seconds, end_seconds=clock())
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
