@@ -20,9 +20,9 @@ def profile(
     output: Annotated[str, typer.Option("--output", "-o", metavar="<path>",
                                         help="The cost table JSON file to write.")],
     max_tokens: Annotated[Optional[int], typer.Option(
-        "--max-tokens", parser=int_option, show_default="1024",
+        "--max-tokens", parser=int_option,
         help="Measure B = 1..16, then four per doubling (20, 24, 28, 32, 40, ...), ending "
-        "exactly here.")] = None,
+        "exactly here (default 1024).")] = None,
     tokens: Annotated[Optional[str], typer.Option(
         "--tokens", metavar="B1,B2,...", help="Measure exactly these B instead (strictly "
         "increasing positive integers; not with --max-tokens).")] = None,

@@ -8,6 +8,9 @@ head's probabilities and the target's cost table.
   lossless, kept only as the tests' negative control.
 - ``cost_table``: the target's verify steps per second by batch tokens (a JSON file), its
   strict reader and writer, and the lookup SPS(B).
+- ``profile``: that table measured on a loaded target (``dspark profile``): one verify
+  forward of B tokens after a fixed context, timed, for each B.
 
-Pure Python and pydantic; no torch, no engine.
+Pure Python and pydantic; no engine. torch only in ``profile``, imported when a profile
+runs (the target is handed in loaded).
 """
