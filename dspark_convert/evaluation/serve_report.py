@@ -145,8 +145,10 @@ class ServeBenchReport(BaseModel):
 
 
 def decisions_name(artifact: str | None, policy: str, concurrency: int) -> str:
-    """A run's decisions file, relative to the report directory."""
-    return f"{DECISIONS_DIR}/{artifact or TARGET_ONLY}.{policy}.c{concurrency}.jsonl"
+    """A run's decisions file, relative to the report directory: ``<artifact>.<policy>.
+    c<R>.jsonl``, or ``target-only.c<R>.jsonl`` for the target alone."""
+    run = policy if artifact is None else f"{artifact}.{policy}"
+    return f"{DECISIONS_DIR}/{run}.c{concurrency}.jsonl"
 
 
 # --- report.md ----------------------------------------------------------------------------
@@ -198,7 +200,8 @@ def render_markdown(report: ServeBenchReport, *, plots: list[str]) -> str:
             "per-request tok/s: mean of each request's new tokens / (finished - first "
             "token); accepted/step: mean acceptance length (accepted + 1); sent / wasted: "
             "draft tokens verified / not accepted; latency: gaps between a request's "
-            "consecutive tokens.", ""]
+            "consecutive tokens (the tokens one verify step commits share its time: a gap of "
+            "0 is a token that came with others).", ""]
     baseline = [r for r in report.runs if r.artifact is None]
     for art in report.artifacts:
         out += [f"## {md_cell(art.name)}", "",

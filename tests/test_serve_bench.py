@@ -1,0 +1,320 @@
+"""`dspark serve-bench`: the policies swept under concurrent load on the golden target.
+
+- One sweep of DeepSeek's golden Qwen3 DSpark drafter at concurrency 1,2 under full and
+  dspark, with a real cost table measured by profile_target, greedy: report.json is valid
+  against its schema, every run's outputs equal the target alone's at the same concurrency
+  and their SHA-256 checks out, each decisions file reads back (read_decisions) and its
+  lengths sum as the report says, the plots are PNGs. The same sweep without --cost-table
+  profiles the target first and publishes cost_table.json.
+- DeepSeek's Gemma4 drafter once (slow).
+- Each refusal: its exit code, one line, no output directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from support.cli import assert_refused, run_cli, temp_siblings
+from support.paths import GOLDEN_TARGET as TARGET
+
+from dspark_convert import errors as E
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+DSPARK, DFLASH = "vanilla_conf_markov", "dflash_shared"
+BLOCK = 7            # the golden drafters' block size
+MAX_NEW = 12
+
+
+def _prompts(tmp_path, n=3):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "prompt_ids": [1, 17 + 5 * i, 33, 90, 250 - i]} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _table(path, tokens, rates=None):
+    path.write_text(json.dumps({"tokens": tokens,
+                                "steps_per_second": rates or [100.0 - t for t in tokens],
+                                "device": "cpu", "dtype": "float32", "threads": 1,
+                                "versions": {"torch": "x"}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cost_table(tmp_path_factory):
+    """A real cost table of the golden target, measured by profile_target with few tokens
+    (up to concurrency 2 x (1 + 7))."""
+    import torch
+
+    from dspark_convert.runtime.qwen3 import Qwen3Target
+    from dspark_convert.scheduling.cost_table import write_cost_table
+    from dspark_convert.scheduling.profile import default_tokens, profile_target
+
+    model = Qwen3Target(TARGET, device=torch.device("cpu"))
+    table = profile_target(model, tokens=default_tokens(2 * (1 + BLOCK)), repeats=2)
+    return write_cost_table(table, tmp_path_factory.mktemp("costs") / "cost.json")
+
+
+def _bench(artifact, out, prompts, *extra):
+    return run_cli("serve-bench", str(artifact), "--target", str(TARGET), "--prompts",
+                   str(prompts), "--max-new-tokens", str(MAX_NEW), "--device", "cpu",
+                   "-o", str(out), *extra)
+
+
+@pytest.fixture(scope="module")
+def sweep(paired_artifacts, cost_table, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    out = root / "bench"
+    proc = _bench(paired_artifacts[DSPARK], out, _prompts(root), "--concurrency", "1,2",
+                  "--policy", "full", "--policy", "dspark", "--cost-table", str(cost_table))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, json.loads((out / "report.json").read_text())
+
+
+# --- the sweep ----------------------------------------------------------------------------
+
+_KINDS = {"object": dict, "array": list, "string": str, "number": (int, float), "integer": int,
+          "boolean": bool, "null": type(None)}
+
+
+def _schema_problems(value, schema, root, where="$") -> list[str]:
+    """What of ``value`` the JSON Schema ``schema`` refuses, for the keywords the generated
+    report schema uses ($ref into $defs, anyOf, type, const, enum, properties, required,
+    additionalProperties, items)."""
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    if "anyOf" in schema:
+        if all(_schema_problems(value, s, root, where) for s in schema["anyOf"]):
+            return [f"{where}: none of anyOf matches {value!r:.60}"]
+    kind = schema.get("type")
+    if kind is not None and (not isinstance(value, _KINDS[kind])
+                             or (isinstance(value, bool) and kind != "boolean")):
+        return [f"{where}: expected {kind}, found {type(value).__name__}"]
+    if "const" in schema and value != schema["const"]:
+        return [f"{where}: expected {schema['const']!r}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: expected one of {schema['enum']}"]
+    problems = []
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        problems += [f"{where}: {k} missing" for k in schema.get("required", ()) if k not in value]
+        for key, item in value.items():
+            if key in properties:
+                problems += _schema_problems(item, properties[key], root, f"{where}.{key}")
+            elif schema.get("additionalProperties") is False:
+                problems.append(f"{where}: {key} not allowed")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                problems += _schema_problems(item, schema["additionalProperties"], root,
+                                             f"{where}.{key}")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            problems += _schema_problems(item, schema["items"], root, f"{where}[{i}]")
+    return problems
+
+
+def test_report_is_valid_against_its_schema(sweep):
+    from support.paths import ROOT
+
+    out, report = sweep
+    schema = json.loads((ROOT / "schemas" / "serve_bench_report.schema.json").read_text())
+    assert _schema_problems(report, schema, schema) == []
+    # The check can fail: what the schema refuses, it reports.
+    run = report["runs"][0]
+    for bad in ({**report, "extra": 1}, {**report, "version": 2},
+                {**report, "runs": [{**run, "concurrency": "1"}]},
+                {**report, "runs": [{**run, "tokens_per_second": "fast"}]},
+                {k: v for k, v in report.items() if k != "settings"}):
+        assert _schema_problems(bad, schema, schema), bad
+    runs = {(r["artifact"], r["policy"], r["concurrency"]) for r in report["runs"]}
+    assert runs == {(None, "target-only", 1), (None, "target-only", 2),
+                    (DSPARK, "full", 1), (DSPARK, "full", 2),
+                    (DSPARK, "dspark", 1), (DSPARK, "dspark", 2)}
+    assert report["settings"]["cost_table_source"] == "given"
+
+
+def test_every_output_equals_the_target_alone_and_its_hash(sweep):
+    _, report = sweep
+    baseline = {r["concurrency"]: {q["id"]: q["output_ids"] for q in r["requests"]}
+                for r in report["runs"] if r["artifact"] is None}
+    assert report["lossless"] is True
+    for run in report["runs"]:
+        assert [q["id"] for q in run["requests"]] == ["p0", "p1", "p2"]
+        for q in run["requests"]:
+            assert q["sha256"] == hashlib.sha256(
+                json.dumps(q["output_ids"], separators=(",", ":")).encode()).hexdigest()
+            assert q["output_ids"] == baseline[run["concurrency"]][q["id"]]
+            assert len(q["output_ids"]) <= MAX_NEW
+            assert q["equal_to_target_only"] is (None if run["artifact"] is None else True)
+        assert run["new_tokens"] == sum(len(q["output_ids"]) for q in run["requests"])
+
+
+def test_decisions_read_back_and_sum_as_the_report_says(sweep):
+    from dspark_convert.scheduling.decisions import read_decisions
+
+    out, report = sweep
+    for run in report["runs"]:
+        decisions = read_decisions(out / run["decisions"])
+        assert str(decisions.policy) == run["policy"]
+        assert len(decisions.lines) == run["verify_steps"]
+        parts = [r for line in decisions.lines for r in line.requests]
+        assert run["verify_tokens"] == sum(1 + r.length for r in parts)
+        assert run["draft_tokens_sent"] == sum(r.length for r in parts)
+        assert run["draft_tokens_wasted"] == sum(r.length - r.accepted for r in parts)
+        assert max(len(line.requests) for line in decisions.lines) <= run["concurrency"]
+        if run["policy"] == "full":   # the whole block shown (less only near a request's end)
+            assert all(r.length == len(r.confidence) <= BLOCK for r in parts)
+            assert any(r.length == BLOCK for r in parts)
+        if run["artifact"] is None:
+            assert run["draft_tokens_sent"] == 0 and run["acceptance_by_position"] == []
+        else:
+            assert len(run["acceptance_by_position"]) == BLOCK
+        # Acceptance by position j: of the request-steps that sent >= j tokens, those with
+        # >= j accepted.
+        for j, rate in enumerate(run["acceptance_by_position"], 1):
+            sent = [r for r in parts if r.length >= j]
+            assert rate == (sum(r.accepted >= j for r in sent) / len(sent) if sent else None)
+        assert run["tokens_per_second"] == pytest.approx(run["new_tokens"] / run["total_seconds"])
+        assert run["accepted_per_step"] >= 1.0
+
+
+def test_report_md_and_plots(sweep):
+    out, report = sweep
+    md = (out / "report.md").read_text()
+    for name in ("throughput.png", "per_request.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in md
+    assert f"## {DSPARK}" in md and "LOSSLESS FAILURE" not in md
+    assert sorted(p.name for p in (out / "decisions").iterdir()) == sorted(
+        r["decisions"].split("/")[1] for r in report["runs"])
+
+
+def test_an_output_unlike_the_target_alone_is_a_failure_said_loudly(sweep, paired_artifacts):
+    """The comparison can fail: a real target-only run held against a baseline with one
+    token changed is a mismatch, which report.md heads in capitals and the CLI exits 74 on."""
+    import torch
+
+    from dspark_convert.commands.serve_bench import report_failure
+    from dspark_convert.evaluation.serve_bench import serve_run
+    from dspark_convert.evaluation.serve_report import ServeBenchReport, render_markdown
+    from dspark_convert.runtime.qwen3 import Qwen3Target
+    from dspark_convert.runtime.serving import Request, serve
+    from dspark_convert.scheduling.policies import parse_policy
+
+    model = Qwen3Target(TARGET, device=torch.device("cpu"))
+    result = serve(model, None, [Request("p0", (1, 17, 33, 90, 250), 6)], concurrency=1,
+                   policy=parse_policy("target-only"), stop_token_ids=(2,))
+    ids = result.requests[0].output_ids
+    assert serve_run(result, artifact="a", block_size=7, decisions=None,
+                     baseline={"p0": ids}).lossless is True
+    run = serve_run(result, artifact="a", block_size=7, decisions=None,
+                    baseline={"p0": (ids[0] + 1,) + ids[1:]})
+    assert run.lossless is False and run.requests[0].equal_to_target_only is False
+    out, doc = sweep
+    report = ServeBenchReport.model_validate(doc)
+    bad = report.model_copy(update={"runs": [*report.runs, run], "lossless": False})
+    assert "LOSSLESS FAILURE: 1 request output(s)" in render_markdown(bad, plots=[])
+    failure = report_failure(bad, out)
+    assert failure.exit_code == E.LosslessnessError.exit_code and "request p0" in failure.message
+    assert report_failure(report, out) is None
+
+
+@pytest.mark.slow
+def test_without_a_cost_table_the_target_is_profiled(paired_artifacts, tmp_path):
+    from dspark_convert.scheduling.cost_table import read_cost_table
+
+    out = tmp_path / "bench"
+    proc = _bench(paired_artifacts[DSPARK], out, _prompts(tmp_path, 2), "--concurrency", "2",
+                  "--policy", "dspark", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is True
+    table = read_cost_table(out / "cost_table.json")
+    assert table.tokens[-1] == 2 * (1 + BLOCK)
+    assert doc["report"]["cost_table"]["tokens"] == list(table.tokens)
+    assert doc["report"]["settings"]["cost_table_source"] == "profiled"
+
+
+@pytest.mark.slow
+def test_gemma4_drafter_sweeps_losslessly(tmp_path):
+    from support.gemma4 import GEMMA4, GEMMA4_DRAFTERS, GEMMA4_TARGET
+
+    from dspark_convert.commands.convert import convert
+
+    art = tmp_path / "gemma4_vanilla_conf_markov"
+    convert(GEMMA4_DRAFTERS["gemma4_vanilla_conf_markov"], art, target=GEMMA4_TARGET)
+    out = tmp_path / "bench"
+    proc = run_cli("serve-bench", str(art), "--target", str(GEMMA4_TARGET), "--prompts",
+                   str(GEMMA4 / "prompts.jsonl"), "--max-new-tokens", "16", "--device", "cpu",
+                   "--concurrency", "1,2", "--policy", "full", "--policy", "threshold=0.5",
+                   "--policy", "dspark", "-o", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["lossless"] is True
+    assert len(report["runs"]) == 2 * (1 + 3)
+
+
+# --- refusals -----------------------------------------------------------------------------
+
+def _refused(proc, error, out, *needles):
+    line = assert_refused(proc, error, needles)
+    assert not out.exists() and not temp_siblings(out)
+    return line
+
+
+@pytest.mark.parametrize("args, error, needles", [
+    (["--concurrency", "0"], E.ConcurrencyError, ["--concurrency"]),
+    (["--concurrency", "1,two"], E.ConcurrencyError, ["'two'"]),
+    (["--concurrency", "2,1"], E.ConcurrencyError, ["1 after 2"]),
+    (["--concurrency", "1,,2"], E.ConcurrencyError, ["''"]),
+    (["--concurrency", "1" * 5000], E.ConcurrencyError, ["--concurrency"]),
+    (["--concurrency", "2,4"], E.ConcurrencyError, ["4", "3 prompt"]),
+    (["--concurrency", "1", "--policy", "dpsark"], E.SchedulingPolicyError, ["dpsark"]),
+    (["--concurrency", "1", "--policy", "threshold=1.5"], E.SchedulingPolicyError, ["threshold"]),
+    (["--concurrency", "1", "--temperature", "-1"], E.EvalInputError, ["temperature"]),
+    (["--concurrency", "1", "--max-new-tokens", "0"], E.EvalInputError, ["max-new-tokens"]),
+    (["--concurrency", "1", "--dtype", "int8"], E.EvalInputError, ["dtype"]),
+])
+def test_a_bad_option_is_refused(paired_artifacts, tmp_path, args, error, needles):
+    out = tmp_path / "bench"
+    _refused(_bench(paired_artifacts[DSPARK], out, _prompts(tmp_path), *args), error, out,
+             *needles)
+
+
+def test_a_confidence_policy_with_a_drafter_without_a_head_names_the_artifact(
+        paired_artifacts, tmp_path):
+    out = tmp_path / "bench"
+    for policy in ("dspark", "threshold=0.5", "dspark-async"):
+        _refused(_bench(paired_artifacts[DFLASH], out, _prompts(tmp_path), "--concurrency", "1",
+                        "--policy", policy), E.SchedulingPolicyError, out, DFLASH, policy)
+
+
+def test_a_bad_or_small_cost_table_is_refused(paired_artifacts, tmp_path):
+    out, prompts = tmp_path / "bench", _prompts(tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"tokens": [1, 2], "steps_per_second": [1.0]}')
+    _refused(_bench(paired_artifacts[DSPARK], out, prompts, "--concurrency", "1",
+                    "--cost-table", str(bad)), E.CostTableError, out, "bad.json")
+    missing = tmp_path / "none.json"
+    _refused(_bench(paired_artifacts[DSPARK], out, prompts, "--concurrency", "1",
+                    "--cost-table", str(missing)), E.CostTableError, out, "none.json")
+    # Concurrency 2 with a block of 7 may send 16 tokens in one step; 15 is too few.
+    small = _table(tmp_path / "small.json", list(range(1, 16)))
+    _refused(_bench(paired_artifacts[DSPARK], out, prompts, "--concurrency", "1,2",
+                    "--cost-table", str(small)), E.CostTableRangeError, out, "15", "16")
+
+
+def test_bad_prompts_and_an_existing_output_are_refused(paired_artifacts, tmp_path):
+    out = tmp_path / "bench"
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text('{"id": "a", "prompt_ids": [1, 99999]}\n')
+    _refused(_bench(paired_artifacts[DSPARK], out, prompts, "--concurrency", "1"),
+             E.PromptSetError, out, "bad.jsonl")
+    out.mkdir()
+    (out / "keep").write_text("mine")
+    assert_refused(_bench(paired_artifacts[DSPARK], out, _prompts(tmp_path), "--concurrency", "1"),
+                   E.OutputExistsError)
+    assert [p.name for p in out.iterdir()] == ["keep"]
