@@ -192,6 +192,24 @@ def test_each_b_is_one_verify_forward_of_b_tokens_after_the_same_context(target)
     assert calls[1:] == [(b, 6, {"keep": ()}, (b, vocab)) for b in (2, 5) for _ in range(5)]
 
 
+def test_a_long_context_is_prefilled_in_chunks(target):
+    """A context of 300 tokens is prefilled 256 tokens a forward (the attention scores of one
+    300-token forward are never held), and every B is still measured after all 300."""
+    calls = []
+    real = target.forward
+
+    def forward(ids, cache, **kw):
+        calls.append((len(ids), cache.length))
+        return real(ids, cache, **kw)
+
+    target.forward = forward
+    try:
+        table = profile_target(target, tokens=[1, 4], context=300, repeats=1, warmup=0)
+    finally:
+        del target.forward
+    assert calls == [(256, 0), (44, 256), (1, 300), (4, 300)] and table.tokens == (1, 4)
+
+
 def test_profile_target_records_bfloat16():
     table = profile_target(_load(GOLDEN_TARGET, torch.bfloat16), tokens=[1, 2], context=4,
                            repeats=1)
@@ -365,3 +383,28 @@ def test_profile_as_a_process(tmp_path):
                        "1,16", "--context", "16", "--repeats", "2")
     assert proc.returncode == 0, proc.stderr
     assert read_cost_table(out).tokens == (1, 16)
+
+
+def test_a_hub_target_pinned_by_commit_is_profiled(tmp_path, monkeypatch):
+    """--target org/name@<commit>, as smoke and eval take it: fetched from a loopback Hub
+    (tests/support/hub_server.py, the real huggingface_hub client); a branch is refused."""
+    from support.hub_server import HubServer
+
+    from dspark_convert.errors import HubSpecError
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    with HubServer() as server:
+        commit = server.add_directory("org/tiny-qwen3", GOLDEN_TARGET)
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        out = tmp_path / "cost.json"
+        proc = run_cli("profile", "--target", "org/tiny-qwen3@main", "-o", str(out),
+                       "--tokens", "2", "--context", "2", "--repeats", "1")
+        assert_refused(proc, HubSpecError, ["branch or tag"])
+        assert not out.exists()
+        proc = run_cli("profile", "--target", f"org/tiny-qwen3@{commit}", "-o", str(out),
+                       "--tokens", "1,2", "--context", "2", "--repeats", "1", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["target"] == f"org/tiny-qwen3@{commit}"
+        assert read_cost_table(out).tokens == (1, 2)

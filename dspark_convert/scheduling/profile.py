@@ -2,7 +2,8 @@
 target's verify steps per second at B tokens, on the device and in the dtype it is loaded in.
 
 How a point is measured: a context of ``context`` tokens (deterministic ids, counting up
-through the vocabulary) is prefilled into a KV cache once; then, for each B, a verify
+through the vocabulary) is prefilled into a KV cache once (``PREFILL_CHUNK`` tokens a
+forward); then, for each B, a verify
 forward of B new tokens after that context (logits of every row, as a verify needs; no
 hidden state kept: a verify taps none for the profile), and the cache cropped back to the
 context, so that every B is measured after the same context. ``warmup`` untimed runs, then
@@ -43,6 +44,10 @@ EVERY_TOKEN_UP_TO = 16
 # Beyond it, this many evenly spaced B per doubling (16..32 by 4, 32..64 by 8, ...): an
 # engine pads a step to its next graph size, and graph sizes are spaced like this too.
 POINTS_PER_DOUBLING = 4
+# The context is prefilled this many tokens a forward: a long --context in one forward would
+# hold its whole attention-score matrix (context x context per head) at once, more than any
+# verify measured after it up to this many rows.
+PREFILL_CHUNK = 256
 
 
 def default_tokens(max_tokens: int) -> tuple[int, ...]:
@@ -161,7 +166,9 @@ def profile_target(target, *, tokens: Sequence[int], context: int = DEFAULT_CONT
     rates = []
     with torch.inference_mode():
         cache = new_cache()
-        target.forward(ids[:context], cache, keep=(), last_logits_only=True)
+        for start in range(0, context, PREFILL_CHUNK):
+            target.forward(ids[start:min(start + PREFILL_CHUNK, context)], cache, keep=(),
+                           last_logits_only=True)
         progress.start("profile", len(tokens))
         try:
             for b in tokens:
