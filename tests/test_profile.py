@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from support.cli import assert_refused, run_cli, run_process, temp_siblings
 from support.fuzz import fuzz_settings
 from support.gemma4 import GEMMA4_TARGET
+from support.json_schema import schema_problems
 from support.paths import GOLDEN_TARGET, ROOT
 from dspark_convert.commands.binding import open_run_target, runtime_of
 from dspark_convert.errors import (
@@ -53,39 +54,14 @@ def target(request):
     return _load(TARGETS[request.param])
 
 
-def _schema_problems(value, schema, where="$") -> list[str]:
-    """What of ``value`` the JSON Schema ``schema`` refuses, for the keywords the generated
-    cost table schema uses (type, properties, required, additionalProperties, items)."""
-    kinds = {"object": dict, "array": list, "string": str, "number": (int, float),
-             "integer": int}
-    kind = schema.get("type")
-    if kind is not None and (not isinstance(value, kinds[kind]) or isinstance(value, bool)):
-        return [f"{where}: expected {kind}, found {type(value).__name__}"]
-    problems = []
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        problems += [f"{where}: {k} missing" for k in schema.get("required", ()) if k not in value]
-        for key, item in value.items():
-            if key in properties:
-                problems += _schema_problems(item, properties[key], f"{where}.{key}")
-            elif schema.get("additionalProperties") is False:
-                problems.append(f"{where}: {key} not allowed")
-            elif isinstance(schema.get("additionalProperties"), dict):
-                problems += _schema_problems(item, schema["additionalProperties"], f"{where}.{key}")
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            problems += _schema_problems(item, schema["items"], f"{where}[{i}]")
-    return problems
-
-
 def test_the_schema_check_refuses_what_the_schema_refuses():
     good = {"tokens": [1], "steps_per_second": [2.0], "device": "cpu", "dtype": "float32",
             "threads": 1, "versions": {"torch": "2"}}
-    assert _schema_problems(good, SCHEMA) == []
+    assert schema_problems(good, SCHEMA) == []
     for bad in ({**good, "extra": 1}, {**good, "tokens": [1.5]}, {**good, "threads": "1"},
                 {**good, "versions": {"torch": 2}},
                 {k: v for k, v in good.items() if k != "device"}):
-        assert _schema_problems(bad, SCHEMA), bad
+        assert schema_problems(bad, SCHEMA), bad
 
 
 # --- the staircase of B ------------------------------------------------------------------
@@ -239,7 +215,7 @@ def test_profile_writes_a_cost_table_its_reader_and_schema_accept(tmp_path, fami
     table = read_cost_table(out)
     assert table.tokens == (1, 2, 4, 8) and all(r > 0 for r in table.steps_per_second)
     assert table.device.startswith("cpu") and table.dtype == "float32" and table.threads >= 1
-    assert _schema_problems(json.loads(out.read_text()), SCHEMA) == []
+    assert schema_problems(json.loads(out.read_text()), SCHEMA) == []
     assert f"wrote {out}" in proc.stdout and proc.stdout.count("\n") >= 4
     assert temp_siblings(out) == []
 
