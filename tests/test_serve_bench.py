@@ -77,58 +77,20 @@ def sweep(paired_artifacts, cost_table, tmp_path_factory):
 
 # --- the sweep ----------------------------------------------------------------------------
 
-_KINDS = {"object": dict, "array": list, "string": str, "number": (int, float), "integer": int,
-          "boolean": bool, "null": type(None)}
-
-
-def _schema_problems(value, schema, root, where="$") -> list[str]:
-    """What of ``value`` the JSON Schema ``schema`` refuses, for the keywords the generated
-    report schema uses ($ref into $defs, anyOf, type, const, enum, properties, required,
-    additionalProperties, items)."""
-    if "$ref" in schema:
-        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
-    if "anyOf" in schema:
-        if all(_schema_problems(value, s, root, where) for s in schema["anyOf"]):
-            return [f"{where}: none of anyOf matches {value!r:.60}"]
-    kind = schema.get("type")
-    if kind is not None and (not isinstance(value, _KINDS[kind])
-                             or (isinstance(value, bool) and kind != "boolean")):
-        return [f"{where}: expected {kind}, found {type(value).__name__}"]
-    if "const" in schema and value != schema["const"]:
-        return [f"{where}: expected {schema['const']!r}"]
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"{where}: expected one of {schema['enum']}"]
-    problems = []
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        problems += [f"{where}: {k} missing" for k in schema.get("required", ()) if k not in value]
-        for key, item in value.items():
-            if key in properties:
-                problems += _schema_problems(item, properties[key], root, f"{where}.{key}")
-            elif schema.get("additionalProperties") is False:
-                problems.append(f"{where}: {key} not allowed")
-            elif isinstance(schema.get("additionalProperties"), dict):
-                problems += _schema_problems(item, schema["additionalProperties"], root,
-                                             f"{where}.{key}")
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            problems += _schema_problems(item, schema["items"], root, f"{where}[{i}]")
-    return problems
-
-
 def test_report_is_valid_against_its_schema(sweep):
+    from support.json_schema import schema_problems
     from support.paths import ROOT
 
     out, report = sweep
     schema = json.loads((ROOT / "schemas" / "serve_bench_report.schema.json").read_text())
-    assert _schema_problems(report, schema, schema) == []
+    assert schema_problems(report, schema) == []
     # The check can fail: what the schema refuses, it reports.
     run = report["runs"][0]
     for bad in ({**report, "extra": 1}, {**report, "version": 2},
                 {**report, "runs": [{**run, "concurrency": "1"}]},
                 {**report, "runs": [{**run, "tokens_per_second": "fast"}]},
                 {k: v for k, v in report.items() if k != "settings"}):
-        assert _schema_problems(bad, schema, schema), bad
+        assert schema_problems(bad, schema), bad
     runs = {(r["artifact"], r["policy"], r["concurrency"]) for r in report["runs"]}
     assert runs == {(None, "target-only", 1), (None, "target-only", 2),
                     (DSPARK, "full", 1), (DSPARK, "full", 2),
