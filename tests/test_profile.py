@@ -286,6 +286,14 @@ REFUSALS = [
      "= 513 positions"),
     ("max-tokens-beyond", ("--max-tokens", "512", "--context", "1"), ProfileRangeError,
      "= 513 positions"),
+    # 4,300-digit numbers (the most parse_int takes; str() of a larger int raises): named
+    # by their size, never printed or converted
+    ("max-tokens-huge", ("--max-tokens", "9" * 4300, *_COMMON), ProfileRangeError,
+     "the largest batch an integer of 14285 bits"),
+    ("context-huge", ("--tokens", "1", "--context", "9" * 4300), ProfileRangeError,
+     "--context an integer of 14285 bits + the largest batch 1"),
+    ("tokens-huge-then-small", ("--tokens", "9" * 4300 + ",1", *_COMMON), ProfileInputError,
+     "found 1 after an integer of 14285 bits"),
 ]
 
 

@@ -84,7 +84,8 @@ def check_tokens(tokens: Sequence[int], *, option: str = "--tokens") -> tuple[in
     for i, b in enumerate(tokens):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1 or (i and b <= tokens[i - 1]):
             found = shown_int(b) if isinstance(b, int) else shown(repr(b))
-            after = f" after {tokens[i - 1]}" if i and isinstance(b, int) and b >= 1 else ""
+            after = (f" after {shown_int(tokens[i - 1])}" if i and isinstance(b, int) and b >= 1
+                     else "")
             raise ProfileInputError(
                 f"{option}: entry {i + 1}: expected strictly increasing positive integers, "
                 f"found {found}{after}", field=option.lstrip("-"),
@@ -117,9 +118,10 @@ def check_fits(tokens: Sequence[int], context: int, *, positions: int, where: st
     need = context + max(tokens)
     if need > positions:
         raise ProfileRangeError(
-            f"{where}: --context {context} + the largest batch {max(tokens)} = {need} "
-            f"positions; expected at most the target's max_position_embeddings {positions}",
-            path=where, field="max_position_embeddings", expected=f"<= {positions}", found=need)
+            f"{where}: --context {shown_int(context)} + the largest batch "
+            f"{shown_int(max(tokens))} = {shown_int(need)} positions; expected at most the "
+            f"target's max_position_embeddings {positions}", path=where,
+            field="max_position_embeddings", expected=f"<= {positions}", found=shown_int(need))
 
 
 def describe_device(device) -> str:
