@@ -10,6 +10,12 @@ head's probabilities and the target's cost table.
   strict reader and writer, and the lookup SPS(B).
 - ``profile``: that table measured on a loaded target (``dspark profile``): one verify
   forward of B tokens after a fixed context, timed, for each B.
+- ``decisions``: decisions.jsonl, one verify step a line (what the policy saw, the lengths
+  sent, the tokens accepted), its writer and strict reader.
+- ``simulate``: the policies replayed on recorded decisions and a cost table (the recorded
+  batches, or each request's blocks at a concurrency), no model.
+- ``scheduler_check``: a scheduler's recorded lengths against the policy they claim, the
+  first difference and why.
 
 Pure Python and pydantic; no engine. torch only in ``profile``, imported when a profile
 runs (the target is handed in loaded).
