@@ -280,8 +280,8 @@ REFUSALS = [
      "--device: expected one of auto, cpu, cuda, found 'tpu'"),
     # the golden targets hold 512 positions
     ("default-max-beyond-context", _COMMON, ProfileRangeError,
-     "--context 4 + the largest batch 1024 = 1028 positions; expected at most the target's "
-     "max_position_embeddings 512"),
+     "a context of 4 tokens plus a batch of 1024 = 1028 positions; expected at most the "
+     "target's max_position_embeddings 512"),
     ("context-plus-b-beyond", ("--tokens", "13", "--context", "500"), ProfileRangeError,
      "= 513 positions"),
     ("max-tokens-beyond", ("--max-tokens", "512", "--context", "1"), ProfileRangeError,
@@ -289,9 +289,9 @@ REFUSALS = [
     # 4,300-digit numbers (the most parse_int takes; str() of a larger int raises): named
     # by their size, never printed or converted
     ("max-tokens-huge", ("--max-tokens", "9" * 4300, *_COMMON), ProfileRangeError,
-     "the largest batch an integer of 14285 bits"),
+     "plus a batch of an integer of 14285 bits"),
     ("context-huge", ("--tokens", "1", "--context", "9" * 4300), ProfileRangeError,
-     "--context an integer of 14285 bits + the largest batch 1"),
+     "a context of an integer of 14285 bits tokens plus a batch of 1 ="),
     ("tokens-huge-then-small", ("--tokens", "9" * 4300 + ",1", *_COMMON), ProfileInputError,
      "found 1 after an integer of 14285 bits"),
 ]

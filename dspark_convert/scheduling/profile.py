@@ -114,11 +114,12 @@ def parse_tokens(text: str, *, option: str = "--tokens") -> tuple[int, ...]:
 def check_fits(tokens: Sequence[int], context: int, *, positions: int, where: str) -> None:
     """ProfileRangeError when the context plus the largest B is beyond the target's
     ``positions`` (max_position_embeddings, read from ``where``): positions past it are
-    none the model was made for, and the profile would size its cache by them."""
+    none the model was made for, and the profile would size its cache by them. The line
+    names no option: `serve-bench` profiles through it too, with options of its own."""
     need = context + max(tokens)
     if need > positions:
         raise ProfileRangeError(
-            f"{where}: --context {shown_int(context)} + the largest batch "
+            f"{where}: a context of {shown_int(context)} tokens plus a batch of "
             f"{shown_int(max(tokens))} = {shown_int(need)} positions; expected at most the "
             f"target's max_position_embeddings {positions}", path=where,
             field="max_position_embeddings", expected=f"<= {positions}", found=shown_int(need))
