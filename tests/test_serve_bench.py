@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from support.cli import assert_refused, run_cli, temp_siblings
+from support.cli import assert_refused, run_cli, run_process, temp_siblings
 from support.paths import GOLDEN_TARGET as TARGET
 
 from dspark_convert import errors as E
@@ -72,6 +72,7 @@ def sweep(paired_artifacts, cost_table, tmp_path_factory):
     proc = _bench(paired_artifacts[DSPARK], out, _prompts(root), "--concurrency", "1,2",
                   "--policy", "full", "--policy", "dspark", "--cost-table", str(cost_table))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr == ""                  # no warning, no bar off a terminal
     return out, json.loads((out / "report.json").read_text())
 
 
@@ -112,6 +113,9 @@ def test_every_output_equals_the_target_alone_and_its_hash(sweep):
             assert len(q["output_ids"]) <= MAX_NEW
             assert q["equal_to_target_only"] is (None if run["artifact"] is None else True)
         assert run["new_tokens"] == sum(len(q["output_ids"]) for q in run["requests"])
+        # Per request: the tokens after the first over the time from the first to the last
+        # (a bound, not a figure: 100x the run's throughput is a rate of microseconds).
+        assert 0 < run["per_request_tokens_per_second"] < 100 * run["tokens_per_second"]
 
 
 def test_decisions_read_back_and_sum_as_the_report_says(sweep):
@@ -184,6 +188,36 @@ def test_an_output_unlike_the_target_alone_is_a_failure_said_loudly(sweep, paire
     assert report_failure(report, out) is None
 
 
+def test_sampled_outputs_are_not_compared_and_need_no_table(paired_artifacts, tmp_path):
+    """At temperature > 0 a request's draws differ from the target alone's: no comparison is
+    claimed (null), and full needs no cost table (none profiled, none written)."""
+    out = tmp_path / "bench"
+    proc = _bench(paired_artifacts[DSPARK], out, _prompts(tmp_path, 2), "--concurrency", "2",
+                  "--policy", "full", "--temperature", "0.8", "--seed", "5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["lossless"] is None and report["cost_table"] is None
+    assert report["settings"]["cost_table_source"] == "none"
+    assert all(q["equal_to_target_only"] is None for r in report["runs"] for q in r["requests"])
+    assert not (out / "cost_table.json").exists()
+    assert "serve-bench on" in proc.stdout and "c2 vanilla_conf_markov full" in proc.stdout
+
+
+def test_requests_of_one_token_make_no_step_and_no_rate(paired_artifacts, tmp_path):
+    """max 1 new token: each request ends at its prefill; no verify step, so no decisions
+    file and no per-request rate (a one-token request has none), nothing made up."""
+    out = tmp_path / "bench"
+    proc = _bench(paired_artifacts[DSPARK], out, _prompts(tmp_path, 2), "--concurrency", "1",
+                  "--policy", "full", "--max-new-tokens", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    for run in report["runs"]:
+        assert run["verify_steps"] == 0 and run["decisions"] is None
+        assert run["per_request_tokens_per_second"] is None and run["accepted_per_step"] is None
+        assert [len(q["output_ids"]) for q in run["requests"]] == [1, 1]
+    assert report["lossless"] is True and list((out / "decisions").iterdir()) == []
+
+
 @pytest.mark.slow
 def test_without_a_cost_table_the_target_is_profiled(paired_artifacts, tmp_path):
     from dspark_convert.scheduling.cost_table import read_cost_table
@@ -212,11 +246,11 @@ def test_gemma4_drafter_sweeps_losslessly(tmp_path):
     proc = run_cli("serve-bench", str(art), "--target", str(GEMMA4_TARGET), "--prompts",
                    str(GEMMA4 / "prompts.jsonl"), "--max-new-tokens", "16", "--device", "cpu",
                    "--concurrency", "1,2", "--policy", "full", "--policy", "threshold=0.5",
-                   "--policy", "dspark", "-o", str(out))
+                   "--policy", "dspark", "--policy", "dspark-async", "-o", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["lossless"] is True
-    assert len(report["runs"]) == 2 * (1 + 3)
+    assert len(report["runs"]) == 2 * (1 + 4)
 
 
 # --- refusals -----------------------------------------------------------------------------
@@ -244,6 +278,13 @@ def test_a_bad_option_is_refused(paired_artifacts, tmp_path, args, error, needle
     out = tmp_path / "bench"
     _refused(_bench(paired_artifacts[DSPARK], out, _prompts(tmp_path), *args), error, out,
              *needles)
+
+
+def test_a_refusal_in_a_real_process_is_one_line(paired_artifacts, tmp_path):
+    out = tmp_path / "bench"
+    proc = run_process("serve-bench", str(paired_artifacts[DSPARK]), "--target", str(TARGET),
+                       "--prompts", str(_prompts(tmp_path)), "--concurrency", "0", "-o", str(out))
+    _refused(proc, E.ConcurrencyError, out, "--concurrency")
 
 
 def test_a_confidence_policy_with_a_drafter_without_a_head_names_the_artifact(

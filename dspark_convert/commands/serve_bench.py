@@ -193,8 +193,11 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
                 for p in resolved]
     # Untimed warm-up (torch's first calls allocate and pick kernels): one short request
     # through the same loop, the target alone and each drafter under the first policy.
+    # WARMUP_TOKENS where the context has room (check_context left room for at least
+    # max_new_tokens), so that a verify step runs even when the sweep's requests make none.
+    room = cfg.max_position_embeddings - len(resolved[0].ids)
     warm = [Request(id=resolved[0].key, prompt=tuple(resolved[0].ids),
-                    max_new_tokens=min(WARMUP_TOKENS, max_new_tokens))]
+                    max_new_tokens=min(WARMUP_TOKENS, room))]
     sweep(model, drafters, warm, policies=chosen[:1], concurrencies=(1,), costs=table,
           temperature=temperature, seed=seed, stop_token_ids=stops)
     done = sweep(model, drafters, requests, policies=chosen, concurrencies=concurrencies,

@@ -84,9 +84,11 @@ def serve_run(result, *, artifact: str | None, block_size: int, decisions: str |
         same = None if baseline is None else tuple(r.output_ids) == tuple(baseline[r.id])
         requests.append(RequestOutput(id=r.id, output_ids=list(r.output_ids),
                                       sha256=ids_sha256(r.output_ids), equal_to_target_only=same))
+        # Decoding speed once the first token is out: the first token's own time is the
+        # wait and the prefill (time to first token), not decoding; one token has no rate.
         busy = r.finished_seconds - r.first_token_seconds
-        if busy > 0:
-            rates.append(len(r.output_ids) / busy)
+        if len(r.output_ids) > 1 and busy > 0:
+            rates.append((len(r.output_ids) - 1) / busy)
         gaps += [b - a for a, b in zip(r.token_seconds, r.token_seconds[1:])]
     new = sum(len(r.output_ids) for r in result.requests)
     parts = [p for s in result.steps for p in s.requests]

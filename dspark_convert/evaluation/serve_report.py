@@ -68,8 +68,9 @@ class ServeRun(BaseModel):
     tokens_per_second: float | None = Field(
         description="new_tokens / total_seconds: the throughput of the whole run.")
     per_request_tokens_per_second: float | None = Field(
-        description="Mean over requests of new tokens / (finished - first token), requests "
-        "whose first token was their last left out; null when none is left.")
+        description="Mean over requests of the tokens after the first / (finished - first "
+        "token): each request's decoding speed once it has its first token (that token's wait "
+        "is time_to_first_token); requests of one token left out; null when none is left.")
     accepted_per_step: float | None = Field(
         description="Mean acceptance length (accepted + 1, the bonus or correction token "
         "included) over every request's verify steps; null with none.")
@@ -197,8 +198,8 @@ def render_markdown(report: ServeBenchReport, *, plots: list[str]) -> str:
             f"{', '.join(map(str, s.concurrencies))}; cost table: {table}.", "",
             "All requests arrive at time 0 (closed loop); a finished request's place is taken "
             "at the next verify step. tok/s: all new tokens / the run's wall time; "
-            "per-request tok/s: mean of each request's new tokens / (finished - first "
-            "token); accepted/step: mean acceptance length (accepted + 1); sent / wasted: "
+            "per-request tok/s: mean of each request's tokens after the first / (finished "
+            "- first token); accepted/step: mean acceptance length (accepted + 1); sent / wasted: "
             "draft tokens verified / not accepted; latency: gaps between a request's "
             "consecutive tokens (the tokens one verify step commits share its time: a gap of "
             "0 is a token that came with others).", ""]
@@ -259,8 +260,10 @@ def _line_plot(report: ServeBenchReport, path: Path, value, ylabel: str, title: 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.0))
     for label, points in _series(report, value).items():
-        style = "k--" if label == TARGET_ONLY else "o-"
-        ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=label)
+        baseline = label == TARGET_ONLY
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                linestyle="--" if baseline else "-", color="k" if baseline else None,
+                label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(report.settings.concurrencies)
     ax.set_xticklabels([str(c) for c in report.settings.concurrencies])
