@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.commands.binding import open_run_target, runtime_of, target_read
 from dspark_convert.errors import FamilyRuntimeError, ProfileInputError
+from dspark_convert.evaluation.options import DEVICES, DTYPES
 from dspark_convert.scheduling.cost_table import CostTable, write_cost_table
 from dspark_convert.scheduling.profile import (
     DEFAULT_CONTEXT,
@@ -33,9 +34,6 @@ from dspark_convert.scheduling.profile import (
 from dspark_convert.util.atomic import Output, check_outputs
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
-
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("float32", "bfloat16")
 
 
 class ProfileResult(BaseModel):
