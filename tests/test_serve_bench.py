@@ -253,6 +253,31 @@ def test_gemma4_drafter_sweeps_losslessly(tmp_path):
     assert len(report["runs"]) == 2 * (1 + 4)
 
 
+@pytest.mark.slow   # a real process on a pty, started and interrupted (~5 s)
+def test_a_real_sigint_mid_sweep_writes_nothing(paired_artifacts, tmp_path):
+    """SIGINT once the second run's progress bar is drawn: exit 130, one error line, no
+    report directory and no temporary beside it (the directory is published whole or not
+    at all)."""
+    import subprocess
+
+    from support.cli import child_env, dspark_cmd, interrupt_on_terminal
+
+    out = tmp_path / "bench"
+    cmd = dspark_cmd("serve-bench", str(paired_artifacts[DSPARK]), "--target", str(TARGET),
+                     "--prompts", str(_prompts(tmp_path)), "--device", "cpu", "--max-new-tokens",
+                     "48", "--concurrency", "1,2", "--policy", "full", "-o", str(out))
+    proc, seen, sent = interrupt_on_terminal(cmd, b"run 2/4", seconds=120,
+                                             stdout=subprocess.PIPE,
+                                             env=child_env({"OMP_NUM_THREADS": "1"}))
+    proc.stdout.close()
+    assert sent, f"the second run never started: {seen[-400:]!r}"
+    assert proc.wait() == 130, seen[-800:]
+    text = seen.decode(errors="replace")
+    assert "Traceback" not in text
+    assert len([line for line in text.replace("\r", "\n").splitlines() if "error:" in line]) == 1
+    assert not out.exists() and temp_siblings(out) == []
+
+
 # --- refusals -----------------------------------------------------------------------------
 
 def _refused(proc, error, out, *needles):
@@ -308,6 +333,19 @@ def test_a_bad_or_small_cost_table_is_refused(paired_artifacts, tmp_path):
     small = _table(tmp_path / "small.json", list(range(1, 16)))
     _refused(_bench(paired_artifacts[DSPARK], out, prompts, "--concurrency", "1,2",
                     "--cost-table", str(small)), E.CostTableRangeError, out, "15", "16")
+
+
+def test_an_output_over_an_input_is_refused_even_with_force(paired_artifacts, cost_table,
+                                                            tmp_path):
+    """--force would delete what the sweep reads: the cost table, the artifact."""
+    before = cost_table.read_bytes()
+    for out in (cost_table, paired_artifacts[DSPARK], cost_table.parent):
+        proc = _bench(paired_artifacts[DSPARK], out, _prompts(tmp_path), "--concurrency", "1",
+                      "--cost-table", str(cost_table), "--force")
+        assert_refused(proc, E.OutputExistsError)
+    assert cost_table.read_bytes() == before
+    assert sorted(p.name for p in paired_artifacts[DSPARK].iterdir()) == ["drafter.gguf",
+                                                                          "manifest.json"]
 
 
 def test_bad_prompts_and_an_existing_output_are_refused(paired_artifacts, tmp_path):
