@@ -392,3 +392,29 @@ def test_a_hub_target_pinned_by_commit_is_profiled(tmp_path, monkeypatch):
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["target"] == f"org/tiny-qwen3@{commit}"
         assert read_cost_table(out).tokens == (1, 2)
+
+
+@pytest.mark.slow   # a real profile process on a pty, started and interrupted (~4 s)
+def test_a_real_sigint_mid_profile_writes_nothing(tmp_path):
+    """A child `dspark profile` on a terminal (its progress bar is labelled "profile"); SIGINT
+    once it is measuring: exit 130, one error line saying nothing was written, no table and
+    no temporary beside it."""
+    import subprocess
+
+    from support.cli import child_env, dspark_cmd, interrupt_on_terminal
+
+    out = tmp_path / "cost.json"
+    cmd = dspark_cmd("profile", "--target", str(GOLDEN_TARGET), "-o", str(out), "--max-tokens",
+                     "448", "--repeats", "200", "--device", "cpu")
+    proc, seen, sent = interrupt_on_terminal(cmd, b"profile", seconds=120,
+                                             stdout=subprocess.PIPE,
+                                             env=child_env({"OMP_NUM_THREADS": "1"}))
+    stdout = proc.stdout.read().decode()
+    proc.stdout.close()
+    assert sent, f"the profile never started: {seen[-400:]!r}"
+    assert proc.wait() == 130, (stdout, seen[-800:])
+    text = seen.decode(errors="replace")
+    errors = [line for line in text.replace("\r", "\n").splitlines() if "error:" in line]
+    assert len(errors) == 1 and "interrupted; nothing was written" in errors[0], errors
+    assert "Traceback" not in text and stdout == ""
+    assert os.listdir(tmp_path) == []
