@@ -169,3 +169,52 @@ def test_the_writer_refuses_what_the_reader_would():
         decision_line(0, "threshold=0.60", [])
     with pytest.raises(ValueError):          # pydantic's: a request is checked when made
         RequestDecision(id="a", confidence=(0.5,), length=1, accepted=2)
+
+
+def _worst_file(path, budget: int) -> None:
+    """A decisions file of up to ``budget`` bytes of what costs the reader most per byte:
+    3,000 requests a step, each a full block (128) of the confidence 0."""
+    block = "[" + ",".join(["0"] * 128) + "]"
+    requests = ",".join(f'{{"id":"{i}","confidence":{block},"length":0,"accepted":0}}'
+                        for i in range(3000))
+    with open(path, "w") as fh:
+        size, step = 0, 0
+        while True:
+            line = f'{{"step":{step},"policy":"full","requests":[{requests}]}}\n'
+            if size + len(line) > budget:
+                break
+            fh.write(line)
+            size, step = size + len(line), step + 1
+
+
+def test_a_file_over_the_bound_is_refused_in_bounded_memory(tmp_path):
+    from support.bounded import run_bounded
+    from support.decisions import COSTS
+    from dspark_convert.scheduling.cost_table import write_cost_table
+
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as fh:                 # sparse: the reader must not read it all
+        fh.truncate(D.MAX_DECISIONS_BYTES + 4096)
+    cost = write_cost_table(COSTS, tmp_path / "cost.json")
+    bounded = run_bounded("simulate", str(big), "--cost-table", str(cost), memory_mb=600,
+                          seconds=20)
+    assert bounded.returncode == 146, bounded.stderr
+    assert f"over {D.MAX_DECISIONS_BYTES} bytes" in bounded.stderr
+
+
+@pytest.mark.slow
+def test_the_costliest_file_within_the_bound_reads_in_bounded_memory_and_time(tmp_path):
+    """Measured: about 1.4 GB resident and 21 s on a 2-core VM for 64 MiB of zeros in full
+    blocks; the child is capped at 2.5 GiB of address space and 90 s."""
+    from support.bounded import run_bounded
+    from dspark_convert.scheduling.cost_table import CostTable, write_cost_table
+
+    worst = tmp_path / "worst.jsonl"
+    _worst_file(worst, D.MAX_DECISIONS_BYTES)
+    small = write_cost_table(CostTable(tokens=(1, 64), steps_per_second=(2.0, 1.0), device="d",
+                                       dtype="t", threads=1, versions={}), tmp_path / "c.json")
+    bounded = run_bounded("simulate", str(worst), "--cost-table", str(small),
+                          memory_mb=2560, seconds=90)
+    # Read whole (no 146), then its first step of 3,000 requests is past the table (142).
+    assert bounded.returncode == 142, bounded.stderr
+    assert "step 0: cost table: a verify step of 387000 tokens" in bounded.stderr

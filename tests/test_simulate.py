@@ -213,7 +213,7 @@ REFUSALS = [
     ("concurrency not increasing", lambda t, g, c: (g, ["--cost-table", c, "--concurrency", "4,2"]), ConcurrencyError, "4,2"),
     ("concurrency not a list", lambda t, g, c: (g, ["--cost-table", c, "--concurrency", "1;4"]), ConcurrencyError, "1;4"),
     ("concurrency with check", lambda t, g, c: (g, ["--cost-table", c, "--concurrency", "1", "--check", "full"]), ConcurrencyError, "--check"),
-    ("table does not reach B", lambda t, g, c: (g, ["--cost-table", _small_cost(t), "--policy", "full"]), CostTableRangeError, "1..4"),
+    ("table does not reach B", lambda t, g, c: (g, ["--cost-table", _small_cost(t), "--policy", "full"]), CostTableRangeError, "step 0: cost table"),
     ("no confidences for dspark", lambda t, g, c: (_no_confidences(t), ["--cost-table", c, "--policy", "dspark"]), SchedulingPolicyError, "confidence: []"),
 ]
 

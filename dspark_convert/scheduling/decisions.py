@@ -47,10 +47,12 @@ from dspark_convert.util.paths import check_input_file, open_regular
 from dspark_convert.util.strict_json import json_error_text, loads_strict
 from dspark_convert.util.text import shown
 
-# Bounds, not targets. A step of 256 requests with 16 confidences each is ~100 KB as JSON;
-# a run of 100,000 such steps is far past any bench and still under the file bound. What is
-# kept is ~100 bytes a confidence (Python floats in tuples), so the file bound also bounds
-# memory (~1.5 GB at the very worst).
+# Bounds, not targets. A serve-bench run of 1,000 prompts of 512 new tokens is ~170,000
+# request-steps, ~35 MB as this writer writes them (~200 bytes a request-step with 7
+# confidences); a longer run is split into files. What costs the reader most per byte is short numbers in full blocks: 64 MiB
+# of zeros in 128-token blocks reads in ~1.4 GB and ~21 s on a 2-core VM (the slow test in
+# tests/test_decisions.py runs it under a 2.5 GiB cap); a realistic file takes ~7 times its
+# size.
 MAX_DECISIONS_BYTES = 64 * 1024 * 1024
 MAX_DECISIONS_LINE_BYTES = 1024 * 1024
 MAX_DECISIONS_LINES = 1_000_000

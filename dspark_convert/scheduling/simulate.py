@@ -32,7 +32,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dspark_convert.errors import ConcurrencyError, SchedulingPolicyError
+from contextlib import contextmanager
+
+from dspark_convert.errors import ConcurrencyError, CostTableRangeError, SchedulingPolicyError
 from dspark_convert.scheduling.cost_table import CostTable
 from dspark_convert.scheduling.decisions import Decisions, RequestDecision
 from dspark_convert.scheduling.policies import Confidences, Policy, StepView
@@ -75,6 +77,16 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     return tuple(levels)
 
 
+@contextmanager
+def _at_step(step: int):
+    """A step the cost table does not reach, named: "step 12: cost table: ..." (142)."""
+    try:
+        yield
+    except CostTableRangeError as exc:
+        raise CostTableRangeError(f"step {step}: {exc.message}", field=exc.field,
+                                  expected=exc.expected, found=exc.found) from None
+
+
 def step_lengths(policy: Policy, requests: Sequence[RequestDecision],
                  two_steps_ago: Confidences | None, costs: CostTable, *, step: int
                  ) -> tuple[int, ...]:
@@ -98,7 +110,8 @@ def step_lengths(policy: Policy, requests: Sequence[RequestDecision],
     confidences = tuple(r.confidence for r in requests)
     if policy.name == "dspark-async" and two_steps_ago is None:
         policy = Policy("dspark")
-    return policy.decide(StepView(confidences, two_steps_ago), costs).lengths
+    with _at_step(step):
+        return policy.decide(StepView(confidences, two_steps_ago), costs).lengths
 
 
 class Figures(BaseModel):
@@ -139,7 +152,8 @@ class _Tally:
              costs: CostTable) -> tuple[list[int], float]:
         """Count one step; (tokens each request produced, the step's predicted seconds)."""
         batch = sum(1 + n for n in lengths)
-        seconds = 1.0 / costs.steps_per_second_at(batch)
+        with _at_step(self.steps):
+            seconds = 1.0 / costs.steps_per_second_at(batch)
         produced, censored = [], 0
         for block, n in zip(blocks, lengths):
             accepted = min(block.accepted, n)
