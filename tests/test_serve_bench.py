@@ -188,6 +188,58 @@ def test_an_output_unlike_the_target_alone_is_a_failure_said_loudly(sweep, paire
     assert report_failure(report, out) is None
 
 
+@pytest.fixture(scope="module")
+def calibration(paired_artifacts, tmp_path_factory):
+    """A calibration.json of the golden DSpark drafter, fitted by `dspark eval --calibrate`
+    (run_eval) on four prompts."""
+    from dspark_convert.commands.evaluate import run_eval
+    from dspark_convert.util.json_out import dumps_model
+
+    root = tmp_path_factory.mktemp("calibration")
+    report = run_eval([paired_artifacts[DSPARK]], TARGET, _prompts(root, 4), thresholds=[],
+                      max_new_tokens=24, device="cpu", calibrate=True, held_out=0.5)
+    cal = report.artifacts[0].calibration
+    assert cal is not None and any(t != 1.0 for t in cal.temperatures)
+    path = root / "calibration.json"
+    path.write_text(dumps_model(cal, indent=1) + "\n")
+    return path, cal.temperatures
+
+
+def test_a_calibration_scales_the_confidences_the_policies_see(paired_artifacts, calibration,
+                                                               sweep, tmp_path):
+    """Under full (lengths that do not depend on the confidences) the calibrated run makes
+    the same steps as the raw one, and each confidence it records is sigmoid(logit / T_k)
+    of the raw one's logit: logit(c_cal) * T_k == logit(c_raw)."""
+    import math
+
+    from dspark_convert.scheduling.decisions import read_decisions
+
+    path, temperatures = calibration
+    out = tmp_path / "bench"
+    proc = _bench(paired_artifacts[DSPARK], out, _prompts(tmp_path), "--concurrency", "1",
+                  "--policy", "full", "--calibration", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["artifacts"][0]["calibration"]["temperatures"] == list(temperatures)
+    assert report["lossless"] is True
+    raw_dir, _ = sweep
+    name = f"decisions/{DSPARK}.full.c1.jsonl"
+    raw, cal = read_decisions(raw_dir / name), read_decisions(out / name)
+    assert len(raw.lines) == len(cal.lines)
+    logit = lambda c: math.log(c / (1.0 - c))            # noqa: E731
+    compared = 0
+    for a, b in zip(raw.lines, cal.lines):
+        for r, c in zip(a.requests, b.requests):
+            assert (r.id, r.length, r.accepted) == (c.id, c.length, c.accepted)
+            for k, (x, y) in enumerate(zip(r.confidence, c.confidence)):
+                if 1e-6 < x < 1 - 1e-6 and 1e-6 < y < 1 - 1e-6:    # logit well defined
+                    assert logit(y) * temperatures[k] == pytest.approx(logit(x), rel=1e-4,
+                                                                       abs=1e-4)
+                    compared += 1
+    assert compared > 20
+    assert "confidences calibrated by" in (out / "report.md").read_text()
+
+
 def test_sampled_outputs_are_not_compared_and_need_no_table(paired_artifacts, tmp_path):
     """At temperature > 0 a request's draws differ from the target alone's: no comparison is
     claimed (null), and full needs no cost table (none profiled, none written)."""
@@ -346,6 +398,18 @@ def test_an_output_over_an_input_is_refused_even_with_force(paired_artifacts, co
     assert cost_table.read_bytes() == before
     assert sorted(p.name for p in paired_artifacts[DSPARK].iterdir()) == ["drafter.gguf",
                                                                           "manifest.json"]
+
+
+def test_a_bad_or_foreign_calibration_is_refused(paired_artifacts, calibration, tmp_path):
+    out, prompts = tmp_path / "bench", _prompts(tmp_path)
+    path, _ = calibration
+    _refused(_bench(paired_artifacts[DFLASH], out, prompts, "--concurrency", "1", "--policy",
+                    "full", "--calibration", str(path)), E.CalibrationMismatchError, out,
+             "calibration.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"method": "sts"}')
+    _refused(_bench(paired_artifacts[DSPARK], out, prompts, "--concurrency", "1",
+                    "--calibration", str(broken)), E.CalibrationFileError, out, "broken.json")
 
 
 def test_bad_prompts_and_an_existing_output_are_refused(paired_artifacts, tmp_path):

@@ -45,6 +45,10 @@ def serve_bench(
         "--cost-table", metavar="FILE", help="The target's cost table (`dspark profile`), up to "
         "max concurrency x (1 + block size) tokens; without it a dspark policy profiles the "
         "target first and writes DIR/cost_table.json.")] = None,
+    calibration: Annotated[Optional[list[Path]], typer.Option(
+        "--calibration", metavar="FILE", help="A calibration.json (`dspark eval --calibrate`): "
+        "its temperatures scale the confidences the policies see, for the artifact it was "
+        "made for; repeatable.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=int_option,
                                                 help="New tokens per request.")] = 64,
     temperature: Annotated[float, typer.Option(
@@ -78,12 +82,13 @@ def serve_bench(
 
         # Before anything long: an existing report is refused now, not after the runs.
         check_serve_dir(output, force=force, artifacts=artifacts, target=target,
-                        prompts=prompts, cost_table=cost_table)
+                        prompts=prompts, cost_table=cost_table, calibrations=calibration or [])
         outcome = run_serve_bench(
             artifacts, target, prompts, concurrencies=concurrency,
             policies=policy if policy else DEFAULT_POLICIES, cost_table=cost_table,
             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, device=device,
-            dtype=dtype, progress=RichProgress(enabled=not as_json),
+            dtype=dtype, calibrations=calibration or [],
+            progress=RichProgress(enabled=not as_json),
             run_progress=RichProgress(enabled=not as_json, counted=True))
         report = outcome.report
         written = write_serve_report(report, outcome.decisions, output, force=force,

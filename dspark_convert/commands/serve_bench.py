@@ -64,14 +64,14 @@ def parse_policies(specs: Sequence[str]) -> tuple[Policy, ...]:
 
 def check_serve_dir(out: str | os.PathLike, *, force: bool, artifacts: Sequence,
                     target: str | os.PathLike, prompts: str | os.PathLike | None,
-                    cost_table: str | os.PathLike | None) -> Path:
+                    cost_table: str | os.PathLike | None, calibrations: Sequence = ()) -> Path:
     """``-o DIR`` by eval's rule for its report directory (commands/evaluate.py
     ``check_report_dir``), and never the cost table read or anything around it."""
     from dspark_convert.commands.evaluate import check_report_dir
     from dspark_convert.util.atomic import refuse_overlap
 
     checked = check_report_dir(out, force=force, artifacts=artifacts, target=target,
-                               prompts=prompts)
+                               prompts=prompts, calibrations=calibrations)
     refuse_overlap(out, [(cost_table, "the cost table")])
     return checked
 
@@ -110,13 +110,24 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
                     cost_table: str | os.PathLike | None = None,
                     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
                     seed: int = 0, device: str = "auto", dtype: str = "float32",
+                    calibrations: Sequence[str | os.PathLike] = (),
                     progress: Progress | None = None,
                     run_progress: Progress | None = None) -> ServeBenchOutcome:
     """Run the sweep and return its report (module docstring). ``concurrencies``: the
-    ``--concurrency`` text (``1,4,16``) or the integers. ``progress``: the checks, loading
-    and profiling; ``run_progress`` (default ``progress``): one bar per run, in tokens."""
+    ``--concurrency`` text (``1,4,16``) or the integers. ``calibrations``: calibration.json
+    files, each applied to the artifact it was made for as eval applies it (its temperatures
+    scale the confidence logits the policies see). ``progress``: the checks, loading and
+    profiling; ``run_progress`` (default ``progress``): one bar per run, in tokens."""
     from dspark_convert.commands.binding import bind, open_run_target, refuse_family
-    from dspark_convert.commands.evaluate import DEFAULT_HELD_OUT, _Artifact, _names, check_options
+    from dspark_convert.commands.evaluate import (
+        DEFAULT_HELD_OUT,
+        _Artifact,
+        _match_calibrations,
+        _names,
+        check_options,
+    )
+    from dspark_convert.evaluation.calibration import read_calibration_file
+    from dspark_convert.evaluation.environment import target_identity
     from dspark_convert.evaluation.prompts import check_context, load_prompt_set, resolve_prompts
     from dspark_convert.evaluation.serve_bench import check_concurrencies
     from dspark_convert.scheduling.simulate import parse_concurrency
@@ -132,6 +143,9 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
                                       else ",".join(str(c) for c in concurrencies))
     chosen = parse_policies(policies)
     table = read_cost_table(cost_table) if cost_table is not None else None
+    # Each --calibration read (its schema checked) before the target is hashed; matched to
+    # its artifact and the target's identity once both are known, as eval does.
+    calibration_files = [(c, *read_calibration_file(c)) for c in calibrations]
     for artifact in artifacts:
         refuse_family(artifact, "eval")
 
@@ -150,6 +164,8 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
                   context=cfg.max_position_embeddings,
                   config=shown(opened.directory / "config.json"))
     check_concurrencies(concurrencies, len(resolved), where=f"prompts {shown(prompt_set.path)}")
+    identity = target_identity(opened, progress)
+    _match_calibrations(calibration_files, arts, identity)
     _check_confidence(chosen, arts)
     largest = concurrencies[-1] * (1 + max(a.block_size for a in arts))
     if table is not None and table.tokens[-1] < largest:
@@ -165,7 +181,7 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
                    where=f"target {shown(opened.directory / 'config.json')}")
 
     from dspark_convert.commands.smoke import resolve_device
-    from dspark_convert.evaluation.environment import describe_environment, target_identity
+    from dspark_convert.evaluation.environment import describe_environment
     from dspark_convert.evaluation.serve_bench import Drafter, sweep
     from dspark_convert.evaluation.serve_report import ServeArtifact, ServeBenchSettings
     from dspark_convert.runtime.loading import compute_dtype
@@ -173,7 +189,6 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
     from dspark_convert.runtime.weights import load_drafter_weights
     from dspark_convert.scheduling.profile import default_tokens, profile_target
 
-    identity = target_identity(opened, progress)
     dev = resolve_device(device)
     torch_dtype = compute_dtype(dtype)
     runtime = bindings[arts[0].name].runtime
@@ -184,8 +199,10 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
         weights = load_drafter_weights(a.path, device=dev, dtype=torch_dtype,
                                        plan=bindings[a.name].drafter_plan, progress=progress)
         drafters.append(Drafter(name=a.name, block_size=a.block_size,
-                                drafter=runtime.Drafter(weights, embed=model.embed,
-                                                        lm_head=model.lm_head, device=dev)))
+                                drafter=runtime.Drafter(
+                                    weights, embed=model.embed, lm_head=model.lm_head, device=dev,
+                                    confidence_temperatures=a.calibration.temperatures
+                                    if a.calibration is not None else None)))
     if profile:
         table = profile_target(model, tokens=default_tokens(largest), progress=progress)
     stops = tuple(model.config.stop_token_ids)
@@ -215,7 +232,8 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
         settings=settings, environment=describe_environment(dev, device, dtype),
         target=identity, prompt_set=prompt_set.info(),
         artifacts=[ServeArtifact(name=a.name, path=shown(a.path), drafter_gguf_sha256=a.sha256,
-                                 block_size=a.block_size, confidence_head=a.has_confidence)
+                                 block_size=a.block_size, confidence_head=a.has_confidence,
+                                 calibration=a.applied)
                    for a in arts],
         cost_table=table, runs=list(done.runs),
         lossless=(all(checks) if checks else None) if temperature == 0.0 else None)

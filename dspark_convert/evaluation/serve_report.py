@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dspark_convert.evaluation.calibration import AppliedCalibration
 from dspark_convert.evaluation.cells import md_cell
 from dspark_convert.evaluation.environment import Environment, TargetIdentity
 from dspark_convert.evaluation.prompts import PromptSetInfo
@@ -105,6 +106,9 @@ class ServeArtifact(BaseModel):
     drafter_gguf_sha256: str
     block_size: int
     confidence_head: bool
+    calibration: AppliedCalibration | None = Field(
+        description="--calibration applied to this artifact: the policies saw its "
+        "calibrated confidences (sigmoid(logit / T_k)); null: the head's raw ones.")
 
 
 class ServeBenchSettings(BaseModel):
@@ -208,7 +212,10 @@ def render_markdown(report: ServeBenchReport, *, plots: list[str]) -> str:
         out += [f"## {md_cell(art.name)}", "",
                 f"{md_cell(art.path)}: block size {art.block_size}, confidence head "
                 f"{'yes' if art.confidence_head else 'no'}, drafter.gguf "
-                f"{art.drafter_gguf_sha256[:16]}…", "", _HEADER,
+                f"{art.drafter_gguf_sha256[:16]}…"
+                + (f"; confidences calibrated by {md_cell(art.calibration.path)} (T "
+                   f"{', '.join(f'{t:g}' for t in art.calibration.temperatures)})"
+                   if art.calibration is not None else ""), "", _HEADER,
                 "|" + "|".join(["---"] * (_HEADER.count("|") - 1)) + "|"]
         runs = sorted([r for r in report.runs if r.artifact == art.name] + baseline,
                       key=lambda r: (r.concurrency, r.artifact is not None))
