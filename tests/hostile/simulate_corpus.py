@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))      # tests/, for support/ when run as a script
 
+from hostile.conform_corpus import (  # noqa: E402 (the same edits of JSON-line records)
+    build_directory,
+    build_fifo,
+    build_nothing,
+    lines_text,
+    raw,
+    second,
+    text,
+    with_,
+    without,
+)
 from support.decisions import COSTS, of_policy, record  # noqa: E402
 
 from dspark_convert import errors  # noqa: E402
@@ -38,10 +48,6 @@ README = HERE / "simulate.md"
 
 def good_lines() -> list[dict]:
     return [json.loads(line) for line in record(of_policy("dspark"), "dspark", steps=6)]
-
-
-def lines_text(records: list) -> str:
-    return "".join(json.dumps(r) + "\n" for r in records)
 
 
 Build = Callable[[Path, list[dict]], None]
@@ -58,54 +64,12 @@ class Case:
     needles: tuple[str, ...] = field(default=())   # what the one line must also say
 
 
-def text(edit: Callable[[list[dict]], str]) -> Build:
-    def build(path: Path, good: list[dict]) -> None:
-        path.write_text(edit([dict(r) for r in good]), encoding="utf-8")
-    return build
-
-
-def raw(edit: Callable[[bytes], bytes]) -> Build:
-    def build(path: Path, good: list[dict]) -> None:
-        path.write_bytes(edit(lines_text(good).encode()))
-    return build
-
-
-def second(edit: Callable[[dict], object]) -> Build:
-    """The good file with its second line replaced by ``edit(line)`` (a dict, or text)."""
-    def make(records: list[dict]) -> str:
-        new = edit(records[1])
-        lines = [json.dumps(r) for r in records]
-        lines[1] = new if isinstance(new, str) else json.dumps(new)
-        return "\n".join(lines) + "\n"
-    return text(make)
-
-
-def with_(**fields) -> Callable[[dict], dict]:
-    return lambda r: {**r, **fields}
-
-
-def without(key: str) -> Callable[[dict], dict]:
-    return lambda r: {k: v for k, v in r.items() if k != key}
-
-
 def request(**fields) -> Callable[[dict], dict]:
     """The line's first request with ``fields`` changed (None: the key removed)."""
     def edit(r: dict) -> dict:
         first = {k: v for k, v in {**r["requests"][0], **fields}.items() if v is not None}
         return {**r, "requests": [first, *r["requests"][1:]]}
     return edit
-
-
-def build_fifo(path: Path, _good: list[dict]) -> None:
-    os.mkfifo(path)
-
-
-def build_directory(path: Path, _good: list[dict]) -> None:
-    path.mkdir()
-
-
-def build_nothing(path: Path, _good: list[dict]) -> None:
-    return None
 
 
 def build_sparse_over_limit(path: Path, _good: list[dict]) -> None:
