@@ -888,7 +888,9 @@ class SchedulerMismatchError(SchedulingError):
 
 class ConcurrencyError(SchedulingError):
     """A concurrency list (`--concurrency` of `simulate` and `serve-bench`) is not a comma
-    list of positive integers, strictly increasing."""
+    list of positive integers, strictly increasing (at most 64 of them, each at most
+    65,536), is given with `simulate --check`, or asks `serve-bench` for more requests in
+    flight than there are prompts."""
     exit_code = 148
 
 
