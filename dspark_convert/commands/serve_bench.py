@@ -28,6 +28,7 @@ from typing import Sequence
 
 from dspark_convert.errors import CostTableRangeError, LosslessnessError, SchedulingPolicyError
 from dspark_convert.evaluation.serve_report import TARGET_ONLY, ServeBenchReport
+from dspark_convert.scheduling.cost_table import CostTable
 from dspark_convert.scheduling.decisions import DecisionLine
 from dspark_convert.scheduling.policies import Policy, parse_policy
 from dspark_convert.util.progress import NoProgress, Progress
@@ -103,21 +104,27 @@ def report_failure(report: ServeBenchReport, out: str | os.PathLike) -> Lossless
         field=f"runs[{i}].requests", expected="equal", found="differs")
 
 
-def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
-                    prompts: str | os.PathLike | None = None, *,
-                    concurrencies: str | Sequence[int],
-                    policies: Sequence[str] = DEFAULT_POLICIES,
-                    cost_table: str | os.PathLike | None = None,
-                    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
-                    seed: int = 0, device: str = "auto", dtype: str = "float32",
-                    calibrations: Sequence[str | os.PathLike] = (),
-                    progress: Progress | None = None,
-                    run_progress: Progress | None = None) -> ServeBenchOutcome:
-    """Run the sweep and return its report (module docstring). ``concurrencies``: the
-    ``--concurrency`` text (``1,4,16``) or the integers. ``calibrations``: calibration.json
-    files, each applied to the artifact it was made for as eval applies it (its temperatures
-    scale the confidence logits the policies see). ``progress``: the checks, loading and
-    profiling; ``run_progress`` (default ``progress``): one bar per run, in tokens."""
+@dataclass(frozen=True)
+class _Checked:
+    """Every input of a sweep, checked, before anything loads."""
+
+    concurrencies: tuple[int, ...]
+    policies: tuple[Policy, ...]
+    table: CostTable | None          # the one given
+    prompt_set: object               # evaluation/prompts.PromptSet
+    prompts: list                    # its Prompts, resolved on the target's vocabulary
+    opened: object                   # the target (target/model.Target)
+    identity: object                 # evaluation/environment.TargetIdentity
+    arts: list                       # commands/evaluate._Artifact, calibration matched
+    bindings: dict                   # name -> commands/binding.Binding
+    largest: int                     # max concurrency x (1 + the largest block size)
+    profile: bool                    # a dspark policy asked and no table given
+
+
+def _check_inputs(artifacts, target, prompts, *, concurrencies, policies, cost_table,
+                  max_new_tokens, temperature, seed, device, dtype, calibrations,
+                  progress) -> _Checked:
+    """The refusals of the module docstring, in its order; nothing is loaded."""
     from dspark_convert.commands.binding import bind, open_run_target, refuse_family
     from dspark_convert.commands.evaluate import (
         DEFAULT_HELD_OUT,
@@ -130,12 +137,10 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
     from dspark_convert.evaluation.environment import target_identity
     from dspark_convert.evaluation.prompts import check_context, load_prompt_set, resolve_prompts
     from dspark_convert.evaluation.serve_bench import check_concurrencies
-    from dspark_convert.scheduling.simulate import parse_concurrency
     from dspark_convert.scheduling.cost_table import read_cost_table
     from dspark_convert.scheduling.profile import DEFAULT_CONTEXT, check_fits
+    from dspark_convert.scheduling.simulate import parse_concurrency
 
-    progress = progress or NoProgress()
-    run_progress = run_progress or progress
     check_options(artifacts=artifacts, temperatures=[temperature], thresholds=(),
                   max_new_tokens=max_new_tokens, seed=seed, held_out=DEFAULT_HELD_OUT,
                   dtype=dtype, device=device)
@@ -167,18 +172,44 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
     identity = target_identity(opened, progress)
     _match_calibrations(calibration_files, arts, identity)
     _check_confidence(chosen, arts)
-    largest = concurrencies[-1] * (1 + max(a.block_size for a in arts))
+    block = max(a.block_size for a in arts)
+    largest = concurrencies[-1] * (1 + block)
     if table is not None and table.tokens[-1] < largest:
         raise CostTableRangeError(
             f"cost table {cost_table}: its largest entry is {table.tokens[-1]} tokens; expected "
-            f"at least {largest} (concurrency {concurrencies[-1]} x (1 + block size "
-            f"{max(a.block_size for a in arts)})), the largest verify step the sweep may send",
-            path=str(cost_table), field="tokens", expected=f">= {largest}",
-            found=table.tokens[-1])
+            f"at least {largest} (concurrency {concurrencies[-1]} x (1 + block size {block})), "
+            f"the largest verify step the sweep may send", path=str(cost_table), field="tokens",
+            expected=f">= {largest}", found=table.tokens[-1])
     profile = table is None and any(p.name in NEEDS_COSTS for p in chosen)
     if profile:
         check_fits((largest,), DEFAULT_CONTEXT, positions=cfg.max_position_embeddings,
                    where=f"target {shown(opened.directory / 'config.json')}")
+    return _Checked(concurrencies=concurrencies, policies=chosen, table=table,
+                    prompt_set=prompt_set, prompts=resolved, opened=opened, identity=identity,
+                    arts=arts, bindings=bindings, largest=largest, profile=profile)
+
+
+def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
+                    prompts: str | os.PathLike | None = None, *,
+                    concurrencies: str | Sequence[int],
+                    policies: Sequence[str] = DEFAULT_POLICIES,
+                    cost_table: str | os.PathLike | None = None,
+                    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
+                    seed: int = 0, device: str = "auto", dtype: str = "float32",
+                    calibrations: Sequence[str | os.PathLike] = (),
+                    progress: Progress | None = None,
+                    run_progress: Progress | None = None) -> ServeBenchOutcome:
+    """Run the sweep and return its report (module docstring). ``concurrencies``: the
+    ``--concurrency`` text (``1,4,16``) or the integers. ``calibrations``: calibration.json
+    files, each applied to the artifact it was made for as eval applies it (its temperatures
+    scale the confidence logits the policies see). ``progress``: the checks, loading and
+    profiling; ``run_progress`` (default ``progress``): one bar per run, in tokens."""
+    progress = progress or NoProgress()
+    run_progress = run_progress or progress
+    c = _check_inputs(artifacts, target, prompts, concurrencies=concurrencies,
+                      policies=policies, cost_table=cost_table, max_new_tokens=max_new_tokens,
+                      temperature=temperature, seed=seed, device=device, dtype=dtype,
+                      calibrations=calibrations, progress=progress)
 
     from dspark_convert.commands.smoke import resolve_device
     from dspark_convert.evaluation.environment import describe_environment
@@ -191,50 +222,53 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
 
     dev = resolve_device(device)
     torch_dtype = compute_dtype(dtype)
-    runtime = bindings[arts[0].name].runtime
-    model = runtime.Target(opened.directory, device=dev, dtype=torch_dtype, plan=target_plan,
-                           progress=progress)
+    first = c.bindings[c.arts[0].name]
+    runtime = first.runtime
+    model = runtime.Target(c.opened.directory, device=dev, dtype=torch_dtype,
+                           plan=first.target_plan, progress=progress)
     drafters = []
-    for a in arts:
+    for a in c.arts:
         weights = load_drafter_weights(a.path, device=dev, dtype=torch_dtype,
-                                       plan=bindings[a.name].drafter_plan, progress=progress)
+                                       plan=c.bindings[a.name].drafter_plan, progress=progress)
         drafters.append(Drafter(name=a.name, block_size=a.block_size,
                                 drafter=runtime.Drafter(
                                     weights, embed=model.embed, lm_head=model.lm_head, device=dev,
                                     confidence_temperatures=a.calibration.temperatures
                                     if a.calibration is not None else None)))
-    if profile:
-        table = profile_target(model, tokens=default_tokens(largest), progress=progress)
+    table = c.table
+    if c.profile:
+        table = profile_target(model, tokens=default_tokens(c.largest), progress=progress)
     stops = tuple(model.config.stop_token_ids)
     requests = [Request(id=p.key, prompt=tuple(p.ids), max_new_tokens=max_new_tokens)
-                for p in resolved]
+                for p in c.prompts]
     # Untimed warm-up (torch's first calls allocate and pick kernels): one short request
-    # through the same loop, the target alone and each drafter under the first policy.
+    # through the same loop, the target alone and each drafter under the first policy;
     # WARMUP_TOKENS where the context has room (check_context left room for at least
     # max_new_tokens), so that a verify step runs even when the sweep's requests make none.
-    room = cfg.max_position_embeddings - len(resolved[0].ids)
-    warm = [Request(id=resolved[0].key, prompt=tuple(resolved[0].ids),
-                    max_new_tokens=min(WARMUP_TOKENS, room))]
-    sweep(model, drafters, warm, policies=chosen[:1], concurrencies=(1,), costs=table,
-          temperature=temperature, seed=seed, stop_token_ids=stops)
-    done = sweep(model, drafters, requests, policies=chosen, concurrencies=concurrencies,
+    head = c.prompts[0]
+    room = first.target_plan.config.max_position_embeddings - len(head.ids)
+    sweep(model, drafters, [Request(id=head.key, prompt=tuple(head.ids),
+                                    max_new_tokens=min(WARMUP_TOKENS, room))],
+          policies=c.policies[:1], concurrencies=(1,), costs=table, temperature=temperature,
+          seed=seed, stop_token_ids=stops)
+    done = sweep(model, drafters, requests, policies=c.policies, concurrencies=c.concurrencies,
                  costs=table, temperature=temperature, seed=seed, stop_token_ids=stops,
                  progress=run_progress)
 
     settings = ServeBenchSettings(
-        policies=[str(p) for p in chosen], concurrencies=list(concurrencies),
+        policies=[str(p) for p in c.policies], concurrencies=list(c.concurrencies),
         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, device=device,
-        dtype=dtype, cost_table_source="profiled" if profile else
+        dtype=dtype, cost_table_source="profiled" if c.profile else
         ("given" if cost_table is not None else "none"),
         cost_table_path=None if cost_table is None else shown(str(cost_table)))
     checks = [r.lossless for r in done.runs if r.lossless is not None]
     report = ServeBenchReport(
         settings=settings, environment=describe_environment(dev, device, dtype),
-        target=identity, prompt_set=prompt_set.info(),
+        target=c.identity, prompt_set=c.prompt_set.info(),
         artifacts=[ServeArtifact(name=a.name, path=shown(a.path), drafter_gguf_sha256=a.sha256,
                                  block_size=a.block_size, confidence_head=a.has_confidence,
                                  calibration=a.applied)
-                   for a in arts],
+                   for a in c.arts],
         cost_table=table, runs=list(done.runs),
         lossless=(all(checks) if checks else None) if temperature == 0.0 else None)
-    return ServeBenchOutcome(report=report, decisions=done.decisions, profiled=profile)
+    return ServeBenchOutcome(report=report, decisions=done.decisions, profiled=c.profile)
