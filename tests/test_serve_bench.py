@@ -412,6 +412,18 @@ def test_a_bad_or_foreign_calibration_is_refused(paired_artifacts, calibration, 
                     "--calibration", str(broken)), E.CalibrationFileError, out, "broken.json")
 
 
+@pytest.mark.parametrize("output, error", [("", E.OutputPathError), (".", E.OutputPathError),
+                                           ("x" * 300, E.OutputWriteError)])
+def test_an_output_path_naming_no_new_directory_is_refused(paired_artifacts, tmp_path,
+                                                           monkeypatch, output, error):
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = run_cli("serve-bench", str(paired_artifacts[DSPARK]), "--target", str(TARGET),
+                   "--concurrency", "1", "-o", output, "--force")
+    assert_refused(proc, error)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_bad_prompts_and_an_existing_output_are_refused(paired_artifacts, tmp_path):
     out = tmp_path / "bench"
     prompts = tmp_path / "bad.jsonl"
