@@ -29,6 +29,7 @@ def _models() -> dict:
     from dspark_convert.evaluation.conform import TraceRecord
     from dspark_convert.scheduling.cost_table import CostTable
     from dspark_convert.scheduling.decisions import DecisionLine
+    from dspark_convert.commands.simulate import SimulateReport
     from dspark_convert.evaluation.serve_report import ServeBenchReport
 
     return {
@@ -46,6 +47,7 @@ def _models() -> dict:
         "conform-report.schema.json": ConformResult,
         "cost_table.schema.json": CostTable,
         "decisions.schema.json": DecisionLine,
+        "simulate-report.schema.json": SimulateReport,
         "serve_bench_report.schema.json": ServeBenchReport,
     }
 

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from contextlib import contextmanager
 
@@ -133,8 +134,8 @@ class Figures(BaseModel):
     per_request_tokens_per_second: float | None   # sweep: mean of each request's own rate
     censored_steps: int                # steps where a lower bound stood for the true count
     censored_request_steps: int
-    # The lengths chosen, step by step (replay: the recorded steps'); not in a report.
-    lengths: tuple[tuple[int, ...], ...] = Field(default=(), exclude=True)
+    # The lengths chosen, step by step (replay: the recorded steps'); in no report or schema.
+    lengths: SkipJsonSchema[tuple[tuple[int, ...], ...]] = Field(default=(), exclude=True)
 
 
 @dataclass
