@@ -66,6 +66,11 @@ class ServeRun(BaseModel):
     new_tokens: int = Field(description="New tokens of every request.")
     verify_steps: int
     total_seconds: float
+    verify_seconds: float = Field(description="Σ over the verify steps of the target's verify "
+                                  "forward (device-synchronised): what a cost table predicts.")
+    draft_seconds: float = Field(description="Σ over the verify steps of the drafter's pass "
+                                 "(proposals, the policy, the context cells committed).")
+    prefill_seconds: float = Field(description="Time in the requests' prefills.")
     tokens_per_second: float | None = Field(
         description="new_tokens / total_seconds: the throughput of the whole run.")
     per_request_tokens_per_second: float | None = Field(
