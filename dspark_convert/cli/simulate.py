@@ -21,9 +21,9 @@ from dspark_convert.util.json_out import dumps
 
 def _table(report) -> Table:
     sweep = report.mode == "sweep"
-    table = Table(box=box.SIMPLE, pad_edge=False, title=escape(f"{report.mode} of {report.recording} "
-                               f"(recorded: {report.recorded_policy}, {report.recorded_steps} "
-                               f"steps) on {report.cost_table}"))
+    title = (f"{report.mode} of {report.recording} (recorded: {report.recorded_policy}, "
+             f"{report.recorded_steps} steps) on {report.cost_table}")
+    table = Table(box=box.SIMPLE, pad_edge=False, title=escape(title))
     # Short headers, so that the table fits 80 columns (docs/SCHEDULING.md says what each
     # holds); the policy's name is never cut.
     columns = ["policy"] + (["R"] if sweep else []) + [
@@ -46,8 +46,8 @@ def _table(report) -> Table:
 
 @app.command()
 def simulate(
-    recording: Annotated[Path, typer.Argument(
-        metavar="DECISIONS_OR_TRACE", help="A decisions.jsonl (one verify step a line: "
+    decisions_or_trace: Annotated[Path, typer.Argument(
+        help="A decisions.jsonl (one verify step a line: "
         "docs/SCHEDULING.md) or a smoke/eval trace (reference.json format).")],
     cost_table: Annotated[Path, typer.Option(
         "--cost-table", metavar="FILE", help="The target's cost table (verify steps per "
@@ -82,7 +82,7 @@ def simulate(
         from dspark_convert.commands.simulate import run_simulate, simulate_failure
 
         out = _out()
-        report = run_simulate(recording, cost_table=cost_table, policies=policy or (),
+        report = run_simulate(decisions_or_trace, cost_table=cost_table, policies=policy or (),
                               concurrency=concurrency, check=check, output=output, force=force)
         failure = simulate_failure(report)
         if as_json:

@@ -49,10 +49,10 @@ from dspark_convert.util.text import shown
 
 # Bounds, not targets. A serve-bench run of 1,000 prompts of 512 new tokens is ~170,000
 # request-steps, ~35 MB as this writer writes them (~200 bytes a request-step with 7
-# confidences); a longer run is split into files. What costs the reader most per byte is short numbers in full blocks: 64 MiB
-# of zeros in 128-token blocks reads in ~1.4 GB and ~21 s on a 2-core VM (the slow test in
-# tests/test_decisions.py runs it under a 2.5 GiB cap); a realistic file takes ~7 times its
-# size.
+# confidences); a longer run is split into files. What costs the reader most per byte is
+# short numbers in full blocks: 64 MiB of zeros in 128-token blocks reads in ~1.4 GB and
+# ~21 s on a 2-core VM (the slow test in tests/test_decisions.py runs it under a 2.5 GiB
+# cap); a realistic file takes ~7 times its size.
 MAX_DECISIONS_BYTES = 64 * 1024 * 1024
 MAX_DECISIONS_LINE_BYTES = 1024 * 1024
 MAX_DECISIONS_LINES = 1_000_000
@@ -88,7 +88,8 @@ class RequestDecision(BaseModel):
     id: Annotated[StrictStr, Field(min_length=1, max_length=MAX_ID_CHARS)] = Field(
         description="The request's id (the prompt's id); unique within a step.")
     # A tuple (frozen) read from a JSON list: lax about the container only.
-    confidence: Annotated[tuple[Confidence, ...], Field(strict=False, max_length=MAX_BLOCK)] = Field(
+    confidence: Annotated[tuple[Confidence, ...],
+                          Field(strict=False, max_length=MAX_BLOCK)] = Field(
         description="c_1..c_gamma of the drafted block as the policy saw them (calibrated "
         "where a calibration was applied); [] for a drafter without a confidence head.")
     length: Annotated[StrictInt, Field(ge=0, le=MAX_BLOCK)] = Field(

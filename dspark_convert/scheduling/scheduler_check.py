@@ -142,5 +142,6 @@ def mismatch_error(check: SchedulerCheck, *, path: str | None = None
     label = "decisions" if path is None else f"decisions {path}"
     return SchedulerMismatchError(
         f"{label}: step {d.step}, request {d.request!r}: {check.policy} gives length "
-        f"{d.expected}, the recording has {d.found}: {d.why}", path=path, field=f"step {d.step}.requests.{d.index}.length", expected=d.expected,
+        f"{d.expected}, the recording has {d.found}: {d.why}", path=path,
+        field=f"step {d.step}.requests.{d.index}.length", expected=d.expected,
         found=d.found)
