@@ -863,8 +863,9 @@ class ProfileInputError(SchedulingError):
 
 
 class ProfileRangeError(SchedulingError):
-    """The profile does not fit the target: the context plus the largest batch it measures
-    is beyond the target's context (max_position_embeddings); nothing is loaded."""
+    """The profile does not fit the target: the context plus a request's block is beyond the
+    target's context (max_position_embeddings), or the largest batch is over 65,536 tokens;
+    nothing is loaded."""
     exit_code = 145
 
 

@@ -146,44 +146,71 @@ def test_profile_target_measures_each_b_and_records_where(target):
     assert table.versions["torch"] == torch.__version__
 
 
-def test_each_b_is_one_verify_forward_of_b_tokens_after_the_same_context(target):
+def test_each_b_is_one_packed_verify_of_blocks_after_the_same_context(target):
     """What profile_target runs on the real target: one prefill of the context, then per B
-    warm-up + repeats forwards of exactly B tokens, each starting at the context's end (the
-    cache cropped back after each), keeping no hidden state, with every row's logits."""
+    warm-up + repeats packed forwards of B tokens in requests' blocks of at most `segment`,
+    each block starting at the context's end in a cache of its own, keeping no hidden state,
+    with every row's logits."""
     calls = []
-    real = target.forward
+    real, real_packed = target.forward, target.forward_packed
+
+    inside = []        # forward runs through forward_packed: record the outer call only
 
     def forward(ids, cache, **kw):
+        inside.append(1)
         out = real(ids, cache, **kw)
-        calls.append((len(ids), cache.length - len(ids), kw, tuple(out.logits.shape)))
+        inside.pop()
+        calls.append(("forward", len(ids), cache.length - len(ids), kw, tuple(out.logits.shape)))
         return out
 
-    target.forward = forward
+    def forward_packed(segments, **kw):
+        if inside:
+            return real_packed(segments, **kw)
+        starts = [cache.length for _, cache in segments]
+        outs = real_packed(segments, **kw)
+        calls.append(("packed", [len(ids) for ids, _ in segments], starts, kw,
+                      [tuple(o.logits.shape) for o in outs]))
+        return outs
+
+    target.forward, target.forward_packed = forward, forward_packed
     try:
-        profile_target(target, tokens=[2, 5], context=6, repeats=3, warmup=2)
+        profile_target(target, tokens=[2, 5], context=6, repeats=3, warmup=2, segment=2)
     finally:
-        del target.forward
+        del target.forward, target.forward_packed
     vocab = target.config.vocab_size
-    assert calls[0] == (6, 0, {"keep": (), "last_logits_only": True}, (1, vocab))
-    assert calls[1:] == [(b, 6, {"keep": ()}, (b, vocab)) for b in (2, 5) for _ in range(5)]
+    assert calls[0] == ("forward", 6, 0, {"keep": (), "last_logits_only": True}, (1, vocab))
+    blocks = {2: [2], 5: [2, 2, 1]}
+    assert calls[1:] == [("packed", blocks[b], [6] * len(blocks[b]), {"keep": ()},
+                          [(n, vocab) for n in blocks[b]]) for b in (2, 5) for _ in range(5)]
 
 
 def test_a_long_context_is_prefilled_in_chunks(target):
     """A context of 300 tokens is prefilled 256 tokens a forward (the attention scores of one
     300-token forward are never held), and every B is still measured after all 300."""
     calls = []
-    real = target.forward
+    real, real_packed = target.forward, target.forward_packed
+
+    inside = []
 
     def forward(ids, cache, **kw):
         calls.append((len(ids), cache.length))
-        return real(ids, cache, **kw)
+        inside.append(1)
+        try:
+            return real(ids, cache, **kw)
+        finally:
+            inside.pop()
 
-    target.forward = forward
+    def forward_packed(segments, **kw):
+        if not inside:
+            calls.append(tuple((len(ids), cache.length) for ids, cache in segments))
+        return real_packed(segments, **kw)
+
+    target.forward, target.forward_packed = forward, forward_packed
     try:
         table = profile_target(target, tokens=[1, 4], context=300, repeats=1, warmup=0)
     finally:
-        del target.forward
-    assert calls == [(256, 0), (44, 256), (1, 300), (4, 300)] and table.tokens == (1, 4)
+        del target.forward, target.forward_packed
+    assert calls == [(256, 0), (44, 256), ((1, 300),), ((4, 300),)] and table.tokens == (1, 4)
 
 
 def test_profile_target_records_bfloat16():
@@ -195,7 +222,7 @@ def test_profile_target_records_bfloat16():
 def test_profile_target_refuses_before_any_forward(target):
     positions = target.config.max_position_embeddings
     with pytest.raises(ProfileRangeError, match=f"max_position_embeddings {positions}"):
-        profile_target(target, tokens=[1, positions], context=1)
+        profile_target(target, tokens=[1, positions], context=positions - 7)
     for kwargs, needle in (({"tokens": []}, "--tokens"), ({"tokens": [2, 1]}, "--tokens"),
                            ({"tokens": [1], "context": 0}, "--context"),
                            ({"tokens": [1], "repeats": 0}, "--repeats"),
@@ -233,12 +260,13 @@ def test_profile_json_is_the_table_and_the_settings(tmp_path):
 
 
 def test_profile_fills_the_context_exactly(tmp_path):
-    """context + the largest B equal to max_position_embeddings (512) fits; one more is 145."""
+    """context + a block (--segment 8) equal to max_position_embeddings (512) fits, with a B
+    of 24 (three blocks, each at its own positions); one more is 145."""
     out = tmp_path / "cost.json"
     proc = run_cli("profile", "--target", str(GOLDEN_TARGET), "-o", str(out), "--tokens",
-                   "12", "--context", "500", "--repeats", "1")
+                   "12,24", "--context", "504", "--repeats", "1")
     assert proc.returncode == 0, proc.stderr
-    assert read_cost_table(out).tokens == (12,)
+    assert read_cost_table(out).tokens == (12, 24)
 
 
 def test_force_replaces_a_cost_table(tmp_path):
@@ -278,20 +306,24 @@ REFUSALS = [
      "--dtype: expected one of float32, bfloat16, found 'float16'"),
     ("device-unknown", ("--tokens", "1", "--device", "tpu"), ProfileInputError,
      "--device: expected one of auto, cpu, cuda, found 'tpu'"),
+    ("segment-zero", ("--tokens", "1", "--segment", "0"), ProfileInputError,
+     "--segment: expected an integer >= 1, found 0"),
     # the golden targets hold 512 positions
-    ("default-max-beyond-context", _COMMON, ProfileRangeError,
-     "a context of 4 tokens plus a batch of 1024 = 1028 positions; expected at most the "
-     "target's max_position_embeddings 512"),
-    ("context-plus-b-beyond", ("--tokens", "13", "--context", "500"), ProfileRangeError,
+    ("segment-beyond-context", ("--tokens", "16", "--segment", "16", "--context", "500"),
+     ProfileRangeError, "a context of 500 tokens plus a block of 16 = 516 positions; expected "
+     "at most the target's max_position_embeddings 512"),
+    ("context-plus-block-beyond", ("--tokens", "13", "--context", "505"), ProfileRangeError,
      "= 513 positions"),
-    ("max-tokens-beyond", ("--max-tokens", "512", "--context", "1"), ProfileRangeError,
+    ("max-tokens-beyond-context", ("--max-tokens", "512", "--context", "505"), ProfileRangeError,
      "= 513 positions"),
+    ("max-tokens-over-the-bound", ("--max-tokens", "65537", *_COMMON), ProfileRangeError,
+     "a batch of 65537 tokens; expected at most 65536"),
     # 4,300-digit numbers (the most parse_int takes; str() of a larger int raises): named
     # by their size, never printed or converted
     ("max-tokens-huge", ("--max-tokens", "9" * 4300, *_COMMON), ProfileRangeError,
-     "plus a batch of an integer of 14285 bits"),
+     "a batch of an integer of 14285 bits tokens"),
     ("context-huge", ("--tokens", "1", "--context", "9" * 4300), ProfileRangeError,
-     "a context of an integer of 14285 bits tokens plus a batch of 1 ="),
+     "a context of an integer of 14285 bits tokens plus a block of 1 ="),
     ("tokens-huge-then-small", ("--tokens", "9" * 4300 + ",1", *_COMMON), ProfileInputError,
      "found 1 after an integer of 14285 bits"),
 ]

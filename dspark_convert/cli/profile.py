@@ -33,6 +33,11 @@ def profile(
         "--repeats", parser=int_option,
         help="Timed verify forwards per B, after one untimed; the rate is 1 / their median "
         "time.")] = 5,
+    segment: Annotated[int, typer.Option(
+        "--segment", parser=int_option,
+        help="A request's verify block (1 + its drafter's block size): a step of B tokens is "
+        "measured as B / segment requests' blocks in one packed forward, each after its own "
+        "context.")] = 8,
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Compute dtype: float32 or bfloat16 (as the engines compute).")] = "float32",
     device: DeviceOpt = "auto",
@@ -53,7 +58,8 @@ def profile(
 
         batch_tokens = parse_tokens(tokens) if tokens is not None else None
         result = run_profile(target, output=output, max_tokens=max_tokens, tokens=batch_tokens,
-                             context=context, repeats=repeats, device=device, dtype=dtype,
+                             context=context, repeats=repeats, segment=segment,
+                             device=device, dtype=dtype,
                              force=force, progress=RichProgress(enabled=not as_json,
                                                                 counted=True))
         if as_json:

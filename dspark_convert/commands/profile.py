@@ -24,6 +24,7 @@ from dspark_convert.scheduling.profile import (
     DEFAULT_CONTEXT,
     DEFAULT_MAX_TOKENS,
     DEFAULT_REPEATS,
+    DEFAULT_SEGMENT,
     DEFAULT_WARMUP,
     check_at_least,
     check_fits,
@@ -43,13 +44,14 @@ class ProfileResult(BaseModel):
     output: str                      # the cost table written
     context: int                     # tokens prefilled before each verify forward
     repeats: int                     # timed forwards per B (their median is the rate)
+    segment: int                     # a request's block: B is measured in blocks of this
     warmup: int                      # untimed forwards per B before them
     load_seconds: float              # the target's weights, once
     table: CostTable
 
 
 def _check_options(*, max_tokens: int | None, tokens, context: int, repeats: int,
-                   device: str, dtype: str) -> tuple[int, ...]:
+                   segment: int, device: str, dtype: str) -> tuple[int, ...]:
     """The B to measure, once every option is checked (ProfileInputError)."""
     for name, value, allowed in (("--device", device, DEVICES), ("--dtype", dtype, DTYPES)):
         if value not in allowed:
@@ -58,6 +60,7 @@ def _check_options(*, max_tokens: int | None, tokens, context: int, repeats: int
                                     expected="|".join(allowed), found=shown(str(value)))
     check_at_least("--context", context, 1)
     check_at_least("--repeats", repeats, 1)
+    check_at_least("--segment", segment, 1)
     if tokens is not None and max_tokens is not None:
         raise ProfileInputError("--tokens and --max-tokens: expected one of them, found both "
                                 "(--tokens lists every B measured; --max-tokens ends the "
@@ -70,14 +73,15 @@ def _check_options(*, max_tokens: int | None, tokens, context: int, repeats: int
 
 def run_profile(target: str | os.PathLike, *, output: str | os.PathLike,
                 max_tokens: int | None = None, tokens=None, context: int = DEFAULT_CONTEXT,
-                repeats: int = DEFAULT_REPEATS, device: str = "auto", dtype: str = "float32",
+                repeats: int = DEFAULT_REPEATS, segment: int = DEFAULT_SEGMENT,
+                device: str = "auto", dtype: str = "float32",
                 force: bool = False, progress: Progress | None = None) -> ProfileResult:
     """Measure ``target``'s cost table and write it to ``output`` (module docstring).
     ``tokens``: every B to measure; else the staircase ``default_tokens(max_tokens)``
     (``max_tokens`` 1024 when not given; giving both is refused)."""
     progress = progress or NoProgress()
     batch_tokens = _check_options(max_tokens=max_tokens, tokens=tokens, context=context,
-                                  repeats=repeats, device=device, dtype=dtype)
+                                  repeats=repeats, segment=segment, device=device, dtype=dtype)
     check_outputs([Output(output, "the cost table", directory=False)], [target_read(target)],
                   force=force)
 
@@ -94,15 +98,16 @@ def run_profile(target: str | os.PathLike, *, output: str | os.PathLike,
     runtime = runtime_of(family)
     plan = runtime.plan_for(opened)
     check_fits(batch_tokens, context, positions=plan.config.max_position_embeddings,
-               where=f"target {plan.directory / 'config.json'}")
+               where=f"target {plan.directory / 'config.json'}", segment=segment)
 
     start = time.perf_counter()
     model = runtime.Target(plan.directory, device=dev, dtype=compute_dtype(dtype), plan=plan,
                            progress=progress)
     load_seconds = time.perf_counter() - start
     table = profile_target(model, tokens=batch_tokens, context=context, repeats=repeats,
-                           warmup=DEFAULT_WARMUP, progress=progress)
+                           warmup=DEFAULT_WARMUP, segment=segment, progress=progress)
     written = write_cost_table(table, output, force=force)
     return ProfileResult(target=shown(str(target)), output=str(written), context=context,
-                         repeats=repeats, warmup=DEFAULT_WARMUP, load_seconds=load_seconds,
+                         repeats=repeats, segment=segment, warmup=DEFAULT_WARMUP,
+                         load_seconds=load_seconds,
                          table=table)

@@ -183,7 +183,7 @@ def _check_inputs(artifacts, target, prompts, *, concurrencies, policies, cost_t
     profile = table is None and any(p.name in NEEDS_COSTS for p in chosen)
     if profile:
         check_fits((largest,), DEFAULT_CONTEXT, positions=cfg.max_position_embeddings,
-                   where=f"target {shown(opened.directory / 'config.json')}")
+                   where=f"target {shown(opened.directory / 'config.json')}", segment=1 + block)
     return _Checked(concurrencies=concurrencies, policies=chosen, table=table,
                     prompt_set=prompt_set, prompts=resolved, opened=opened, identity=identity,
                     arts=arts, bindings=bindings, largest=largest, profile=profile)
@@ -237,7 +237,9 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
                                     if a.calibration is not None else None)))
     table = c.table
     if c.profile:
-        table = profile_target(model, tokens=default_tokens(c.largest), progress=progress)
+        block = max(a.block_size for a in c.arts)
+        table = profile_target(model, tokens=default_tokens(c.largest), segment=1 + block,
+                               progress=progress)
     stops = tuple(model.config.stop_token_ids)
     requests = [Request(id=p.key, prompt=tuple(p.ids), max_new_tokens=max_new_tokens)
                 for p in c.prompts]

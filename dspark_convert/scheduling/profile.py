@@ -1,19 +1,20 @@
 """Measuring a target's cost table (docs/SCHEDULING.md "Profiling a target"): SPS(B), the
 target's verify steps per second at B tokens, on the device and in the dtype it is loaded in.
 
-How a point is measured: a context of ``context`` tokens (deterministic ids, counting up
-through the vocabulary) is prefilled into a KV cache once (``PREFILL_CHUNK`` tokens a
-forward); then, for each B, a verify
-forward of B new tokens after that context (logits of every row, as a verify needs; no
-hidden state kept: a verify taps none for the profile), and the cache cropped back to the
-context, so that every B is measured after the same context. ``warmup`` untimed runs, then
-``repeats`` timed ones, each synchronised with the device (CUDA runs asynchronously:
-without it the clock would time the launch, not the work); SPS(B) = 1 / the median time.
+How a point is measured, as the serving runtime verifies (runtime/serving.py): a step of B
+tokens is ceil(B / segment) requests' blocks of at most ``segment`` tokens (the anchor and
+its drafts: 1 + the block size), packed into one forward (``forward_packed``: every linear
+layer one GEMM over all B rows, attention per block against its own cache), each block after
+a context of ``context`` tokens in a KV cache of its own. The context (deterministic ids,
+counting up through the vocabulary) is prefilled once (``PREFILL_CHUNK`` tokens a forward)
+and every block's cache starts as that one (its tensors shared, never written: a forward
+appends by concatenation), so every B is measured after the same context; logits of every
+row, as a verify needs; no hidden state kept. ``warmup`` untimed runs, then ``repeats``
+timed ones, each synchronised with the device (CUDA runs asynchronously: without it the
+clock would time the launch, not the work); SPS(B) = 1 / the median time.
 
-A forward of one request's B tokens stands for a batched step of B tokens in all: the
-serving runtime verifies R requests' blocks as one packed forward of B rows, whose linear
-layers (the bulk of the cost) are the same GEMMs over B rows; its attention runs per request
-against that request's own cache, which this profile does not reproduce.
+The positions a profile needs are ``context + segment``, not ``context + B``: R requests'
+blocks sit at their own positions, as in serving.
 
 The target is handed in loaded (the family's runtime: runtime/qwen3.py, runtime/gemma4.py);
 torch is imported when a profile runs, never at import.
@@ -38,6 +39,13 @@ DEFAULT_MAX_TOKENS = 1024
 DEFAULT_CONTEXT = 64
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 1
+# 1 + a block of 7 (DeepSeek's golden drafters; the serving sweep passes 1 + its drafters'
+# largest block).
+DEFAULT_SEGMENT = 8
+# The largest step a profile measures: engines cap a step's tokens well below it (vLLM's
+# max_num_batched_tokens defaults to 8,192 or 16,384); a larger B is a typing slip, and the
+# default staircase up to it would be tens of thousands of forwards.
+MAX_BATCH_TOKENS = 65536
 # Every B up to here is measured: small steps are where a scheduler chooses most often, and
 # a GPU's cost is flattest there (one more row is nearly free).
 EVERY_TOKEN_UP_TO = 16
@@ -111,18 +119,31 @@ def parse_tokens(text: str, *, option: str = "--tokens") -> tuple[int, ...]:
     return check_tokens(tokens, option=option)
 
 
-def check_fits(tokens: Sequence[int], context: int, *, positions: int, where: str) -> None:
-    """ProfileRangeError when the context plus the largest B is beyond the target's
-    ``positions`` (max_position_embeddings, read from ``where``): positions past it are
-    none the model was made for, and the profile would size its cache by them. The line
-    names no option: `serve-bench` profiles through it too, with options of its own."""
-    need = context + max(tokens)
+def check_fits(tokens: Sequence[int], context: int, *, positions: int, where: str,
+               segment: int = DEFAULT_SEGMENT) -> None:
+    """ProfileRangeError when the largest B is over MAX_BATCH_TOKENS, or the context plus
+    the longest block measured (``segment``, or the largest B when smaller) is beyond the target's ``positions`` (max_position_embeddings,
+    read from ``where``): positions past it are none the model was made for. The line names
+    no option: `serve-bench` profiles through it too, with options of its own."""
+    if max(tokens) > MAX_BATCH_TOKENS:
+        raise ProfileRangeError(
+            f"{where}: a batch of {shown_int(max(tokens))} tokens; expected at most "
+            f"{MAX_BATCH_TOKENS} (the largest verify step a profile measures)", path=where,
+            field="tokens", expected=f"<= {MAX_BATCH_TOKENS}", found=shown_int(max(tokens)))
+    block = min(segment, max(tokens))
+    need = context + block
     if need > positions:
         raise ProfileRangeError(
-            f"{where}: a context of {shown_int(context)} tokens plus a batch of "
-            f"{shown_int(max(tokens))} = {shown_int(need)} positions; expected at most the "
+            f"{where}: a context of {shown_int(context)} tokens plus a block of "
+            f"{shown_int(block)} = {shown_int(need)} positions; expected at most the "
             f"target's max_position_embeddings {positions}", path=where,
             field="max_position_embeddings", expected=f"<= {positions}", found=shown_int(need))
+
+
+def blocks_of(batch: int, segment: int) -> list[int]:
+    """A step of ``batch`` tokens as requests' blocks of at most ``segment`` tokens."""
+    full, rest = divmod(batch, segment)
+    return [segment] * full + ([rest] if rest else [])
 
 
 def describe_device(device) -> str:
@@ -136,31 +157,32 @@ def describe_device(device) -> str:
 
 def profile_target(target, *, tokens: Sequence[int], context: int = DEFAULT_CONTEXT,
                    repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
-                   progress: Progress | None = None) -> CostTable:
+                   segment: int = DEFAULT_SEGMENT, progress: Progress | None = None) -> CostTable:
     """The cost table of ``target`` at each B of ``tokens`` (module docstring: one prefill of
-    ``context`` tokens, then per B ``warmup`` untimed and ``repeats`` timed verify forwards
-    of B tokens, device-synchronised, the cache cropped back after each; SPS = 1 / median).
+    ``context`` tokens, then per B ``warmup`` untimed and ``repeats`` timed packed verify
+    forwards of B tokens in blocks of at most ``segment``, each block after its own copy of
+    the context, device-synchronised; SPS = 1 / median).
 
     ``target``: a loaded runtime target (runtime/qwen3.Qwen3Target, runtime/gemma4.Gemma4Target:
-    ``forward(ids, cache, keep=..., last_logits_only=...)``, ``device``, ``dtype``,
-    ``config``). ProfileInputError for bad counts or tokens, ProfileRangeError when the
-    context plus the largest B is beyond the target's max_position_embeddings, both before
-    any forward. ``progress``: one step per B."""
+    ``forward``, ``forward_packed``, ``device``, ``dtype``, ``config``). ProfileInputError
+    for bad counts or tokens, ProfileRangeError when the context plus a block is beyond the
+    target's max_position_embeddings, both before any forward. ``progress``: one step per B."""
     import torch
 
     tokens = check_tokens(tokens)
     check_at_least("--context", context, 1)
     check_at_least("--repeats", repeats, 1)
+    check_at_least("--segment", segment, 1)
     check_at_least("warmup", warmup, 0)
     cfg = target.config
     check_fits(tokens, context, positions=cfg.max_position_embeddings,
-               where=f"target {target.directory / 'config.json'}")
+               where=f"target {target.directory / 'config.json'}", segment=segment)
     progress = progress or NoProgress()
     device = target.device
     # The KV cache of the target's own runtime module: this layer sits below runtime/ in the
     # package's layout and names no runtime module; the family's runtime module has one.
     new_cache = importlib.import_module(type(target).__module__).KVCache
-    ids = torch.arange(context + tokens[-1], device=device) % cfg.vocab_size
+    ids = torch.arange(context + min(segment, tokens[-1]), device=device) % cfg.vocab_size
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -168,22 +190,23 @@ def profile_target(target, *, tokens: Sequence[int], context: int = DEFAULT_CONT
 
     rates = []
     with torch.inference_mode():
-        cache = new_cache()
+        prefilled = new_cache()
         for start in range(0, context, PREFILL_CHUNK):
-            target.forward(ids[start:min(start + PREFILL_CHUNK, context)], cache, keep=(),
+            target.forward(ids[start:min(start + PREFILL_CHUNK, context)], prefilled, keep=(),
                            last_logits_only=True)
         progress.start("profile", len(tokens))
         try:
             for b in tokens:
-                block = ids[context:context + b]
                 seconds = []
                 for run in range(warmup + repeats):
+                    step = [(ids[context:context + n],
+                             new_cache(keys=list(prefilled.keys), values=list(prefilled.values)))
+                            for n in blocks_of(b, segment)]
                     synchronize()
                     start = time.perf_counter()
-                    target.forward(block, cache, keep=())
+                    target.forward_packed(step, keep=())
                     synchronize()
                     elapsed = time.perf_counter() - start
-                    cache.crop(context)
                     if run >= warmup:
                         seconds.append(elapsed)
                 rates.append(1.0 / statistics.median(seconds))
