@@ -435,3 +435,13 @@ def test_bad_prompts_and_an_existing_output_are_refused(paired_artifacts, tmp_pa
     assert_refused(_bench(paired_artifacts[DSPARK], out, _prompts(tmp_path), "--concurrency", "1"),
                    E.OutputExistsError)
     assert [p.name for p in out.iterdir()] == ["keep"]
+
+
+def test_tokens_a_step_commits_together_share_its_latency():
+    """Four tokens committed 20 ms after the first token are 5 ms each, not 20 ms then three
+    zeros; then one token after 10 ms, two after 40 ms."""
+    from dspark_convert.evaluation.serve_bench import per_token_latencies
+
+    got = per_token_latencies([1.0, 1.02, 1.02, 1.02, 1.02, 1.03, 1.07, 1.07])
+    assert got == pytest.approx([0.005] * 4 + [0.01] + [0.02] * 2)
+    assert per_token_latencies([0.5]) == [] and per_token_latencies([]) == []

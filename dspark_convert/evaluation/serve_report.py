@@ -89,8 +89,9 @@ class ServeRun(BaseModel):
         description="For position j = 1..gamma: the fraction of request-steps with length >= j "
         "whose accepted >= j; null where no step sent j tokens.")
     token_latency_p50_seconds: float | None = Field(
-        description="Median gap between consecutive tokens of a request (all requests' gaps "
-        "pooled; numpy's linear interpolation).")
+        description="Median per-token latency after a request's first token: each token a "
+        "step commits gets the gap since the request's previous commit divided by the tokens "
+        "that step committed (all requests pooled; numpy's linear interpolation).")
     token_latency_p99_seconds: float | None
     time_to_first_token_p50_seconds: float | None = Field(
         description="Median time from the run's start (every request arrives at 0) to a "
