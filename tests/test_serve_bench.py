@@ -350,6 +350,7 @@ def _refused(proc, error, out, *needles):
     (["--concurrency", "1", "--temperature", "-1"], E.EvalInputError, ["temperature"]),
     (["--concurrency", "1", "--max-new-tokens", "0"], E.EvalInputError, ["max-new-tokens"]),
     (["--concurrency", "1", "--dtype", "int8"], E.EvalInputError, ["dtype"]),
+    (["--concurrency", "1", "--max-memory", "lots"], E.EvalInputError, ["max-memory"]),
 ])
 def test_a_bad_option_is_refused(paired_artifacts, tmp_path, args, error, needles):
     out = tmp_path / "bench"
@@ -445,3 +446,24 @@ def test_tokens_a_step_commits_together_share_its_latency():
     got = per_token_latencies([1.0, 1.02, 1.02, 1.02, 1.02, 1.03, 1.07, 1.07])
     assert got == pytest.approx([0.005] * 4 + [0.01] + [0.02] * 2)
     assert per_token_latencies([0.5]) == [] and per_token_latencies([]) == []
+
+
+def test_a_sweep_over_the_memory_budget_is_refused_before_loading(paired_artifacts, tmp_path):
+    """The estimate counts every request's caches at the largest concurrency: a budget that
+    one request fits and three do not refuses the sweep at 1,3 (78), nothing written."""
+    from dspark_convert.runtime.memory import estimate_memory
+    from dspark_convert.runtime.qwen3 import plan_target
+    from dspark_convert.runtime.weights import plan_drafter
+    import torch
+
+    kw = dict(dtype=torch.float32, device=torch.device("cpu"), longest_prompt=5,
+              max_new_tokens=MAX_NEW)
+    target, drafter = plan_target(TARGET), plan_drafter(paired_artifacts[DSPARK])
+    one = estimate_memory(target, drafter, **kw)
+    three = estimate_memory(target, drafter, requests=3, **kw)
+    assert three.activations > one.activations and three.total > one.total
+    budget = (one.total + three.total) // 2
+    out = tmp_path / "bench"
+    line = _refused(_bench(paired_artifacts[DSPARK], out, _prompts(tmp_path), "--concurrency",
+                           "1,3", "--max-memory", str(budget)), E.MemoryBudgetError, out)
+    assert "a lower concurrency" in line

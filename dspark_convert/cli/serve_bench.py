@@ -16,7 +16,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from dspark_convert.cli.app import DebugOpt, DeviceOpt, JsonOpt, _out, app, escape, int_option
+from dspark_convert.cli.app import (DebugOpt, DeviceOpt, JsonOpt, MaxMemoryOpt, _out, app, escape,
+                                    int_option)
 from dspark_convert.cli.errors import emit_error, run
 from dspark_convert.util.json_out import dumps
 
@@ -60,6 +61,7 @@ def serve_bench(
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Compute dtype of the target and every drafter: float32 or "
         "bfloat16.")] = "float32",
+    max_memory: MaxMemoryOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing report directory, "
                                                         "atomically.")] = False,
     as_json: JsonOpt = False,
@@ -78,16 +80,20 @@ def serve_bench(
             report_failure,
             run_serve_bench,
         )
+        from dspark_convert.errors import EvalInputError
         from dspark_convert.evaluation.serve_report import write_serve_report
+        from dspark_convert.runtime.budget import parse_memory_size
 
         # Before anything long: an existing report is refused now, not after the runs.
         check_serve_dir(output, force=force, artifacts=artifacts, target=target,
                         prompts=prompts, cost_table=cost_table, calibrations=calibration or [])
+        budget = parse_memory_size(max_memory, error=EvalInputError) \
+            if max_memory is not None else None
         outcome = run_serve_bench(
             artifacts, target, prompts, concurrencies=concurrency,
             policies=policy if policy else DEFAULT_POLICIES, cost_table=cost_table,
             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, device=device,
-            dtype=dtype, calibrations=calibration or [],
+            dtype=dtype, calibrations=calibration or [], max_memory=budget,
             progress=RichProgress(enabled=not as_json),
             run_progress=RichProgress(enabled=not as_json, counted=True))
         report = outcome.report

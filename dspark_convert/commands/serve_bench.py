@@ -197,6 +197,7 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
                     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
                     seed: int = 0, device: str = "auto", dtype: str = "float32",
                     calibrations: Sequence[str | os.PathLike] = (),
+                    max_memory: int | None = None,
                     progress: Progress | None = None,
                     run_progress: Progress | None = None) -> ServeBenchOutcome:
     """Run the sweep and return its report (module docstring). ``concurrencies``: the
@@ -216,6 +217,7 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
     from dspark_convert.evaluation.serve_bench import Drafter, sweep
     from dspark_convert.evaluation.serve_report import ServeArtifact, ServeBenchSettings
     from dspark_convert.runtime.loading import compute_dtype
+    from dspark_convert.runtime.memory import checked_estimate
     from dspark_convert.runtime.serving import Request
     from dspark_convert.runtime.weights import load_drafter_weights
     from dspark_convert.scheduling.profile import default_tokens, profile_target
@@ -224,6 +226,15 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
     torch_dtype = compute_dtype(dtype)
     first = c.bindings[c.arts[0].name]
     runtime = first.runtime
+    # Before any weight is loaded (78 when over): the target, every drafter, and at the
+    # largest concurrency that many requests' caches and a packed step of their blocks.
+    checked_estimate(first.target_plan, [c.bindings[a.name].drafter_plan for a in c.arts],
+                     dtype=torch_dtype, device=dev,
+                     longest_prompt=max(len(p.ids) for p in c.prompts),
+                     max_new_tokens=max_new_tokens, max_memory=max_memory,
+                     requests=c.concurrencies[-1],
+                     smaller="a lower concurrency, fewer artifacts, shorter prompts or fewer "
+                             "new tokens")
     model = runtime.Target(c.opened.directory, device=dev, dtype=torch_dtype,
                            plan=first.target_plan, progress=progress)
     drafters = []

@@ -45,13 +45,15 @@ CUDA_SLACK_FRACTION = 0.05
 
 def estimate_memory(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterPlan], *,
                     dtype: torch.dtype, device: torch.device, longest_prompt: int,
-                    max_new_tokens: int) -> MemoryEstimate:
+                    max_new_tokens: int, requests: int = 1) -> MemoryEstimate:
     """The estimate for ``target`` with ``drafter`` loaded beside it, or with every drafter
     of a sequence loaded at once (eval): their weights add up, while the runs, one drafter
-    at a time, need the largest of their working sets."""
+    at a time, need the largest of their working sets. ``requests``: how many are served at
+    once (runtime/serving.py): each holds both caches at the longest context, and a step's
+    packed forwards run over all their blocks."""
     drafters = [drafter] if isinstance(drafter, DrafterPlan) else list(drafter)
     es = dtype.itemsize
-    sized = [_activations(target, d, es, device, longest_prompt, max_new_tokens)
+    sized = [_activations(target, d, es, device, longest_prompt, max_new_tokens, requests)
              for d in drafters]
     activations, T = max(sized)
     drafter_numel = sum(d.numel for d in drafters)
@@ -66,8 +68,11 @@ def estimate_memory(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterP
 
 
 def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torch.device,
-                 longest_prompt: int, max_new_tokens: int) -> tuple[int, int]:
-    """(bytes of the activations, the positions the caches are sized for)."""
+                 longest_prompt: int, max_new_tokens: int,
+                 requests: int = 1) -> tuple[int, int]:
+    """(bytes of the activations, the positions the caches are sized for). With several
+    ``requests``: R caches, and a packed step of R blocks (its rows through the linear
+    layers at once; attention is per request, one block's scores at a time)."""
     cfg = target.config
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     nh = cfg.num_attention_heads
@@ -75,9 +80,10 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
     B = c.block.block_size
     taps = len(c.taps.hidden_state_indices)
     T = longest_prompt + max_new_tokens + B        # a verify block may run past the end
-    S = max(longest_prompt, B)                      # rows of the largest forward
+    S = max(longest_prompt, requests * B)           # rows of the largest forward
+    A = max(longest_prompt, B)                      # rows of the largest attention
 
-    caches = cache_bytes(cfg, c, T, es)
+    caches = cache_bytes(cfg, c, T, es) * requests
     # One target layer on S rows, the largest of the target's kinds of layer: the residual
     # and the kept taps, q/k/v before and after norm and RoPE, K/V repeated for the grouped
     # heads, the attention scores and their softmax (float32 on the math path) and the
@@ -86,7 +92,7 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
         size = (taps + 3) * S * H * es
         size += 2 * S * (nh + 2 * nkv) * d * es
         size += 2 * nh * T * d * es
-        size += _attention_scores(nh, S, T, d, es, device) + S * T
+        size += _attention_scores(nh, A, T, d, es, device) + A * T
         size += 2 * nkv * T * d * es
         return size + 3 * S * I * es
 
@@ -97,7 +103,7 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
     context = S * (taps + 1) * H * es
     # A block's logits: target verify logits and probabilities, drafter base and corrected
     # logits and their probabilities (float32).
-    logits = B * V * (2 * es + 2 * 4) + V * es
+    logits = requests * B * V * (2 * es + 2 * 4) + V * es
     return caches + max(widest, context) + logits, T
 
 
@@ -162,11 +168,13 @@ def available_memory(device: torch.device) -> tuple[int | None, str]:
 
 def checked_estimate(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterPlan], *,
                      dtype: torch.dtype, device: torch.device, longest_prompt: int,
-                     max_new_tokens: int, max_memory: int | None, smaller: str) -> MemoryReport:
+                     max_new_tokens: int, max_memory: int | None, smaller: str,
+                     requests: int = 1) -> MemoryReport:
     """``estimate_memory`` checked against what ``device`` has now, or ``max_memory``
     (runtime/budget.py ``budget_report``: MemoryBudgetError when over)."""
     estimate = estimate_memory(target, drafter, dtype=dtype, device=device,
-                               longest_prompt=longest_prompt, max_new_tokens=max_new_tokens)
+                               longest_prompt=longest_prompt, max_new_tokens=max_new_tokens,
+                               requests=requests)
     available, source = available_memory(device)
     return budget_report(estimate, available=available, source=source, max_memory=max_memory,
                          smaller=smaller)
