@@ -147,6 +147,27 @@ def test_decisions_read_back_and_sum_as_the_report_says(sweep):
         assert run["accepted_per_step"] >= 1.0
 
 
+def test_every_recorded_decision_is_its_policys_on_the_cost_table_used(sweep, cost_table):
+    """`dspark simulate --check` on each run's decisions file with the sweep's cost table:
+    every step's lengths are what its policy (Algorithm 1 for dspark) gives on the
+    confidences the step records; checked against another policy, dspark's are not."""
+    out, report = sweep
+    checked = 0
+    for run in report["runs"]:
+        if run["artifact"] is None:
+            continue
+        proc = run_cli("simulate", str(out / run["decisions"]), "--cost-table", str(cost_table),
+                       "--check", run["policy"], "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert json.loads(proc.stdout)["check"]["steps_checked"] == run["verify_steps"]
+        checked += 1
+    assert checked == 4                       # full and dspark at concurrency 1 and 2
+    dspark = next(r for r in report["runs"] if r["policy"] == "dspark" and r["concurrency"] == 2)
+    proc = run_cli("simulate", str(out / dspark["decisions"]), "--cost-table", str(cost_table),
+                   "--check", "full")
+    assert proc.returncode == E.SchedulerMismatchError.exit_code
+
+
 def test_report_md_and_plots(sweep):
     out, report = sweep
     md = (out / "report.md").read_text()

@@ -10,8 +10,9 @@
   ``dspark``, ``dspark-async``, ``target-only``); the same on every line.
 - ``requests``: in the order the policy saw them (the order they joined), at least one; per
   request its ``id`` (a non-empty string, unique within the step), the ``confidence`` c_1..
-  c_gamma of its drafted block as the policy saw them (numbers in [0, 1]; ``[]`` for a
-  drafter without a confidence head), ``length``: the draft tokens sent for verification
+  c_gamma of its drafted block as the policy saw them (numbers in [0, 1]; ``[]`` on every
+  line for a drafter without a confidence head, and for a request shown none because it can
+  use no draft token: one token from its end, runtime/serving.py), ``length``: the draft tokens sent for verification
   (0..gamma; at most ``MAX_BLOCK`` where there are no confidences) and ``accepted``: how many
   of those the target accepted (0..length; the bonus/correction token is not counted).
 
@@ -151,6 +152,12 @@ class Decisions:
     path: str
     policy: Policy
     lines: tuple[DecisionLine, ...]
+
+    @property
+    def headless(self) -> bool:
+        """No request on any line has confidences: a drafter without a confidence head.
+        (A request without them in a file that has some was shown none: no room left.)"""
+        return not any(r.confidence for line in self.lines for r in line.requests)
 
 
 def _problem(exc: ValidationError) -> tuple[str, str]:

@@ -114,7 +114,8 @@ def check_decisions(decisions: Decisions, policy: Policy, costs: CostTable) -> S
     lines = decisions.lines
     for n, line in enumerate(lines):
         earlier = _confidences(lines[n - 2]) if n >= 2 else None
-        expected = step_lengths(policy, line.requests, earlier, costs, step=line.step)
+        expected = step_lengths(policy, line.requests, earlier, costs, step=line.step,
+                                headless=decisions.headless)
         found = tuple(r.length for r in line.requests)
         if expected == found:
             continue

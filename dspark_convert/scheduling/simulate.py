@@ -40,8 +40,8 @@ from dspark_convert.scheduling.cost_table import CostTable
 from dspark_convert.scheduling.decisions import Decisions, RequestDecision
 from dspark_convert.scheduling.policies import Confidences, Policy, StepView
 
-# Policies that decide without confidences: a request recorded with ``confidence: []`` (a
-# drafter without a confidence head) can be scheduled only by these.
+# Policies that decide without confidences: a recording without any (a drafter without a
+# confidence head: ``confidence: []`` on every line) can be scheduled only by these.
 WITHOUT_CONFIDENCES = frozenset({"full", "target-only"})
 
 
@@ -89,16 +89,19 @@ def _at_step(step: int):
 
 
 def step_lengths(policy: Policy, requests: Sequence[RequestDecision],
-                 two_steps_ago: Confidences | None, costs: CostTable, *, step: int
-                 ) -> tuple[int, ...]:
+                 two_steps_ago: Confidences | None, costs: CostTable, *, step: int,
+                 headless: bool = False) -> tuple[int, ...]:
     """The lengths ``policy`` gives one step's requests (in request order) on their
     confidences. ``two_steps_ago``: the confidences of the step two verify steps earlier
     (dspark-async's budget); None for a run's steps 0 and 1, which dspark-async decides by
-    Algorithm 1 (``dspark``) on today's confidences. A request without confidences: ``full``
-    sends its recorded length (the block as recorded), ``target-only`` none, any other
-    policy is refused (SchedulingPolicyError, naming the step and the request)."""
+    Algorithm 1 (``dspark``) on today's confidences. ``headless``: the recording has no
+    confidences at all (``Decisions.headless``): ``full`` sends each recorded length (the
+    block as recorded), ``target-only`` none, any other policy is refused
+    (SchedulingPolicyError, naming the step and the request). Otherwise a request without
+    confidences was shown none (it had no room for a draft token): every policy sees its
+    empty block and sends none of it."""
     bare = [r for r in requests if not r.confidence]
-    if bare:
+    if bare and headless:
         if policy.name not in WITHOUT_CONFIDENCES:
             raise SchedulingPolicyError(
                 f"policy {policy}: step {step}, request {bare[0].id!r} has no confidences "
@@ -196,7 +199,8 @@ def replay(decisions: Decisions, policy: Policy, costs: CostTable) -> Figures:
     lines = decisions.lines
     for n, line in enumerate(lines):
         earlier = tuple(r.confidence for r in lines[n - 2].requests) if n >= 2 else None
-        lengths = step_lengths(policy, line.requests, earlier, costs, step=line.step)
+        lengths = step_lengths(policy, line.requests, earlier, costs, step=line.step,
+                               headless=decisions.headless)
         tally.step(line.requests, lengths, costs)
         chosen.append(lengths)
     return tally.figures(policy, mode="replay", concurrency=None,
@@ -229,7 +233,8 @@ def sweep(decisions: Decisions, policy: Policy, costs: CostTable, concurrency: i
             break
         step = [blocks[i][cursor[i] % len(blocks[i])] for i in flight]
         earlier = history[-2] if len(history) >= 2 else None
-        lengths = step_lengths(policy, step, earlier, costs, step=tally.steps)
+        lengths = step_lengths(policy, step, earlier, costs, step=tally.steps,
+                               headless=decisions.headless)
         history.append(tuple(b.confidence for b in step))
         produced, seconds = tally.step(step, lengths, costs)
         for i, tokens in zip(flight, produced):
