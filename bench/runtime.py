@@ -50,6 +50,8 @@ sys.path.insert(0, str(BENCH))
 from run import machine  # noqa: E402  (bench/run.py: the same machine description)
 from sparse_models import GEOMETRIES, allocated_bytes, make_sparse_pair  # noqa: E402
 
+from results_md import write_section  # noqa: E402 (bench/ on sys.path)
+
 PY = sys.executable
 BEGIN, END = "<!-- BEGIN GENERATED bench-runtime -->", "<!-- END GENERATED bench-runtime -->"
 PROMPT = list(range(1, 65))
@@ -156,14 +158,7 @@ def render(results: list[dict], meta: dict) -> str:
 
 
 def write_results(text: str) -> None:
-    path = BENCH / "RESULTS.md"
-    old = path.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in old:
-        new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n# Runtime: `dspark smoke` at the released geometry\n\n" + block + "\n"
-    path.write_text(new)
+    write_section(text, begin=BEGIN, end=END, heading="Runtime: `dspark smoke` at the released geometry")
 
 
 def mem_available() -> int:

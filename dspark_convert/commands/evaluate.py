@@ -416,6 +416,33 @@ class _Runner:
 
 # --- the whole eval -----------------------------------------------------------------------
 
+def bind_artifacts(paths, names, opened, progress) -> tuple[list, dict, object]:
+    """Every artifact validated against the opened target (the one pairing) before anything
+    runs, a broken or foreign one refused, not skipped: (their _Artifact records, name ->
+    Binding, the target's plan, made once). eval's and serve-bench's one binding loop."""
+    from dspark_convert.commands.binding import bind
+
+    arts, bindings, target_plan = [], {}, None
+    for name, path in zip(names, paths):
+        binding = bind(path, opened, progress=progress, target_plan=target_plan)
+        bindings[name], target_plan = binding, binding.target_plan   # planned once
+        arts.append(_Artifact(name=name, path=Path(path), sha256=binding.report.gguf_sha256,
+                              warnings=binding.warnings, contract=binding.drafter_plan.contract))
+    return arts, bindings, target_plan
+
+
+def prompts_for(prompt_set, opened, target_plan, max_new_tokens: int) -> list:
+    """The prompt set resolved on the target's tokenizer and vocabulary, each prompt plus
+    ``max_new_tokens`` checked to fit its context."""
+    cfg = target_plan.config
+    resolved = resolve_prompts(prompt_set, tokenizer=opened.tokenizer, vocab_size=cfg.vocab_size,
+                               context=cfg.max_position_embeddings)
+    check_context(resolved, prompt_set, max_new_tokens=max_new_tokens,
+                  context=cfg.max_position_embeddings,
+                  config=shown(opened.directory / "config.json"))
+    return resolved
+
+
 def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
              prompts: str | os.PathLike | PromptSet | None = None, *,
              temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
@@ -483,7 +510,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     # one line at once. Matched with its artifact and the target's identity after those.
     calibration_files = [(c, *read_calibration_file(c)) for c in calibrations]
     engine_infos, engine_runs = [], []
-    from dspark_convert.commands.binding import bind, open_run_target
+    from dspark_convert.commands.binding import open_run_target
     from dspark_convert.commands.smoke import resolve_device, verify_mode
     from dspark_convert.runtime.loading import compute_dtype
     from dspark_convert.runtime.memory import checked_estimate
@@ -502,18 +529,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     # Every artifact is validated against the target (the one pairing) before anything
     # runs: a broken or foreign one is refused, not skipped.
     opened = open_run_target(target, progress)
-    arts, bindings, target_plan = [], {}, None
-    for name, path in zip(names, paths):
-        binding = bind(path, opened, progress=progress, target_plan=target_plan)
-        bindings[name], target_plan = binding, binding.target_plan   # planned once
-        arts.append(_Artifact(name=name, path=path, sha256=binding.report.gguf_sha256,
-                              warnings=binding.warnings, contract=binding.drafter_plan.contract))
-    cfg = target_plan.config
-    resolved = resolve_prompts(prompt_set, tokenizer=opened.tokenizer, vocab_size=cfg.vocab_size,
-                               context=cfg.max_position_embeddings)
-    check_context(resolved, prompt_set, max_new_tokens=max_new_tokens,
-                  context=cfg.max_position_embeddings,
-                  config=shown(opened.directory / "config.json"))
+    arts, bindings, target_plan = bind_artifacts(paths, names, opened, progress)
+    resolved = prompts_for(prompt_set, opened, target_plan, max_new_tokens)
     identity = target_identity(opened, progress)
     _match_calibrations(calibration_files, arts, identity)
     if engine_spec is not None:

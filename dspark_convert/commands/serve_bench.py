@@ -125,17 +125,18 @@ def _check_inputs(artifacts, target, prompts, *, concurrencies, policies, cost_t
                   max_new_tokens, temperature, seed, device, dtype, calibrations,
                   progress) -> _Checked:
     """The refusals of the module docstring, in its order; nothing is loaded."""
-    from dspark_convert.commands.binding import bind, open_run_target, refuse_family
+    from dspark_convert.commands.binding import open_run_target, refuse_family
     from dspark_convert.commands.evaluate import (
         DEFAULT_HELD_OUT,
-        _Artifact,
         _match_calibrations,
         _names,
+        bind_artifacts,
         check_options,
+        prompts_for,
     )
     from dspark_convert.evaluation.calibration import read_calibration_file
     from dspark_convert.evaluation.environment import target_identity
-    from dspark_convert.evaluation.prompts import check_context, load_prompt_set, resolve_prompts
+    from dspark_convert.evaluation.prompts import load_prompt_set
     from dspark_convert.evaluation.serve_bench import check_concurrencies
     from dspark_convert.scheduling.cost_table import read_cost_table
     from dspark_convert.scheduling.profile import DEFAULT_CONTEXT, check_fits
@@ -156,18 +157,10 @@ def _check_inputs(artifacts, target, prompts, *, concurrencies, policies, cost_t
 
     prompt_set = load_prompt_set(prompts)
     opened = open_run_target(target, progress)
-    arts, bindings, target_plan = [], {}, None
-    for name, path in zip(_names([Path(a) for a in artifacts]), artifacts):
-        binding = bind(path, opened, progress=progress, target_plan=target_plan)
-        bindings[name], target_plan = binding, binding.target_plan
-        arts.append(_Artifact(name=name, path=Path(path), sha256=binding.report.gguf_sha256,
-                              warnings=binding.warnings, contract=binding.drafter_plan.contract))
+    arts, bindings, target_plan = bind_artifacts(artifacts, _names([Path(a) for a in artifacts]),
+                                                 opened, progress)
     cfg = target_plan.config
-    resolved = resolve_prompts(prompt_set, tokenizer=opened.tokenizer, vocab_size=cfg.vocab_size,
-                               context=cfg.max_position_embeddings)
-    check_context(resolved, prompt_set, max_new_tokens=max_new_tokens,
-                  context=cfg.max_position_embeddings,
-                  config=shown(opened.directory / "config.json"))
+    resolved = prompts_for(prompt_set, opened, target_plan, max_new_tokens)
     check_concurrencies(concurrencies, len(resolved), where=f"prompts {shown(prompt_set.path)}")
     identity = target_identity(opened, progress)
     _match_calibrations(calibration_files, arts, identity)
