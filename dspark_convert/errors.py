@@ -895,6 +895,50 @@ class ConcurrencyError(SchedulingError):
     exit_code = 148
 
 
+# --- DFlash2 (speculators' dflash2 drafter) in the reference runtime ------------------------
+
+class DFlash2ConfigError(ContractViolation):
+    """A DFlash2 drafter's config.json is not one the reference runtime computes as
+    speculators 0.9.0's DFlash2DraftModel does: not an object, a field missing, of the wrong
+    type or out of range, another architecture or speculators_model_type (z-lab's flat
+    layout included), fields that contradict each other or speculators' own constraints
+    (conv_group_size not dividing hidden_size, conv_kernel_size over block_size,
+    selector_top_k over the vocabulary, draft_vocab_size not the vocabulary, layer_types not
+    one sliding_attention / full_attention per layer, a sliding layer without a window, the
+    mask token outside the vocabulary), or what the runtime does not compute (biases,
+    another activation, RoPE scaling, sample_from_anchor true)."""
+    exit_code = 150
+
+
+class DFlash2RunError(RuntimeRefusal):
+    """A DFlash2 drafter cannot run against this target or as asked: a tapped hidden state
+    the target does not have, a hidden size or vocabulary other than the target's, or a
+    temperature above 0 (speculators 0.9.0 has no sampled selector walk, only the greedy
+    one)."""
+    exit_code = 151
+
+
+# --- the Gemma 4 assistant (MTP drafter) in the reference runtime --------------------------
+
+class AssistantConfigError(ContractViolation):
+    """A Gemma 4 assistant's config.json (or generation_config.json) is not one the
+    reference runtime computes as transformers' Gemma4UnifiedAssistantForCausalLM does: not
+    an object, a field missing, of the wrong type or out of range, another architecture or
+    model_type, a layer with KV projections of its own (num_kv_shared_layers below the layer
+    count), MoE, per-layer inputs, a double-wide MLP, biases, another activation or RoPE,
+    ordered (centroid-masked) embeddings, or an untied head."""
+    exit_code = 152
+
+
+class AssistantTargetError(RuntimeRefusal):
+    """A Gemma 4 assistant cannot run against this target: its backbone_hidden_size is not
+    the target's hidden size, its vocabulary differs, or one of its layers reads a KV of a
+    type the target has not or of another geometry (head_dim, KV heads) than the target's
+    last layer of that type; or its loop is asked for a KV mode it does not have (clean_kv,
+    transformers)."""
+    exit_code = 153
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1
