@@ -416,3 +416,48 @@ def test_a_target_of_another_geometry_is_refused(target, field):
     with pytest.raises(DFlash2RunError) as info:
         check_target(cfg, other, path="config.json")
     assert f"transformer_layer_config.{field}" in info.value.message
+
+
+# --- the loop's other paths --------------------------------------------------------------------
+
+def test_requests_packed_together_draft_as_each_alone(target, drafter):
+    """block_hidden_packed over two requests (forks with contexts of their own, of
+    different lengths, so their blocks sit at different positions) equals each request's
+    own pass."""
+    forks, anchors = [drafter.fork(), drafter.fork()], []
+    for fork, prompt in zip(forks, PROMPTS[1:]):
+        out = target.forward(torch.tensor(prompt), KVCache())
+        fork.add_context(fork.features(out.hidden_states))
+        anchors.append(int(out.logits[-1].argmax()))
+    packed = drafter.block_hidden_packed(anchors, forks)
+    for fork, anchor, rows in zip(forks, anchors, packed):
+        torch.testing.assert_close(rows, fork.block_hidden(anchor), atol=1e-6, rtol=0)
+    assert drafter.length == 0 and forks[0].length != forks[1].length
+
+
+def test_a_stop_token_ends_the_run_as_it_ends_the_target_alone(target, drafter):
+    """A stop token the run meets (here the 6th new token of prompt 1's output, accepted as
+    a draft or given by the target) ends the output there, as it ends the greedy output."""
+    ref = REFERENCE["runs"][1]
+    stop = ref["output_ids"][len(ref["prompt"]) + 5]
+    run = dflash2_generate(target, drafter, ref["prompt"], max_new_tokens=24,
+                           stop_token_ids=(stop,))
+    greedy = target_greedy(target, ref["prompt"], max_new_tokens=24, stop_token_ids=(stop,))
+    assert run.output_ids == greedy.output_ids
+    assert run.output_ids[-1] == stop and len(run.output_ids) < len(ref["output_ids"])
+
+
+def test_weights_that_overflow_are_refused_not_walked(target):
+    """A finite weight whose products overflow float32 gives non-finite selector scores:
+    NumericOverflowError (99) naming them, no token picked from NaN."""
+    from dspark_convert.errors import NumericOverflowError
+
+    def huge_successors(tensors):
+        out = dict(tensors)
+        out["candidate_selector.successor_codebook"] = tensors[
+            "candidate_selector.successor_codebook"] * 3e38
+        return out
+
+    with pytest.raises(NumericOverflowError) as info:
+        _first_proposal(target, _variant(target, tensors=huge_successors), PROMPTS[0])
+    assert "selector scores" in info.value.message

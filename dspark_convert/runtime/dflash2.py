@@ -255,8 +255,9 @@ class DFlash2Drafter(DSparkDrafter):
         """The DFlash2 backbone over each request's block [anchor, MASK...] (drafters[i],
         forks of this one, with anchors[i]): every linear layer over all rows, the
         convolutions block by block, attention per request. ``stages`` (a dict) receives
-        what speculators' fixture records: noise_embedding, layers.i.{attention,mlp}_conv.
-        {in,out}_conv, layer_out.i."""
+        the stages golden/reference/dflash2's first block records, by its names:
+        noise_embedding, layer{i}.{attention,mlp}_conv.{in,out}_conv (the outputs of
+        speculators' prepare and finish), layer_out.{i}."""
         w, B = self.w, self.block_size
         lengths = [B] * len(anchors)
         ids = torch.full((B * len(anchors),), self.mask_token_id, dtype=torch.long,
