@@ -424,7 +424,7 @@ def test_requests_packed_together_draft_as_each_alone(target, drafter):
     """block_hidden_packed over two requests (forks with contexts of their own, of
     different lengths, so their blocks sit at different positions) equals each request's
     own pass."""
-    forks, anchors = [drafter.fork(), drafter.fork()], []
+    forks, anchors, before = [drafter.fork(), drafter.fork()], [], drafter.length
     for fork, prompt in zip(forks, PROMPTS[1:]):
         out = target.forward(torch.tensor(prompt), KVCache())
         fork.add_context(fork.features(out.hidden_states))
@@ -432,7 +432,7 @@ def test_requests_packed_together_draft_as_each_alone(target, drafter):
     packed = drafter.block_hidden_packed(anchors, forks)
     for fork, anchor, rows in zip(forks, anchors, packed):
         torch.testing.assert_close(rows, fork.block_hidden(anchor), atol=1e-6, rtol=0)
-    assert drafter.length == 0 and forks[0].length != forks[1].length
+    assert drafter.length == before and forks[0].length != forks[1].length
 
 
 def test_a_stop_token_ends_the_run_as_it_ends_the_target_alone(target, drafter):

@@ -46,7 +46,6 @@ from dspark_convert.runtime.layers import (Rope, attention, linear, mlp, packed_
                                            split_heads, split_rows)
 from dspark_convert.runtime.loading import STORED_DTYPES, StoredModel, StoredTensor, TensorLoader
 from dspark_convert.runtime.sampling import require_finite
-from dspark_convert.util.progress import NoProgress, Progress
 
 SELECTOR = "candidate_selector."
 SELECTOR_SCORES = "the drafter's selector scores"
@@ -113,19 +112,11 @@ def _truncated(spec: StoredTensor) -> SafetensorsFormatError:
                                   path=str(spec.file), tensor=spec.name)
 
 
-def load_weights(plan: DFlash2Plan, *, device: torch.device, dtype: torch.dtype,
-                 progress: Progress | None = None) -> DFlash2Weights:
+def load_weights(plan: DFlash2Plan, *, device: torch.device,
+                 dtype: torch.dtype) -> DFlash2Weights:
     """Every tensor of the plan, once, in ``dtype`` on ``device``."""
-    progress = progress or NoProgress()
-    tensors: dict[str, torch.Tensor] = {}
-    progress.start("loading drafter", plan.stored_bytes)
-    try:
-        with TensorLoader(device=device, dtype=dtype, truncated=_truncated,
-                          progress=progress) as loader:
-            for name, spec in plan.tensors.items():
-                tensors[name] = loader.load(spec)
-    finally:
-        progress.finish()
+    with TensorLoader(device=device, dtype=dtype, truncated=_truncated) as loader:
+        tensors = {name: loader.load(spec) for name, spec in plan.tensors.items()}
     return DFlash2Weights(config=plan.config, tensors=tensors)
 
 
@@ -149,13 +140,12 @@ def check_target(cfg: DFlash2Config, target_config, *, path: str) -> None:
                 expected=theirs, found=mine)
 
 
-def load_drafter(directory: str | os.PathLike, target, *,
-                 progress: Progress | None = None) -> DFlash2Drafter:
+def load_drafter(directory: str | os.PathLike, target) -> DFlash2Drafter:
     """The drafter of ``directory`` bound to ``target`` (runtime/qwen3.Qwen3Target): checked
     against it before any tensor byte is read, loaded in the target's dtype and device."""
     plan = plan_drafter(directory)
     check_target(plan.config, target.config, path=str(plan.directory / "config.json"))
-    weights = load_weights(plan, device=target.device, dtype=target.dtype, progress=progress)
+    weights = load_weights(plan, device=target.device, dtype=target.dtype)
     return DFlash2Drafter(weights, embed=target.embed, lm_head=target.lm_head,
                           device=target.device)
 
