@@ -18,7 +18,7 @@ Refused: what the runtime does not compute (ordered centroid-masked embeddings, 
 head) and what transformers' assistant does not have (layers with their own KV, MoE,
 per-layer inputs, double-wide MLPs, biases, another activation or RoPE).
 ``final_logit_softcapping`` is recorded, never applied: the assistant's forward takes
-``lm_head`` of the final norm as its logits (modeling_gemma4_unified_assistant.py:190-193).
+``lm_head`` of the final norm as its logits (modeling_gemma4_unified_assistant.py:198-203).
 """
 
 from __future__ import annotations

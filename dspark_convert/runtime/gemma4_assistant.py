@@ -117,8 +117,9 @@ def _truncated(spec: StoredTensor) -> DSparkError:
 
 def shared_layers(spec: AssistantSpec, target: Gemma4Target) -> dict[str, int]:
     """For each layer type the assistant has, the target layer whose KV it reads: the
-    target's last layer of that type (modeling_gemma4_unified.py:351-353, store_full_length_kv),
-    whose geometry each assistant layer of that type must have. AssistantTargetError (153)."""
+    target's last layer of that type (modeling_gemma4_unified.py:354, 423-424,
+    ``store_full_length_kv``), whose geometry each assistant layer of that type must have.
+    AssistantTargetError (153)."""
     label = f"assistant {spec.config.architectures[0]}"
     t = target.config.text
     for field, mine, theirs in (("backbone_hidden_size", spec.backbone_hidden_size,
@@ -174,8 +175,8 @@ def transformers_shared_kv(cache: KVCache, layers: dict[str, int], *, start: int
     start..end-1 (``cache`` before its crop): each layer type's KV *as that forward returned
     it*, sliced by index to ``current_length`` (the committed tokens, anchor included;
     candidate_generator.py:1329-1331). A full layer returned positions 0..end-1; a sliding
-    layer (cache_utils.py DynamicSlidingWindowLayer.update, past recording on) its last
-    ``W - 1`` cached positions before the forward and the forward's rows."""
+    layer (cache_utils.py:237-274, DynamicSlidingWindowLayer.update with past recording)
+    its last ``W - 1`` cached positions before the forward and the forward's rows."""
     out = {}
     for kind, i in layers.items():
         first = max(0, start - target_window + 1) if kind == SLIDING else 0
