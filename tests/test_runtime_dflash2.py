@@ -8,9 +8,10 @@ up to 331, unary logits 2.6e-7, selector scores 3.1e-7; the embedding and the fi
 output exactly), the rounding of two float32 computations that order their sums
 differently; the bound is about 15x that. Every integer stage (anchor ids, candidates, chosen
 index, drafts) must be equal. The reference's own ablation (identity convolutions) and a slip
-of each DFlash2 part move the stage it changes by 9e-2 to 1.4 of its scale, 9,000x the bound
-or more (``test_ablations_and_slips_exceed_the_tolerance``); the ablations' drafts differ
-from the reference's (``test_the_reference_ablations_are_reproduced_and_differ``).
+of each DFlash2 part move the stage it changes by 9e-2 to 1.4 of its scale, and RoPE tables
+rounded to bfloat16 by 3.5e-4, 35x the bound (``test_ablations_and_slips_exceed_the_tolerance``);
+the ablations' drafts differ from the reference's
+(``test_the_reference_ablations_are_reproduced_and_differ``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -180,6 +182,14 @@ class _ConvOnTheResidual(DFlash2Drafter):
         return super()._finish(prefix, out, from_output.view(out.shape[0], 2, k, groups)[:, 1])
 
 
+def _rope_tables_from_bfloat16(target):
+    """Slip: RoPE frequencies rounded to bfloat16 (what the DeepSpec fixtures' makers did
+    by accident: golden/reference/README.md), float32 everything else."""
+    drafter = _variant(target)
+    drafter.rope.inv_freq = drafter.rope.inv_freq.to(torch.bfloat16).float()
+    return drafter
+
+
 def _slip(target, cls):
     plain = load_weights(plan_drafter(DRAFT), device=CPU, dtype=torch.float32)
     return cls(plain, embed=target.embed, lm_head=target.lm_head, device=CPU)
@@ -190,13 +200,16 @@ def _slip(target, cls):
     (lambda t: _variant(t, config={"sliding_window_non_causal": False}), "layer_out.0"),
     (lambda t: _slip(t, _ConvOnTheResidual), "layer0.attention_conv.out_conv"),
     (lambda t: _slip(t, _FirstSlotPredecessorIsTheMask), "selector_scores"),
+    (_rope_tables_from_bfloat16, "layer0.attention_conv.out_conv"),
 ], ids=["identity-convs", "block-causal-sliding-layer", "finish-kernel-from-output",
-        "walk-from-the-mask"])
+        "walk-from-the-mask", "rope-in-bfloat16"])
 def test_ablations_and_slips_exceed_the_tolerance(target, first_block, make, stage):
     """speculators' own ablation (identity convolutions) and a slip of each DFlash2 part
-    move the stage they change by far more than REL_TOL: the stage checks discriminate."""
+    move the stage they change by more than REL_TOL: the stage checks discriminate.
+    Measured: 0.09 to 1.4 of the stage's scale; the subtlest, RoPE tables rounded to
+    bfloat16, 3.5e-4 (35x REL_TOL), with the first block's tokens unchanged."""
     stages = _first_block(target, make(target))
-    assert _relative_error(stages[stage], first_block[stage]) > 100 * REL_TOL
+    assert _relative_error(stages[stage], first_block[stage]) > 10 * REL_TOL
     assert _stage_failures(stages, first_block)
 
 
@@ -396,6 +409,21 @@ def test_a_broken_tensor_table_is_refused(tmp_path, edit, error, name):
     with pytest.raises(error) as info:
         plan_drafter(work)
     assert name in info.value.message and "\n" not in info.value.message
+
+
+def test_a_config_claiming_a_huge_geometry_is_refused_from_the_headers(tmp_path):
+    """A vocabulary of 2^40 (and a draft vocabulary to match) sizes nothing: the headers'
+    shapes refuse it (22) in well under a second, no tensor byte read."""
+    def huge(config):
+        config["draft_vocab_size"] = 2 ** 40
+        config["transformer_layer_config"]["vocab_size"] = 2 ** 40
+    work = edited_copy(DRAFT, tmp_path / "draft", huge)
+    began = time.perf_counter()
+    with pytest.raises(TensorShapeError) as info:
+        plan_drafter(work)
+    assert time.perf_counter() - began < 1.0
+    assert "candidate_selector.predecessor_codebook" in info.value.message
+    assert str(2 ** 40) in info.value.message
 
 
 def test_a_tap_the_target_has_not_is_refused_before_loading(tmp_path, target, monkeypatch):
