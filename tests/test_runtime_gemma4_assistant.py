@@ -226,6 +226,21 @@ def test_bfloat16_is_greedy_lossless(reference, mode):
     assert accepted > 20          # the assistant still drafts: not the target alone
 
 
+
+@pytest.mark.parametrize("mode", A.KV_MODES)
+def test_a_stop_token_ends_the_run_as_the_target_alone_ends(target, assistant, reference, mode):
+    recorded = reference["runs"][0]
+    prompt, n = recorded["prompt"], reference["max_new_tokens"]
+    # A stop token drafted and accepted mid-block (226: the 2nd of cycle 5's 4 accepted
+    # drafts) and one the target commits as its own token (145: cycle 3's correction).
+    for stop in (recorded["output_ids"][len(prompt) + 11], recorded["output_ids"][len(prompt) + 8]):
+        assert stop in recorded["cycles"][5]["proposed"] + [recorded["cycles"][3]["next_token"]]
+        run = A.assisted_generate(target, assistant, prompt, max_new_tokens=n, mode=mode,
+                                  stop_token_ids=(stop,))
+        greedy = target_greedy(target, prompt, max_new_tokens=n, stop_token_ids=(stop,))
+        assert run.output_ids == greedy.output_ids
+        assert run.output_ids[-1] == stop and stop not in run.output_ids[len(prompt):-1]
+
 # --- sampling: the exact speculative sampler ---------------------------------------------
 
 def _chi_square_p(observed: list[int], expected: list[float]) -> float:
@@ -398,6 +413,15 @@ def test_a_broken_config_is_refused_naming_the_field(tmp_path, name, edit, gen_e
     assert "\n" not in message and needle in message, message
     assert ("generation_config.json" if gen_edit else "config.json") in message
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
+
+
+def test_a_truncated_weights_file_is_refused(tmp_path):
+    directory = _copy(tmp_path)
+    path = directory / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(E.SafetensorsFormatError) as caught:
+        A.plan_assistant(directory)
+    assert "model.safetensors" in caught.value.message
 
 
 def test_a_config_without_generation_config_drafts_transformers_default(tmp_path):
