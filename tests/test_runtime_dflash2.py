@@ -344,9 +344,9 @@ BAD_CONFIGS = {
     "attention-bias": (_tlc("attention_bias", True), "transformer_layer_config.attention_bias"),
     "gelu": (_tlc("hidden_act", "gelu"), "transformer_layer_config.hidden_act"),
     "rope-scaling": (_tlc("rope_parameters", {"rope_theta": 1e6, "rope_type": "yarn"}),
-                     "rope_parameters.rope_type"),
+                     "transformer_layer_config.rope_parameters.rope_type"),
     "heads-not-divisible": (_tlc("num_key_value_heads", 3),
-                            "num_key_value_heads"),
+                            "transformer_layer_config.num_key_value_heads"),
     "layer-model-type-llama": (_tlc("model_type", "llama"), "transformer_layer_config.model_type"),
     "zlab-layout": (lambda c: c.clear() or c.update(
         model_type="qwen3", architectures=["DFlash2DraftModel"],
@@ -356,8 +356,8 @@ BAD_CONFIGS = {
 
 @pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
 def test_a_broken_config_is_refused_in_one_line(tmp_path, case):
-    """150, one line naming config.json and the field, before any tensor byte is read; the
-    directory untouched."""
+    """150, one line naming config.json and the field (the error's path and field too),
+    before any tensor byte is read; the directory untouched."""
     edit, field = BAD_CONFIGS[case]
     work = edited_copy(DRAFT, tmp_path / "draft", edit)
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in work.iterdir()}
@@ -365,7 +365,9 @@ def test_a_broken_config_is_refused_in_one_line(tmp_path, case):
         plan_drafter(work)
     message = info.value.message
     assert info.value.exit_code == 150
-    assert "config.json" in message and f"'{field}'" in message and "\n" not in message, message
+    assert info.value.field == field and info.value.path.endswith("config.json")
+    assert "config.json" in message and "\n" not in message, message
+    assert all(part in message for part in field.split(".")), message
     assert before == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in work.iterdir()}
 
 

@@ -236,24 +236,27 @@ def _check_identity(cfg: DFlash2Config, path: str) -> None:
 def _check_layer(cfg: DFlash2Config, path: str) -> None:
     """The draft decoder: a Qwen3 block the runtime computes, its layer types, its window."""
     layer, where = cfg.layer, f"{path}: transformer_layer_config"
-    errors = ERRORS
     if layer.attention_bias:
         raise _refuse(path, "transformer_layer_config.attention_bias", "false", True,
                       " (q/k/v/o biases are not computed)")
     if layer.hidden_act != "silu":
         raise _refuse(path, "transformer_layer_config.hidden_act", "'silu'", layer.hidden_act)
-    check_positive(layer, ("hidden_size", "intermediate_size", "num_attention_heads",
-                           "num_key_value_heads", "head_dim", "vocab_size"),
-                   path=where, errors=errors)
     _in_range(path, "transformer_layer_config.num_hidden_layers", layer.num_hidden_layers, 1,
               MAX_DRAFT_LAYERS)
-    check_positive_eps(layer, path=where, errors=errors)
-    check_heads_divide(layer, path=where, errors=errors)
-    rope_theta(layer, path=where, errors=errors)
+    try:     # the Qwen3 rules every reader applies (contract/qwen3.py), on the nested config
+        check_positive(layer, ("hidden_size", "intermediate_size", "num_attention_heads",
+                               "num_key_value_heads", "head_dim", "vocab_size"),
+                       path=where, errors=ERRORS)
+        check_positive_eps(layer, path=where, errors=ERRORS)
+        check_heads_divide(layer, path=where, errors=ERRORS)
+        rope_theta(layer, path=where, errors=ERRORS)
+    except DFlash2ConfigError as exc:
+        exc.path, exc.field = path, f"transformer_layer_config.{exc.field}"
+        raise
     if len(layer.layer_types) != layer.num_hidden_layers:
         raise _refuse(path, "transformer_layer_config.layer_types",
-                      f"one type per layer ({layer.num_hidden_layers})",
-                      f"{len(layer.layer_types)} types")
+                      f"{layer.num_hidden_layers} types (one per layer)",
+                      len(layer.layer_types))
     for i, kind in enumerate(layer.layer_types):
         if kind not in LAYER_TYPES:
             raise _refuse(path, f"transformer_layer_config.layer_types[{i}]",
@@ -282,7 +285,7 @@ def _check_block(cfg: DFlash2Config, path: str) -> None:
     ids = cfg.aux_hidden_state_layer_ids
     if not 1 <= len(ids) <= MAX_TARGET_TAPS:
         raise _refuse(path, "aux_hidden_state_layer_ids",
-                      f"1 to {MAX_TARGET_TAPS} hidden-state indices", f"{len(ids)} indices")
+                      f"1 to {MAX_TARGET_TAPS} hidden-state indices", len(ids))
     for i, index in enumerate(ids):
         _in_range(path, f"aux_hidden_state_layer_ids[{i}]", index, 0)
     _in_range(path, "mask_token_id", cfg.mask_token_id, 0, V - 1)
