@@ -353,6 +353,10 @@ def _drop(*keys):
 CONFIG_CASES = [
     ("not_an_object", lambda raw: "[1, 2]", None, "expected a JSON object"),
     ("truncated_json", lambda raw: '{"architectures": [', None, "config.json"),
+    ("duplicate_key", lambda raw: '{"model_type": "a", "model_type": "b"}', None,
+     "model_type"),
+    ("nan_eps", lambda raw: json.dumps(raw).replace('"rms_norm_eps": 1e-06',
+                                                    '"rms_norm_eps": NaN'), None, "NaN"),
     ("no_backbone", _drop("backbone_hidden_size"), None, "backbone_hidden_size"),
     ("backbone_a_string", _set("backbone_hidden_size", value="64"), None,
      "backbone_hidden_size"),
@@ -388,6 +392,12 @@ CONFIG_CASES = [
                                  value={"rope_type": "linear", "rope_theta": 1e4,
                                         "factor": 2.0}), None,
      "text_config.rope_parameters.sliding_attention"),
+    ("full_rope_theta_a_string", _set("text_config", "rope_parameters", "full_attention",
+                                      "rope_theta", value="1e6"), None,
+     "text_config.rope_parameters.full_attention: field 'rope_theta'"),
+    ("full_rope_yarn", _set("text_config", "rope_parameters", "full_attention", "rope_type",
+                            value="yarn"), None,
+     "text_config.rope_parameters.full_attention.rope_type"),
     ("full_rope_missing", _drop("text_config", "rope_parameters", "full_attention"), None,
      "text_config.rope_parameters.full_attention"),
     ("no_window", _set("text_config", "sliding_window", value=None), None,
@@ -411,6 +421,7 @@ def test_a_broken_config_is_refused_naming_the_field(tmp_path, name, edit, gen_e
     message = caught.value.message
     assert caught.value.exit_code == 152
     assert "\n" not in message and needle in message, message
+    assert "DSpark" not in message            # the assistant's reader names no other family
     assert ("generation_config.json" if gen_edit else "config.json") in message
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from dspark_convert.contract.dspark import MAX_DRAFT_LAYERS
-from dspark_convert.contract.gemma4 import ACTIVATION, full_rope
+from dspark_convert.contract.gemma4 import ACTIVATION, Gemma4RopeEntry, full_rope
 from dspark_convert.contract.qwen3 import ConfigErrors
 from dspark_convert.errors import AssistantConfigError
 from dspark_convert.util.models import validated
@@ -254,8 +254,13 @@ def _layers(t: AssistantTextConfig, path: str) -> tuple[AssistantLayer, ...]:
             raise _refuse(path, f"{where}.num_key_value_heads",
                           f"a divisor of {t.num_attention_heads}", kv, f"layer {i}'s KV heads")
         if kind == FULL:
-            rope = full_rope(t.rope_parameters, d, path=path,
-                             field="text_config.rope_parameters.full_attention", errors=_ERRORS)
+            field = "text_config.rope_parameters.full_attention"
+            entry = t.rope_parameters.get(FULL)
+            if isinstance(entry, dict):
+                # Typed here first: full_rope's own check would name the DSpark family.
+                validated(Gemma4RopeEntry, entry, error=AssistantConfigError,
+                          label=f"{path}: {field}", path=path)
+            rope = full_rope(t.rope_parameters, d, path=path, field=field, errors=_ERRORS)
             theta, pairs = rope.theta, rope.rotated_pairs
         else:
             theta, pairs = sliding_theta, None
