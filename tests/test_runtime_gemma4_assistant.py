@@ -124,7 +124,7 @@ def test_first_block_every_stage_within_tolerance(target, assistant, reference, 
 
 
 @pytest.mark.parametrize("slip, first_stage", [
-    # each draft step one position further (as a chain of tokens would be placed)
+    # the steps one position past the anchor (where a chain of tokens would place them)
     ({"position": 9}, "step_layer_out.0"),
     # llama.cpp's window (positions > q - W: W - 1 entries before the anchor), not W + 1
     ({"window": 7}, "step_layer_out.0"),
