@@ -432,6 +432,27 @@ def test_a_truncated_weights_file_is_refused(tmp_path):
     assert "model.safetensors" in caught.value.message
 
 
+@pytest.mark.parametrize("field", ["vocab_size", "hidden_size", "intermediate_size"])
+def test_a_config_claiming_huge_geometry_is_refused_from_the_headers(tmp_path, field):
+    import time
+
+    directory = _copy(tmp_path, _set("text_config", field, value=2 ** 40))
+    began = time.perf_counter()
+    with pytest.raises(E.TensorShapeError) as caught:
+        A.plan_assistant(directory)           # headers only: nothing of that size allocated
+    assert time.perf_counter() - began < 2.0
+    assert str(2 ** 40) in caught.value.message
+
+
+def test_an_assistant_whose_forward_overflows_is_refused(tmp_path, target, reference):
+    directory = _copy(tmp_path)
+    _edit_tensors(directory, lambda t: t.update(
+        {"model.norm.weight": torch.full((32,), 3e38, dtype=torch.bfloat16)}))
+    assistant = A.Gemma4Assistant(directory, target)
+    with pytest.raises(E.NumericOverflowError, match="the assistant's logits"):
+        A.assisted_generate(target, assistant, reference["prompts"][0], max_new_tokens=4)
+
+
 def test_a_config_without_generation_config_drafts_transformers_default(tmp_path):
     directory = _copy(tmp_path)
     (directory / "generation_config.json").unlink()
