@@ -17,7 +17,7 @@ REFERENCE := golden/reference/vanilla_conf_markov/draft
 DFLASH_SHARED := golden/reference/dflash_shared/draft
 GEMMA4 := golden/reference/gemma4
 
-.PHONY: install lock demo test test-fast schemas docs fixtures check-generated bench bench-runtime gate fuzz clean
+.PHONY: install lock demo test test-fast schemas docs fixtures check-generated bench bench-runtime bench-serving gate fuzz clean
 
 # The environment is the lock, nothing else: a fresh venv (--clear: no distribution of an
 # earlier lock stays), the lock with --require-hashes --no-deps (pip resolves nothing: no
@@ -135,6 +135,15 @@ BIGMEM_LOCK ?= /tmp/dspark-bigmem.lock
 bench-runtime: $(STAMP)
 	$(BIN)/python bench/runtime.py build --workdir $(BENCH_RUNTIME_DIR)
 	flock $(BIGMEM_LOCK) $(BIN)/python bench/runtime.py run --workdir $(BENCH_RUNTIME_DIR)
+
+# Verify-length policies under concurrent load (bench/serving.py): serve-bench on the golden
+# models (measured), simulate on the same decisions (replayed against the measurement), and
+# a sweep against an all-zero Qwen3-4B's profile in bfloat16 (~9 GB of RAM, ~20 minutes on 2
+# cores; BENCH_SERVING_FLAGS=--reuse-4b keeps it) and a GPU-shaped cost model.
+# Writes the serving section of bench/RESULTS.md and bench/serving_results.json.
+BENCH_SERVING_DIR ?= /tmp/dspark-serving-bench
+bench-serving: $(STAMP)
+	flock $(BIGMEM_LOCK) $(BIN)/python bench/serving.py --workdir $(BENCH_SERVING_DIR) $(BENCH_SERVING_FLAGS)
 
 # The pre-release gate, exactly as .github/workflows/gate.yml runs it (docs/GATE.md): every
 # drafter of release/golden.toml pinned, converted, checked, quantized, run and evaluated;

@@ -38,13 +38,13 @@ import torch
 
 from dspark_convert.contract.dflash2 import (NEVER_SAVED, DFlash2Config, read_config,
                                             tensor_shapes)
-from dspark_convert.errors import (DFlash2RunError, MissingTensorError, SafetensorsFormatError,
-                                   TensorDtypeError, TensorShapeError, UnexpectedTensorError)
+from dspark_convert.errors import DFlash2RunError
 from dspark_convert.formats.safetensors import read_checkpoint
 from dspark_convert.runtime.drafter import DRAFTER_LOGITS, DSparkDrafter
 from dspark_convert.runtime.layers import (Rope, attention, linear, mlp, packed_positions,
                                            split_heads, split_rows)
-from dspark_convert.runtime.loading import STORED_DTYPES, StoredModel, StoredTensor, TensorLoader
+from dspark_convert.runtime.loading import (StoredModel, TensorLoader, source_tensors,
+                                            source_truncated)
 from dspark_convert.runtime.sampling import require_finite
 
 SELECTOR = "candidate_selector."
@@ -75,47 +75,18 @@ def plan_drafter(directory: str | os.PathLike) -> DFlash2Plan:
     directory = Path(directory)
     cfg = read_config(directory)
     entries = read_checkpoint(directory).tensors
-    shapes = tensor_shapes(cfg)
-    for name, entry in entries.items():
-        if name not in shapes:
-            why = (" (speculators never saves it: the runtime takes it from the target)"
-                   if name in NEVER_SAVED else "")
-            raise UnexpectedTensorError(f"{entry.file}: tensor {name!r} is not a DFlash2 "
-                                        f"tensor{why}", path=str(entry.file), tensor=name,
-                                        expected="absent", found=list(entry.shape))
-    tensors: dict[str, StoredTensor] = {}
-    for name, shape in shapes.items():
-        entry = entries.get(name)
-        if entry is None:
-            raise MissingTensorError(f"{directory}: tensor {name!r} is missing; expected "
-                                     f"{list(shape)}", path=str(directory), tensor=name,
-                                     expected=list(shape), found="absent")
-        if entry.shape != shape:
-            raise TensorShapeError(f"{entry.file}: tensor {name!r}: expected {list(shape)} (from "
-                                   f"config.json), found {list(entry.shape)}",
-                                   path=str(entry.file), tensor=name, expected=list(shape),
-                                   found=list(entry.shape))
-        if entry.dtype not in STORED_DTYPES:
-            raise TensorDtypeError(f"{entry.file}: tensor {name!r}: expected "
-                                   f"{'/'.join(STORED_DTYPES)}, found {entry.dtype}",
-                                   path=str(entry.file), tensor=name,
-                                   expected="|".join(STORED_DTYPES), found=entry.dtype)
-        tensors[name] = StoredTensor(name=name, file=entry.file, offset=entry.begin,
-                                     nbytes=entry.nbytes, dtype=STORED_DTYPES[entry.dtype],
-                                     shape=shape)
+    tensors = source_tensors(
+        entries, tensor_shapes(cfg), directory,
+        unexpected=lambda name: "is not a DFlash2 tensor" + (
+            " (speculators never saves it: the runtime takes it from the target)"
+            if name in NEVER_SAVED else ""))
     return DFlash2Plan(directory=directory, config=cfg, tensors=tensors)
-
-
-def _truncated(spec: StoredTensor) -> SafetensorsFormatError:
-    return SafetensorsFormatError(f"{spec.file}: tensor {spec.name!r} is truncated: the file is "
-                                  "shorter than its header says (it changed while being read)",
-                                  path=str(spec.file), tensor=spec.name)
 
 
 def load_weights(plan: DFlash2Plan, *, device: torch.device,
                  dtype: torch.dtype) -> DFlash2Weights:
     """Every tensor of the plan, once, in ``dtype`` on ``device``."""
-    with TensorLoader(device=device, dtype=dtype, truncated=_truncated) as loader:
+    with TensorLoader(device=device, dtype=dtype, truncated=source_truncated) as loader:
         tensors = {name: loader.load(spec) for name, spec in plan.tensors.items()}
     return DFlash2Weights(config=plan.config, tensors=tensors)
 

@@ -47,14 +47,12 @@ import torch
 
 from dspark_convert.contract.gemma4_assistant import (FULL, SLIDING, AssistantSpec,
                                                       read_assistant_spec, tensor_shapes)
-from dspark_convert.errors import (AssistantTargetError, DSparkError, MissingTensorError,
-                                   SafetensorsFormatError, TensorDtypeError, TensorShapeError,
-                                   UnexpectedTensorError)
+from dspark_convert.errors import AssistantTargetError
 from dspark_convert.formats.safetensors import read_checkpoint
 from dspark_convert.runtime.gemma4 import Gemma4Target, gemma_norm, layer_rest
 from dspark_convert.runtime.layers import Rope, attention, linear, split_heads
-from dspark_convert.runtime.loading import (STORED_DTYPES, StoredModel, StoredTensor,
-                                            TensorLoader)
+from dspark_convert.runtime.loading import (StoredModel, TensorLoader, source_tensors,
+                                            source_truncated)
 from dspark_convert.runtime.qwen3 import KVCache
 from dspark_convert.runtime.sampling import pick, probs_from_logits
 from dspark_convert.runtime.speculative import TARGET_LOGITS, verify
@@ -79,40 +77,12 @@ def plan_assistant(directory: str | os.PathLike) -> AssistantPlan:
     directory = Path(directory)
     spec = read_assistant_spec(directory)
     checkpoint = read_checkpoint(directory)
-    shapes = tensor_shapes(spec)
-    extra = sorted(set(checkpoint.tensors) - set(shapes))
-    if extra:
-        raise UnexpectedTensorError(
-            f"{directory}: tensor {extra[0]!r} is not one a {spec.config.architectures[0]} "
-            f"of this config reads (no k/v projections, the head tied to "
-            f"model.embed_tokens.weight)", path=str(directory), tensor=extra[0],
-            expected="the assistant's tensors", found=extra[0])
-    tensors: dict[str, StoredTensor] = {}
-    for name, shape in shapes.items():
-        entry = checkpoint.tensors.get(name)
-        if entry is None:
-            raise MissingTensorError(f"{directory}: tensor {name!r} is missing; expected "
-                                     f"{list(shape)}", path=str(directory), tensor=name,
-                                     expected=list(shape), found="absent")
-        if entry.dtype not in STORED_DTYPES:
-            raise TensorDtypeError(f"{entry.file}: tensor {name!r}: expected BF16, F16 or F32, "
-                                   f"found {entry.dtype}", path=str(entry.file), tensor=name,
-                                   expected="BF16|F16|F32", found=entry.dtype)
-        if tuple(entry.shape) != shape:
-            raise TensorShapeError(f"{entry.file}: tensor {name!r}: expected {list(shape)} "
-                                   f"(config.json's geometry), found {list(entry.shape)}",
-                                   path=str(entry.file), tensor=name, expected=list(shape),
-                                   found=list(entry.shape))
-        tensors[name] = StoredTensor(name=name, file=entry.file, offset=entry.begin,
-                                     nbytes=entry.nbytes, dtype=STORED_DTYPES[entry.dtype],
-                                     shape=shape)
+    tensors = source_tensors(
+        checkpoint.tensors, tensor_shapes(spec), directory,
+        unexpected=lambda name: f"is not one a {spec.config.architectures[0]} of this config "
+                                f"reads (no k/v projections, the head tied to "
+                                f"model.embed_tokens.weight)")
     return AssistantPlan(directory=directory, spec=spec, tensors=tensors)
-
-
-def _truncated(spec: StoredTensor) -> DSparkError:
-    return SafetensorsFormatError(f"{spec.file}: tensor {spec.name!r} is truncated: the file "
-                                  "is shorter than its header says (it changed while being "
-                                  "read)", path=str(spec.file), tensor=spec.name)
 
 
 def shared_layers(spec: AssistantSpec, target: Gemma4Target) -> dict[str, int]:
@@ -210,7 +180,7 @@ class Gemma4Assistant:
         self.target = target
         self.kv_layers = shared_layers(spec, target)
         self.device, self.dtype = target.device, target.dtype
-        with TensorLoader(device=self.device, dtype=self.dtype, truncated=_truncated) as loader:
+        with TensorLoader(device=self.device, dtype=self.dtype, truncated=source_truncated) as loader:
             self.w = {name: loader.load(t) for name, t in plan.tensors.items()}
         self.eps = spec.text.rms_norm_eps
         self.window = spec.text.sliding_window

@@ -200,6 +200,54 @@ def stored_tensors(entries, shapes: dict[str, tuple[int, ...]], directory: Path,
     return tensors
 
 
+def source_tensors(entries, shapes: dict[str, tuple[int, ...]], directory: Path, *,
+                   unexpected: Callable[[str], str]) -> dict[str, StoredTensor]:
+    """Where each tensor of a drafter checkpoint's table is (``shapes``: name -> torch
+    shape, in load order), from its headers: none other present (21, ``unexpected(name)``
+    saying why that one is not the kind's), each present (20), of its shape (22) and a
+    dtype the loader reads (23); no tensor byte read (the DFlash2 and Gemma 4 assistant
+    runtimes' checkpoint plans)."""
+    from dspark_convert.errors import (MissingTensorError, TensorDtypeError, TensorShapeError,
+                                       UnexpectedTensorError)
+
+    extra = [name for name in entries if name not in shapes]
+    if extra:
+        entry = entries[extra[0]]
+        raise UnexpectedTensorError(f"{entry.file}: tensor {extra[0]!r} {unexpected(extra[0])}",
+                                    path=str(entry.file), tensor=extra[0], expected="absent",
+                                    found=list(entry.shape))
+    tensors: dict[str, StoredTensor] = {}
+    for name, shape in shapes.items():
+        entry = entries.get(name)
+        if entry is None:
+            raise MissingTensorError(f"{directory}: tensor {name!r} is missing; expected "
+                                     f"{list(shape)}", path=str(directory), tensor=name,
+                                     expected=list(shape), found="absent")
+        if tuple(entry.shape) != shape:
+            raise TensorShapeError(f"{entry.file}: tensor {name!r}: expected {list(shape)} "
+                                   f"(config.json's geometry), found {list(entry.shape)}",
+                                   path=str(entry.file), tensor=name, expected=list(shape),
+                                   found=list(entry.shape))
+        if entry.dtype not in STORED_DTYPES:
+            raise TensorDtypeError(f"{entry.file}: tensor {name!r}: expected "
+                                   f"{', '.join(STORED_DTYPES)}, found {entry.dtype}",
+                                   path=str(entry.file), tensor=name,
+                                   expected="|".join(STORED_DTYPES), found=entry.dtype)
+        tensors[name] = StoredTensor(name=name, file=entry.file, offset=entry.begin,
+                                     nbytes=entry.nbytes, dtype=STORED_DTYPES[entry.dtype],
+                                     shape=shape)
+    return tensors
+
+
+def source_truncated(spec: StoredTensor) -> DSparkError:
+    """A drafter checkpoint's file shorter than its header said (it changed after its plan)."""
+    from dspark_convert.errors import SafetensorsFormatError
+
+    return SafetensorsFormatError(f"{spec.file}: tensor {spec.name!r} is truncated: the file "
+                                  "is shorter than its header says (it changed while being "
+                                  "read)", path=str(spec.file), tensor=spec.name)
+
+
 def target_truncated(spec: StoredTensor) -> DSparkError:
     """A target's file shorter than its header said (it changed after its plan): 70."""
     from dspark_convert.errors import RuntimeTargetError
