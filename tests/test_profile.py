@@ -308,6 +308,10 @@ REFUSALS = [
      "--device: expected one of auto, cpu, cuda, found 'tpu'"),
     ("segment-zero", ("--tokens", "1", "--segment", "0"), ProfileInputError,
      "--segment: expected an integer >= 1, found 0"),
+    ("requests-zero", ("--tokens", "1", "--requests", "0"), ProfileInputError,
+     "--requests: expected an integer >= 1, found 0"),
+    ("requests-block-beyond-context", ("--tokens", "64", "--requests", "4", "--context", "500"),
+     ProfileRangeError, "a context of 500 tokens plus a block of 16 = 516 positions"),
     # the golden targets hold 512 positions
     ("segment-beyond-context", ("--tokens", "16", "--segment", "16", "--context", "500"),
      ProfileRangeError, "a context of 500 tokens plus a block of 16 = 516 positions; expected "
@@ -450,3 +454,27 @@ def test_a_real_sigint_mid_profile_writes_nothing(tmp_path):
     assert len(errors) == 1 and "interrupted; nothing was written" in errors[0], errors
     assert "Traceback" not in text and stdout == ""
     assert os.listdir(tmp_path) == []
+
+
+def test_requests_spread_each_b_over_r_blocks(target):
+    """--requests R: a step of B tokens is R requests' blocks, B spread evenly (the table of
+    a concurrency of R); a B below R is B requests of one token; the table says so."""
+    from dspark_convert.scheduling.profile import blocks_of
+
+    assert blocks_of(10, 8, 4) == [3, 3, 2, 2] and blocks_of(3, 8, 4) == [1, 1, 1]
+    assert blocks_of(16, 8) == [8, 8] and blocks_of(17, 8) == [8, 8, 1]
+    seen = []
+    real = target.forward_packed
+
+    def forward_packed(segments, **kw):
+        seen.append([len(ids) for ids, _ in segments])
+        return real(segments, **kw)
+
+    target.forward_packed = forward_packed
+    try:
+        table = profile_target(target, tokens=[4, 9], context=4, repeats=1, warmup=0,
+                               requests=4)
+    finally:
+        del target.forward_packed
+    assert seen[-2:] == [[1, 1, 1, 1], [3, 2, 2, 2]] and table.requests == 4
+    assert profile_target(target, tokens=[1], context=4, repeats=1).requests is None

@@ -38,6 +38,11 @@ def profile(
         help="A request's verify block (1 + its drafter's block size): a step of B tokens is "
         "measured as B / segment requests' blocks in one packed forward, each after its own "
         "context.")] = 8,
+    requests: Annotated[Optional[int], typer.Option(
+        "--requests", parser=int_option, metavar="R",
+        help="Measure each B as R requests' blocks instead (B spread evenly over them): the "
+        "table of a concurrency of R, for a machine where a step's cost grows with the "
+        "requests in it, not only its tokens (a small model on a CPU).")] = None,
     dtype: Annotated[str, typer.Option(
         "--dtype", help="Compute dtype: float32 or bfloat16 (as the engines compute).")] = "float32",
     device: DeviceOpt = "auto",
@@ -59,6 +64,7 @@ def profile(
         batch_tokens = parse_tokens(tokens) if tokens is not None else None
         result = run_profile(target, output=output, max_tokens=max_tokens, tokens=batch_tokens,
                              context=context, repeats=repeats, segment=segment,
+                             requests=requests,
                              device=device, dtype=dtype,
                              force=force, progress=RichProgress(enabled=not as_json,
                                                                 counted=True))

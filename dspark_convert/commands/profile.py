@@ -45,13 +45,15 @@ class ProfileResult(BaseModel):
     context: int                     # tokens prefilled before each verify forward
     repeats: int                     # timed forwards per B (their median is the rate)
     segment: int                     # a request's block: B is measured in blocks of this
+    requests: int | None             # or: B spread over this many requests
     warmup: int                      # untimed forwards per B before them
     load_seconds: float              # the target's weights, once
     table: CostTable
 
 
 def _check_options(*, max_tokens: int | None, tokens, context: int, repeats: int,
-                   segment: int, device: str, dtype: str) -> tuple[int, ...]:
+                   segment: int, requests: int | None, device: str,
+                   dtype: str) -> tuple[int, ...]:
     """The B to measure, once every option is checked (ProfileInputError)."""
     for name, value, allowed in (("--device", device, DEVICES), ("--dtype", dtype, DTYPES)):
         if value not in allowed:
@@ -61,6 +63,8 @@ def _check_options(*, max_tokens: int | None, tokens, context: int, repeats: int
     check_at_least("--context", context, 1)
     check_at_least("--repeats", repeats, 1)
     check_at_least("--segment", segment, 1)
+    if requests is not None:
+        check_at_least("--requests", requests, 1)
     if tokens is not None and max_tokens is not None:
         raise ProfileInputError("--tokens and --max-tokens: expected one of them, found both "
                                 "(--tokens lists every B measured; --max-tokens ends the "
@@ -74,14 +78,15 @@ def _check_options(*, max_tokens: int | None, tokens, context: int, repeats: int
 def run_profile(target: str | os.PathLike, *, output: str | os.PathLike,
                 max_tokens: int | None = None, tokens=None, context: int = DEFAULT_CONTEXT,
                 repeats: int = DEFAULT_REPEATS, segment: int = DEFAULT_SEGMENT,
-                device: str = "auto", dtype: str = "float32",
+                requests: int | None = None, device: str = "auto", dtype: str = "float32",
                 force: bool = False, progress: Progress | None = None) -> ProfileResult:
     """Measure ``target``'s cost table and write it to ``output`` (module docstring).
     ``tokens``: every B to measure; else the staircase ``default_tokens(max_tokens)``
     (``max_tokens`` 1024 when not given; giving both is refused)."""
     progress = progress or NoProgress()
     batch_tokens = _check_options(max_tokens=max_tokens, tokens=tokens, context=context,
-                                  repeats=repeats, segment=segment, device=device, dtype=dtype)
+                                  repeats=repeats, segment=segment, requests=requests,
+                                  device=device, dtype=dtype)
     check_outputs([Output(output, "the cost table", directory=False)], [target_read(target)],
                   force=force)
 
@@ -98,16 +103,19 @@ def run_profile(target: str | os.PathLike, *, output: str | os.PathLike,
     runtime = runtime_of(family)
     plan = runtime.plan_for(opened)
     check_fits(batch_tokens, context, positions=plan.config.max_position_embeddings,
-               where=f"target {plan.directory / 'config.json'}", segment=segment)
+               where=f"target {plan.directory / 'config.json'}", segment=segment,
+               requests=requests)
 
     start = time.perf_counter()
     model = runtime.Target(plan.directory, device=dev, dtype=compute_dtype(dtype), plan=plan,
                            progress=progress)
     load_seconds = time.perf_counter() - start
     table = profile_target(model, tokens=batch_tokens, context=context, repeats=repeats,
-                           warmup=DEFAULT_WARMUP, segment=segment, progress=progress)
+                           warmup=DEFAULT_WARMUP, segment=segment, requests=requests,
+                           progress=progress)
     written = write_cost_table(table, output, force=force)
     return ProfileResult(target=shown(str(target)), output=str(written), context=context,
-                         repeats=repeats, segment=segment, warmup=DEFAULT_WARMUP,
+                         repeats=repeats, segment=segment, requests=requests,
+                         warmup=DEFAULT_WARMUP,
                          load_seconds=load_seconds,
                          table=table)

@@ -43,6 +43,10 @@ class CostTable(BaseModel):
     dtype: str
     threads: int
     versions: dict[str, str]
+    # How a step of B tokens was measured: as this many requests' blocks (`dspark profile
+    # --requests R`: the table of a concurrency of R); null: blocks of a fixed size, or a
+    # table measured elsewhere that does not say.
+    requests: int | None = None
 
     def steps_per_second_at(self, batch_tokens: int) -> float:
         """SPS(B): the rate of the smallest entry >= B (the graph size B is padded to);
@@ -74,6 +78,8 @@ def table_problem(table: CostTable) -> str | None:
             return f"steps_per_second[{i}]: expected a finite positive number, found {rate}"
     if table.threads < 1:
         return f"threads: expected a positive integer, found {table.threads}"
+    if table.requests is not None and table.requests < 1:
+        return f"requests: expected a positive integer or null, found {table.requests}"
     return None
 
 

@@ -120,7 +120,7 @@ def parse_tokens(text: str, *, option: str = "--tokens") -> tuple[int, ...]:
 
 
 def check_fits(tokens: Sequence[int], context: int, *, positions: int, where: str,
-               segment: int = DEFAULT_SEGMENT) -> None:
+               segment: int = DEFAULT_SEGMENT, requests: int | None = None) -> None:
     """ProfileRangeError when the largest B is over MAX_BATCH_TOKENS, or the context plus
     the longest block measured (``segment``, or the largest B when smaller) is beyond the target's ``positions`` (max_position_embeddings,
     read from ``where``): positions past it are none the model was made for. The line names
@@ -130,7 +130,7 @@ def check_fits(tokens: Sequence[int], context: int, *, positions: int, where: st
             f"{where}: a batch of {shown_int(max(tokens))} tokens; expected at most "
             f"{MAX_BATCH_TOKENS} (the largest verify step a profile measures)", path=where,
             field="tokens", expected=f"<= {MAX_BATCH_TOKENS}", found=shown_int(max(tokens)))
-    block = min(segment, max(tokens))
+    block = max(blocks_of(max(tokens), segment, requests))
     need = context + block
     if need > positions:
         raise ProfileRangeError(
@@ -140,8 +140,14 @@ def check_fits(tokens: Sequence[int], context: int, *, positions: int, where: st
             field="max_position_embeddings", expected=f"<= {positions}", found=shown_int(need))
 
 
-def blocks_of(batch: int, segment: int) -> list[int]:
-    """A step of ``batch`` tokens as requests' blocks of at most ``segment`` tokens."""
+def blocks_of(batch: int, segment: int, requests: int | None = None) -> list[int]:
+    """A step of ``batch`` tokens as requests' blocks: of at most ``segment`` tokens each,
+    or, ``requests`` given, spread as evenly as they go over that many requests (fewer
+    when ``batch`` is smaller: a request sends at least its anchor)."""
+    if requests is not None:
+        n = min(requests, batch)
+        base, more = divmod(batch, n)
+        return [base + 1] * more + [base] * (n - more)
     full, rest = divmod(batch, segment)
     return [segment] * full + ([rest] if rest else [])
 
@@ -157,11 +163,13 @@ def describe_device(device) -> str:
 
 def profile_target(target, *, tokens: Sequence[int], context: int = DEFAULT_CONTEXT,
                    repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
-                   segment: int = DEFAULT_SEGMENT, progress: Progress | None = None) -> CostTable:
+                   segment: int = DEFAULT_SEGMENT, requests: int | None = None,
+                   progress: Progress | None = None) -> CostTable:
     """The cost table of ``target`` at each B of ``tokens`` (module docstring: one prefill of
     ``context`` tokens, then per B ``warmup`` untimed and ``repeats`` timed packed verify
-    forwards of B tokens in blocks of at most ``segment``, each block after its own copy of
-    the context, device-synchronised; SPS = 1 / median).
+    forwards of B tokens in blocks of at most ``segment`` (or spread over ``requests``
+    requests: the table of a concurrency of R), each block after its own copy of the
+    context, device-synchronised; SPS = 1 / median).
 
     ``target``: a loaded runtime target (runtime/qwen3.Qwen3Target, runtime/gemma4.Gemma4Target:
     ``forward``, ``forward_packed``, ``device``, ``dtype``, ``config``). ProfileInputError
@@ -173,16 +181,20 @@ def profile_target(target, *, tokens: Sequence[int], context: int = DEFAULT_CONT
     check_at_least("--context", context, 1)
     check_at_least("--repeats", repeats, 1)
     check_at_least("--segment", segment, 1)
+    if requests is not None:
+        check_at_least("--requests", requests, 1)
     check_at_least("warmup", warmup, 0)
     cfg = target.config
     check_fits(tokens, context, positions=cfg.max_position_embeddings,
-               where=f"target {target.directory / 'config.json'}", segment=segment)
+               where=f"target {target.directory / 'config.json'}", segment=segment,
+               requests=requests)
     progress = progress or NoProgress()
     device = target.device
     # The KV cache of the target's own runtime module: this layer sits below runtime/ in the
     # package's layout and names no runtime module; the family's runtime module has one.
     new_cache = importlib.import_module(type(target).__module__).KVCache
-    ids = torch.arange(context + min(segment, tokens[-1]), device=device) % cfg.vocab_size
+    longest = max(blocks_of(tokens[-1], segment, requests))
+    ids = torch.arange(context + longest, device=device) % cfg.vocab_size
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -201,7 +213,7 @@ def profile_target(target, *, tokens: Sequence[int], context: int = DEFAULT_CONT
                 for run in range(warmup + repeats):
                     step = [(ids[context:context + n],
                              new_cache(keys=list(prefilled.keys), values=list(prefilled.values)))
-                            for n in blocks_of(b, segment)]
+                            for n in blocks_of(b, segment, requests)]
                     synchronize()
                     start = time.perf_counter()
                     target.forward_packed(step, keep=())
@@ -215,6 +227,6 @@ def profile_target(target, *, tokens: Sequence[int], context: int = DEFAULT_CONT
             progress.finish()
     return CostTable(tokens=tokens, steps_per_second=tuple(rates), device=describe_device(device),
                      dtype=str(target.dtype).removeprefix("torch."),
-                     threads=torch.get_num_threads(),
+                     threads=torch.get_num_threads(), requests=requests,
                      versions={"torch": torch.__version__, "dspark-convert": __version__,
                                "python": sys.version.split()[0]})
