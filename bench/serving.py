@@ -111,6 +111,19 @@ def concurrency_tokens(r: int) -> list[int]:
     return sorted(set(range(r, top + 1, max(1, r // 8))) | {top})
 
 
+def slim(run: dict) -> dict:
+    """A run as the results file keeps it: the requests' output ids give way to one SHA-256
+    of their SHA-256s in request order (equal across runs: the same outputs; report.json in
+    the workdir keeps the ids)."""
+    import hashlib
+
+    out = {k: v for k, v in run.items() if k != "requests"}
+    if "requests" in run:
+        joined = "".join(r["sha256"] for r in run["requests"])
+        out["outputs_sha256"] = hashlib.sha256(joined.encode()).hexdigest()
+    return out
+
+
 def measured(work: Path) -> dict:
     """Part 1: per concurrency R, a cost table of R requests (`dspark profile --requests R`:
     on this CPU a step's cost grows with its requests, docs/SCHEDULING.md), then serve-bench
@@ -143,7 +156,7 @@ def measured(work: Path) -> dict:
                 if run["artifact"] is None and name != "dspark":
                     continue              # the target alone once per concurrency
                 run["directory"], run["table"] = str(out), str(table)
-                runs.append(run)
+                runs.append(slim(run))
     return {"tables": tables, "runs": runs}
 
 
