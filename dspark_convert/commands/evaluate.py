@@ -530,6 +530,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     # runs: a broken or foreign one is refused, not skipped.
     opened = open_run_target(target, progress)
     arts, bindings, target_plan = bind_artifacts(paths, names, opened, progress)
+    cfg = target_plan.config
     resolved = prompts_for(prompt_set, opened, target_plan, max_new_tokens)
     identity = target_identity(opened, progress)
     _match_calibrations(calibration_files, arts, identity)
