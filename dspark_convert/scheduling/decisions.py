@@ -33,6 +33,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated
 
@@ -153,10 +154,12 @@ class Decisions:
     policy: Policy
     lines: tuple[DecisionLine, ...]
 
-    @property
+    @cached_property
     def headless(self) -> bool:
         """No request on any line has confidences: a drafter without a confidence head.
-        (A request without them in a file that has some was shown none: no room left.)"""
+        (A request without them in a file that has some was shown none: no room left.)
+        Cached: the replay, the sweep and the check ask at every step, and a scan of the
+        whole file per step would make them quadratic in its lines."""
         return not any(r.confidence for line in self.lines for r in line.requests)
 
 
