@@ -225,7 +225,7 @@ def report_failure(report: EvalReport, out: str | os.PathLike) -> DSparkError | 
     return None
 
 
-def _names(paths: Sequence[Path]) -> list[str]:
+def artifact_names(paths: Sequence[Path]) -> list[str]:
     """Report names: the directory name, made file-name safe, numbered when two clash."""
     names: list[str] = []
     for p in paths:
@@ -524,7 +524,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
                             seed=seed, device=device, dtype=dtype, verify=verify,
                             calibrate=calibrate, held_out=held_out, warmup=True)
     paths = [Path(a) for a in artifacts]
-    names = _names(paths)
+    names = artifact_names(paths)
 
     # Every artifact is validated against the target (the one pairing) before anything
     # runs: a broken or foreign one is refused, not skipped.
@@ -533,7 +533,7 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     cfg = target_plan.config
     resolved = prompts_for(prompt_set, opened, target_plan, max_new_tokens)
     identity = target_identity(opened, progress)
-    _match_calibrations(calibration_files, arts, identity)
+    match_calibrations(calibration_files, arts, identity)
     if engine_spec is not None:
         # --target-gguf checked against every artifact as `dspark export` checks it (104),
         # before the model loads: llama.cpp's runs of another model are no report.
@@ -709,7 +709,7 @@ def _calibrate(art: _Artifact, steps: dict[str, list] | None, prompts: list[Prom
             confidence_report(held, temperature=temperature, temperatures=cal.temperatures))
 
 
-def _match_calibrations(files: Sequence[tuple[str | os.PathLike, CalibrationFile, str]],
+def match_calibrations(files: Sequence[tuple[str | os.PathLike, CalibrationFile, str]],
                         arts: list[_Artifact], identity: TargetIdentity) -> None:
     """``--calibration FILE``... (``files``: each path with read_calibration_file's (file,
     SHA-256), read before the runs): each file to the artifact whose drafter.gguf SHA-256

@@ -128,10 +128,10 @@ def _check_inputs(artifacts, target, prompts, *, concurrencies, policies, cost_t
     from dspark_convert.commands.binding import open_run_target, refuse_family
     from dspark_convert.commands.evaluate import (
         DEFAULT_HELD_OUT,
-        _match_calibrations,
-        _names,
+        artifact_names,
         bind_artifacts,
         check_options,
+        match_calibrations,
         prompts_for,
     )
     from dspark_convert.evaluation.calibration import read_calibration_file
@@ -157,13 +157,13 @@ def _check_inputs(artifacts, target, prompts, *, concurrencies, policies, cost_t
 
     prompt_set = load_prompt_set(prompts)
     opened = open_run_target(target, progress)
-    arts, bindings, target_plan = bind_artifacts(artifacts, _names([Path(a) for a in artifacts]),
+    arts, bindings, target_plan = bind_artifacts(artifacts, artifact_names([Path(a) for a in artifacts]),
                                                  opened, progress)
     cfg = target_plan.config
     resolved = prompts_for(prompt_set, opened, target_plan, max_new_tokens)
     check_concurrencies(concurrencies, len(resolved), where=f"prompts {shown(prompt_set.path)}")
     identity = target_identity(opened, progress)
-    _match_calibrations(calibration_files, arts, identity)
+    match_calibrations(calibration_files, arts, identity)
     _check_confidence(chosen, arts)
     block = max(a.block_size for a in arts)
     largest = concurrencies[-1] * (1 + block)
