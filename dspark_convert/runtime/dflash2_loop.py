@@ -29,8 +29,8 @@ import torch
 from dspark_convert.errors import DFlash2RunError
 from dspark_convert.runtime.dflash2 import DFlash2Drafter
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
-from dspark_convert.runtime.sampling import check_temperature, pick, probs_from_logits
-from dspark_convert.runtime.speculative import TARGET_LOGITS, verify, verify_forward
+from dspark_convert.runtime.sampling import check_temperature, probs_from_logits
+from dspark_convert.runtime.speculative import TARGET_LOGITS, prefill, verify, verify_forward
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,8 @@ def dflash2_generate(target: Qwen3Target, drafter: DFlash2Drafter, prompt: list[
     taps = drafter.hidden_state_indices
     P = len(prompt)
     max_length = P + max_new_tokens
-    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache, keep=taps,
-                         last_logits_only=True)
-    x = list(prompt) + [pick(out.logits[-1], 0.0, None, what=TARGET_LOGITS)]
+    out, first = prefill(target, prompt, cache, keep=taps)
+    x = list(prompt) + [first]
     cycles: list[DFlash2Cycle] = []
     start = P
     stopped = x[P] in stop_token_ids

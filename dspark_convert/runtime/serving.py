@@ -42,7 +42,8 @@ from dspark_convert.errors import SchedulingPolicyError
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.qwen3 import KVCache
 from dspark_convert.runtime.sampling import pick, probs_from_logits
-from dspark_convert.runtime.speculative import TARGET_LOGITS, _sync, _trim_at_stop, verify
+from dspark_convert.runtime.speculative import (TARGET_LOGITS, prefill, synchronize,
+                                               trim_at_stop, verify)
 from dspark_convert.scheduling.cost_table import CostTable
 from dspark_convert.scheduling.policies import Confidences, Policy, StepView
 
@@ -162,7 +163,7 @@ class _InFlight:
             self.done = True
 
     def result(self, finished: float) -> RequestResult:
-        new = _trim_at_stop(self.x[: self.max_length], len(self.request.prompt), self.stops)
+        new = trim_at_stop(self.x[: self.max_length], len(self.request.prompt), self.stops)
         n = len(new) - len(self.request.prompt)
         return RequestResult(id=self.request.id, prompt=self.request.prompt,
                              output_ids=tuple(new[len(self.request.prompt):]),
@@ -210,7 +211,7 @@ def serve(target, drafter: DSparkDrafter | None, requests: Sequence[Request], *,
     stops = tuple(stop_token_ids)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    _sync(device)
+    synchronize(device)
     began = time.perf_counter()
     clock = lambda: time.perf_counter() - began            # noqa: E731
     waiting = list(requests)[::-1]
@@ -231,14 +232,13 @@ def serve(target, drafter: DSparkDrafter | None, requests: Sequence[Request], *,
             if temperature > 0.0:
                 r.generator = torch.Generator(device="cpu")
                 r.generator.manual_seed(request_seed(seed, r.request.id))
-            out = target.forward(torch.tensor(r.x, dtype=torch.long, device=device), r.cache,
-                                 keep=taps, last_logits_only=True)
-            first = pick(out.logits[-1], temperature, r.generator, what=TARGET_LOGITS)
+            out, first = prefill(target, r.x, r.cache, keep=taps, temperature=temperature,
+                                 generator=r.generator)
             if speculative:
                 r.drafter = drafter.fork()
                 if first not in stops:
                     r.drafter.add_context(r.drafter.features(out.hidden_states))
-            _sync(device)
+            synchronize(device)
             r.commit([first], clock())
             prefill_seconds += time.perf_counter() - t0
             tell(1)
@@ -258,7 +258,7 @@ def serve(target, drafter: DSparkDrafter | None, requests: Sequence[Request], *,
         for r in [r for r in active if r.done]:
             done[r.request.id] = r.result(record.end_seconds)
             active.remove(r)
-    _sync(device)
+    synchronize(device)
     total = time.perf_counter() - began
     return ServeResult(policy=str(policy), concurrency=concurrency,
                        requests=tuple(done[q.id] for q in requests), steps=tuple(steps),
@@ -286,12 +286,12 @@ def _speculative_step(target, drafter: DSparkDrafter, active: list[_InFlight], p
         view = tuple(() for _ in active)
         lengths = tuple(min(drafter.block_size, room) for room in rooms)
     drafts = [p.tokens[:n].tolist() for p, n in zip(proposals, lengths)]
-    _sync(device)
+    synchronize(device)
     t1 = time.perf_counter()
     outs = target.forward_packed(
         [(torch.tensor([a, *d], dtype=torch.long, device=device), r.cache)
          for r, a, d in zip(active, anchors, drafts)], keep=drafter.hidden_state_indices)
-    _sync(device)
+    synchronize(device)
     verify_seconds = time.perf_counter() - t1
     now = clock()
     parts, features, growing = [], [], []
@@ -315,7 +315,7 @@ def _speculative_step(target, drafter: DSparkDrafter, active: list[_InFlight], p
     t2 = time.perf_counter()
     if growing:
         drafter.add_context_packed(features, growing)
-    _sync(device)
+    synchronize(device)
     draft_seconds = (t1 - t0) + (time.perf_counter() - t2)
     return StepRecord(step=step, requests=tuple(parts),
                       batch_tokens=sum(1 + n for n in lengths), draft_seconds=draft_seconds,
@@ -343,7 +343,7 @@ def _target_step(target, active: list[_InFlight], temperature: float, step: int,
                                    r.cache) for r in active], keep=())
     tokens = [pick(out.logits[-1], temperature, r.generator, what=TARGET_LOGITS)
               for r, out in zip(active, outs)]
-    _sync(device)
+    synchronize(device)
     verify_seconds = time.perf_counter() - t0
     now = clock()
     for r, token in zip(active, tokens):

@@ -128,7 +128,17 @@ def verify_forward(target: Qwen3Target, ids: torch.Tensor, cache: KVCache, *,
     return TargetOutput(logits=torch.cat([o.logits for o in outs]), hidden_states=hidden)
 
 
-def _sync(device: torch.device) -> None:
+def prefill(target, prompt: list[int], cache: KVCache, *, keep, temperature: float = 0.0,
+            generator: torch.Generator | None = None) -> tuple[TargetOutput, int]:
+    """The target over the prompt into ``cache`` (the last row's logits only; the hidden
+    states ``keep`` names, for the drafter's first context cells) and the first new token
+    picked from it: every loop's start (this one, serving, DFlash2's)."""
+    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=target.device), cache,
+                         keep=keep, last_logits_only=True)
+    return out, pick(out.logits[-1], temperature, generator, what=TARGET_LOGITS)
+
+
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -137,7 +147,7 @@ def _first_stop(tokens: list[int], stops: tuple[int, ...]) -> int | None:
     return next((i for i, t in enumerate(tokens) if t in stops), None)
 
 
-def _trim_at_stop(output: list[int], prompt_len: int, stops: tuple[int, ...]) -> list[int]:
+def trim_at_stop(output: list[int], prompt_len: int, stops: tuple[int, ...]) -> list[int]:
     hit = _first_stop(output[prompt_len:], stops)
     return output if hit is None else output[: prompt_len + hit + 1]
 
@@ -156,7 +166,7 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
         generator.manual_seed(0 if seed is None else seed)
     sampled = generator is not None
 
-    _sync(device)
+    synchronize(device)
     t_begin = time.perf_counter()
     draft_seconds = 0.0
     cache = KVCache()
@@ -164,9 +174,9 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
     taps = drafter.hidden_state_indices
     P = len(prompt)
     max_length = P + max_new_tokens
-    out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache, keep=taps,
-                         last_logits_only=True)
-    x = list(prompt) + [pick(out.logits[-1], temperature, generator, what=TARGET_LOGITS)]
+    out, first = prefill(target, prompt, cache, keep=taps, temperature=temperature,
+                         generator=generator)
+    x = list(prompt) + [first]
 
     cycles: list[Cycle] = []
     acceptance: list[int] = []
@@ -174,24 +184,24 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
     if x[P] not in stop_token_ids:
         t0 = time.perf_counter()
         drafter.add_context(drafter.features(out.hidden_states))
-        _sync(device)
+        synchronize(device)
         draft_seconds += time.perf_counter() - t0
     prefill_seconds = time.perf_counter() - t_begin
     if x[P] not in stop_token_ids:
         while start < max_length:
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             proposal = drafter.propose(x[start], temperature=temperature,
                                        confidence_threshold=confidence_threshold, generator=generator)
             L = proposal.length
             draft = proposal.tokens[:L].tolist()
-            _sync(device)
+            synchronize(device)
             t1 = time.perf_counter()
             cycle_draft = t1 - t0
 
             verify_ids = torch.tensor([x[start], *draft], dtype=torch.long, device=device)
             out = verify_forward(target, verify_ids, cache, keep=taps, stepwise=stepwise_verify)
-            _sync(device)
+            synchronize(device)
             cycle_verify = time.perf_counter() - t1
             p = probs_from_logits(out.logits, temperature, what=TARGET_LOGITS)
             q = proposal.draft_probs(temperature) if L else None
@@ -212,7 +222,7 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
                 # Context cells after verification: the anchor and the accepted tokens.
                 t0 = time.perf_counter()
                 drafter.add_context(drafter.features(out.hidden_states)[: accepted + 1])
-                _sync(device)
+                synchronize(device)
                 cycle_draft += time.perf_counter() - t0
             draft_seconds += cycle_draft
             cycles.append(Cycle(proposed=tuple(draft), accepted=accepted, next_token=next_token,
@@ -220,9 +230,9 @@ def speculative_generate(target: Qwen3Target, drafter: DSparkDrafter, prompt: li
                                 verify_seconds=cycle_verify))
             if stopped or next_token in stop_token_ids:
                 break
-    _sync(device)
+    synchronize(device)
     total = time.perf_counter() - t_begin
-    output = _trim_at_stop(x[: min(start + 1, max_length)], P, stop_token_ids)
+    output = trim_at_stop(x[: min(start + 1, max_length)], P, stop_token_ids)
     return RunResult(prompt=tuple(prompt), output_ids=tuple(output),
                      acceptance_lengths=tuple(acceptance), cycles=tuple(cycles),
                      temperature=temperature, confidence_threshold=confidence_threshold,
@@ -241,7 +251,7 @@ def target_greedy(target: Qwen3Target, prompt: list[int], *, max_new_tokens: int
                   stop_token_ids: tuple[int, ...] = ()) -> GreedyResult:
     """The target alone, one token at a time: what temperature 0 must reproduce."""
     device = target.device
-    _sync(device)
+    synchronize(device)
     t_begin = time.perf_counter()
     cache = KVCache()
     out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache, keep=(),
@@ -254,5 +264,5 @@ def target_greedy(target: Qwen3Target, prompt: list[int], *, max_new_tokens: int
             break
         out = target.forward(torch.tensor([token], dtype=torch.long, device=device), cache,
                              keep=())
-    _sync(device)
+    synchronize(device)
     return GreedyResult(output_ids=tuple(x), seconds=time.perf_counter() - t_begin)
