@@ -76,7 +76,7 @@ test: $(STAMP) llama-cpp dspark-mlx speculators
 
 # llama.cpp 0c1e570 from the pinned llama-cpp-python sdist (SHA-256 checked), built into
 # $DSPARK_ENGINE_CACHE (default ~/.cache/dspark-convert)/llama.cpp-0c1e570/ (tools/llama_cpp.py),
-# portable code (the x86-64-v3 baseline, never -march=native: issue 25); a whole build there is
+# portable code (the x86-64-v3 baseline, never -march=native: docs/REFERENCE.md §6); a whole build there is
 # reused, anything else there replaced. From nothing: ~1 min download, ~3-5 min build on 2 cores.
 .PHONY: llama-cpp
 llama-cpp: $(STAMP)

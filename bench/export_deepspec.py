@@ -1,5 +1,5 @@
-"""`dspark export --engine deepspec` at a released drafter's geometry, in bounded memory
-(issue 27, Deliver 4), measured.
+"""`dspark export --engine deepspec` at a released drafter's geometry, in bounded memory,
+measured.
 
 Builds the all-zero sparse pair of bench/sparse_models.py (default: the released Qwen3-4B
 DSpark drafter, 2.79 GB of BF16 with its embedding and head, on a Qwen3-4B target whose

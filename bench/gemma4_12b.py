@@ -1,5 +1,5 @@
 """The released Gemma4-12B drafter's geometry through `dspark convert` and `dspark validate`
-in bounded memory (issue 26, Deliver 7), measured.
+in bounded memory, measured.
 
 Builds a BF16 checkpoint with exactly the keys and shapes of
 golden/reference/released_shapes.json ``gemma4/vanilla+conf_with_markov`` (74 tensors,

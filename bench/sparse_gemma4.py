@@ -1,6 +1,5 @@
 """google/gemma-4-12B-it and DeepSeek's released 12B Gemma4 DSpark drafter, all-zero and
-sparse, and what `dspark convert --target` and `dspark smoke` do with them (issue 26,
-Deliver 7).
+sparse, and what `dspark convert --target` and `dspark smoke` do with them.
 
 As bench/sparse_models.py does for Qwen3: load time, forward time and memory depend on the
 shapes, not on the values, so every weight is zero and ``model.safetensors`` is its header

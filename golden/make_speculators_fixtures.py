@@ -1,4 +1,4 @@
-"""Speculators-format drafters made by speculators' own save_pretrained (issue 28), and the
+"""Speculators-format drafters made by speculators' own save_pretrained, and the
 DeepSpec twin each is made from.
 
     SPEC=$(.venv/bin/python tools/speculators.py path)    # speculators 0.9.0's interpreter

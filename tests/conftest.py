@@ -107,7 +107,7 @@ def golden_models(converted):
     return target, drafter
 
 
-# --- llama.cpp (issue 20): the engine, its converter's files and our exports, built once ---
+# --- llama.cpp: the engine, its converter's files and our exports, built once ---
 
 @pytest.fixture(scope="session")
 def llama_golden(tmp_path_factory, paired_artifacts):

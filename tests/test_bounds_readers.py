@@ -1,4 +1,4 @@
-"""The readers' bounds (issue 11, items 7, 10 and 12), through the real CLI where a user meets
+"""The readers' bounds, through the real CLI where a user meets
 them: a file that shrinks while it is read is refused as having shrunk (never a short block
 reaching numpy), counts from a target's config.json allocate nothing, and a header or
 metadata that would grow 10-30 times into Python objects is refused within a memory and

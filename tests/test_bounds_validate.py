@@ -1,5 +1,5 @@
 """validate and inspect stop at the first structural failure, in bounded memory and time
-(hostile inputs, round 2). Where the bound is the point, run through the real CLI with an
+(hostile inputs). Where the bound is the point, run through the real CLI with an
 address-space cap on the child (tests/support/bounded.py), so a regression fails here
 instead of swapping the machine; where it is the refusal itself, in-process."""
 

@@ -69,7 +69,7 @@ def test_source_given_as_dot_is_named_after_its_directory(tmp_path):
 def test_an_ascii_locale_neither_fails_a_command_nor_changes_its_files(tmp_path, converted):
     """LC_ALL=C with PYTHONUTF8=0 makes stdout ASCII: convert's summary ('…' after a
     fingerprint) ended the command with UnicodeEncodeError, exit 1, after the artifact was
-    published (issue 25, in the gate's convert stage). Now the line is escaped, the exit is
+    published (as in the gate's convert stage). Now the line is escaped, the exit is
     0, and the artifact is byte for byte the one made under UTF-8; quantize the same."""
     from support.paths import GOLDEN_TARGET
 

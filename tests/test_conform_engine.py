@@ -1,4 +1,4 @@
-"""One check (issue 27, Deliver 3): `dspark eval --engine llama.cpp` writes the drafts it read
+"""One check: `dspark eval --engine llama.cpp` writes the drafts it read
 from llama.cpp's log as a conform trace in its report directory, and `dspark conform` on
 that file gives the eval's own verdict: llama.cpp 0c1e570's draft-dspark drafts of both
 golden drafters are the reference's; its draft-dflash drafts of DeepSeek's plain DFlash

@@ -1,4 +1,4 @@
-"""tools/dspark_mlx.py, the dspark-mlx install, and how the tests find it (issue 27).
+"""tools/dspark_mlx.py, the dspark-mlx install, and how the tests find it.
 
 The install itself runs in `make test` (its `dspark-mlx` prerequisite) and the engine tests
 use it. These cases: the cached install is whole and runs the pinned versions; a copy of it

@@ -1,5 +1,5 @@
 """An engine that dies is a finding of the check, named: the signal, which run, the command
-line, the engine's last log lines and, for issue 25's crash, its likely cause.
+line, the engine's last log lines and, for the AMX crash of a native build, its likely cause.
 
 Two ways to a real crash of the real llama.cpp binaries:
 
@@ -9,8 +9,8 @@ Two ways to a real crash of the real llama.cpp binaries:
   only the moment is chosen.
 - on a CPU with AMX only: llama.cpp built ``-march=native`` (``tools/llama_cpp.py build
   --native``, never what the suite or the gate run by default) repacks a Q8_0 drafter's
-  weights into AMX buffers and 0c1e570 crashes on it (issue 25, measured on a Sapphire
-  Rapids class CPU). Skipped elsewhere: no other CPU takes that code path.
+  weights into AMX buffers and 0c1e570 crashes on it (measured on a Sapphire Rapids
+  class CPU). Skipped elsewhere: no other CPU takes that code path.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ HAS_AMX = build.cpu_has_amx()
 needs_amx = pytest.mark.skipif(
     not HAS_AMX, reason="this CPU has no AMX (amx_tile and amx_int8 not in /proc/cpuinfo): only "
                         "there does a native llama.cpp build repack Q8_0 weights into AMX "
-                        "buffers, the path that crashes (issue 25)")
+                        "buffers, the path that crashes")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""An engine's output is hostile input (issue 25, deliverable 3): llama.cpp's log and stdout,
+"""An engine's output is hostile input: llama.cpp's log and stdout,
 read by evaluation/engine_llama_cpp.py as strictly as a user's file.
 
 The logs here are the real binaries' (llama.cpp 0c1e570 on the golden target and drafter,

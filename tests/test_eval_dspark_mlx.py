@@ -1,4 +1,4 @@
-"""dspark-mlx as the eval's second real engine (issue 27, Deliver 5 and 6): its runs read back
+"""dspark-mlx as the eval's second real engine: its runs read back
 strictly (evaluation/engine_dspark_mlx.py), `dspark eval --engine dspark-mlx` beside the
 reference runtime (commands/evaluate_dspark_mlx.py), and the findings of docs/ENGINES.md
 ("dspark-mlx").

@@ -1,4 +1,4 @@
-"""llama.cpp's own runs beside the reference runtime (issue 20, deliverables 3-5), against
+"""llama.cpp's own runs beside the reference runtime, against
 the real binaries of llama.cpp 0c1e570 (tools/llama_cpp.py; support/llama_cpp.engine: a
 missing build skips here and FAILS under CI=true).
 
@@ -188,7 +188,7 @@ def test_eval_reports_llama_cpp_beside_the_reference(golden, paired_artifacts, t
     for r in runs.values():
         assert r["engine"] == "llama.cpp" and [p["id"] for p in r["prompts"]] == ["hello"]
         assert [s["id"] for s in r["prompts_skipped"]] == ["bytes"]
-        # llama.cpp's own line: which backends and CPU features ran (issue 25).
+        # llama.cpp's own line: which backends and CPU features ran.
         assert r["system_info"] == report["engine"]["system_info"]
     assert re.match(r"system_info: n_threads = 1 .*\| CPU : .*AVX2 = 1", report["engine"]["system_info"])
     dspark, dflash = runs[(DSPARK, "draft-dspark")], runs[(DFLASH, "draft-dflash")]

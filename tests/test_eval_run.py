@@ -276,7 +276,7 @@ def test_ctrl_c_leaves_a_partial_report_marked_incomplete(artifacts, tmp_path):
                        ("drafter", "vanilla_conf_markov", 0.5), ("drafter", "dflash_shared", 0.5),
                        ("calibration", "vanilla_conf_markov", 0.0), ("calibration", "dflash_shared", 0.0)}
     # What the interruption stopped says so; what could never run (the plain DFlash drafter
-    # has no confidence head) keeps its own reason (issue 19: it said "interrupted").
+    # has no confidence head) keeps its own reason (it once said "interrupted").
     never = {("drafter", "dflash_shared", 0.5), ("calibration", "dflash_shared", 0.0)}
     for n in partial.not_run:
         key = (n.kind, n.artifact, n.confidence_threshold)

@@ -1,4 +1,4 @@
-"""`dspark export --engine llama.cpp` (issue 20): the file it writes, and every refusal.
+"""`dspark export --engine llama.cpp`: the file it writes, and every refusal.
 
 The target GGUF here is written with gguf-py from the golden target's real weights and
 tokenizer (support/llama_cpp.write_target_gguf), so these run without llama.cpp; the runs

@@ -1,4 +1,4 @@
-"""`dspark export --engine deepspec` (issue 27, Deliver 4): config.json + model.safetensors as
+"""`dspark export --engine deepspec`: config.json + model.safetensors as
 DeepSpec saves a checkpoint, every tensor bit-exact, the embedding and head from the target.
 
 The round trip is the test of bit-exactness: every golden drafter (DeepSeek's two Qwen3 and

@@ -159,7 +159,7 @@ def test_disk_with_room_converts(tmp_path: Path, good_artifact: Path) -> None:
     assert left == ["art"]
 
 
-# --- a full disk under smoke's and eval's reports (hostile inputs, round 3) ---------------------
+# --- a full disk under smoke's and eval's reports ---------------------
 
 @pytest.fixture(scope="module")
 def paired(paired_artifacts) -> Path:
@@ -282,7 +282,7 @@ def test_sigkill_during_force_keeps_the_old_artifact(big_source: Path, tmp_path:
     assert _snapshot(out) == before          # the same source gives the same bytes
 
 
-# --- another run writing the same output (hostile inputs, round 2) ----------------------------
+# --- another run writing the same output ----------------------------
 
 def _start(src: Path, out: Path, *extra: str) -> subprocess.Popen:
     """A conversion stopped (SIGSTOP) while it writes its temporary: whatever the test does
@@ -396,7 +396,7 @@ def test_long_output_names_get_a_temporary_that_fits(tmp_path: Path) -> None:
     assert sorted(len(n) for n in os.listdir(tmp_path)) == [227, 240, 255]
 
 
-# --- links out of an HF-cache layout (hostile inputs, round 2) ---------------------------------
+# --- links out of an HF-cache layout ---------------------------------
 
 def _cache_layout(root: Path, blobs_to: Path | None) -> Path:
     """<root>/models--o--n/snapshots/<rev>/ with config.json and a model.safetensors link

@@ -1,4 +1,4 @@
-"""Property tests for issue 19's two rules (docs/FUZZING.md): the one float rule for decoding
+"""Property tests for two rules (docs/FUZZING.md): the one float rule for decoding
 (runtime/sampling.py) and the one JSON writer (util/json_out.py).
 
 - Any finite float32 logits and any temperature the rule accepts (subnormals included) give
@@ -136,7 +136,7 @@ def test_undefined_maps_exactly_the_non_finite_to_null(value):
         assert got == value
 
 
-# --- the one JSON reader: a number that overflows a double is refused (issue 25) -----------
+# --- the one JSON reader: a number that overflows a double is refused -----------
 
 @FUZZ
 @given(st.one_of(st.floats(allow_nan=False, allow_infinity=False).map(repr),

@@ -448,7 +448,7 @@ def test_the_llama_cpp_stage_runs_the_engine_and_names_a_block_read_one_row_late
     the DSpark drafter's q8_0 variant) exported and run by llama.cpp with the --spec-type
     `dspark export` advises, lossless, every BF16 draft the reference runtime's (near ties
     aside); the plain DFlash drafter's run with the draft-dflash llama.cpp picks for the file
-    is named as read one row late (issue 20). The same verdict on that report with the
+    is named as read one row late. The same verdict on that report with the
     misread in the advised run fails the stage."""
     from support.llama_cpp import engine
 

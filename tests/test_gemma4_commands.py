@@ -1,4 +1,4 @@
-"""The commands a Gemma4 drafter reaches, as users run them (issue 26, Deliver 6): `dspark
+"""The commands a Gemma4 drafter reaches, as users run them: `dspark
 inspect` of both golden Gemma4 checkpoints (both config forms DeepSpec writes) and of their
 artifacts, through the CLI, text and --json; and `dspark export --engine llama.cpp` refusing
 each Gemma4 artifact with its own code (105) in one line, nothing written, not even over an

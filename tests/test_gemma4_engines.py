@@ -1,4 +1,4 @@
-"""artifact/engines.py on Gemma4 artifacts (issue 26, Deliver 6): what Strata's DFlash loader
+"""artifact/engines.py on Gemma4 artifacts: what Strata's DFlash loader
 (`strata.open`), its runtime (`strata.run`) and llama.cpp 0c1e570 make of one, stage by stage
 (docs/ENGINES.md, "A Gemma4 artifact, stage by stage").
 

@@ -1,4 +1,4 @@
-"""Quantized Gemma4 artifacts (issue 26, Deliver 6): `dspark quantize` takes a gemma4-dspark
+"""Quantized Gemma4 artifacts: `dspark quantize` takes a gemma4-dspark
 artifact as it takes a Qwen3 one, by the one type rule (artifact/quantized.py, read from the
 family's tensor table): the matrices (fc, q/k/o, v only without attention_k_eq_v, the MLP's
 gate/up/down) in the type, bit for bit gguf-py's quantizer on the parent's BF16 values; the

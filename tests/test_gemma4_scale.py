@@ -1,4 +1,4 @@
-"""Gemma4 at released scale (issue 26, Deliver 7): google/gemma-4-12B-it with DeepSeek's 12B
+"""Gemma4 at released scale: google/gemma-4-12B-it with DeepSeek's 12B
 DSpark drafter, as all-zero sparse checkpoints (bench/sparse_gemma4.py), and the memory
 estimate smoke makes for them before loading (runtime/memory.py).
 

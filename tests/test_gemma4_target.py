@@ -1,4 +1,4 @@
-"""Gemma4 targets (issue 26, Deliver 4): a gemma4_unified / gemma4 target directory or pinned
+"""Gemma4 targets: a gemma4_unified / gemma4 target directory or pinned
 Hub repo is read through the families table (target/gemma4.py): its nested text_config, the
 tied embedding as both embedding and head, its tokenizer fingerprint. `convert --target` and
 `validate --target` pair a Gemma4 drafter with it (model types, geometry, taps, the copied

@@ -1,4 +1,4 @@
-"""Issue 19 (hostile inputs, round 3), the float, JSON-report and message classes, each
+"""Hostile values through the CLI: floats, JSON reports and messages, each
 example through the real CLI (tests/support/cli.py), with the twins found in other commands:
 
 - Exit 1: a tiny positive temperature and a drafter whose forward overflows (runtime/

@@ -1,4 +1,4 @@
-"""Issue 25 (hostile inputs, round 4), `dspark export` and the temporaries class, each case
+"""Hostile inputs to `dspark export` and its temporaries, each case
 through the real CLI (tests/support/cli.py), with the twins in util/atomic.py:
 
 - A target GGUF whose tokenizer array is empty or an array of arrays exited 1 (gguf-py's

@@ -1,4 +1,4 @@
-"""Issue 25 (hostile inputs, round 4), the gate's cases, each through the real CLI
+"""Hostile inputs to the gate, each through the real CLI
 (tests/support/cli.py), with their twins:
 
 - the llama.cpp stage: a run that compared no draft (or no prompt's text) fails, never

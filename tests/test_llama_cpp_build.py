@@ -1,4 +1,4 @@
-"""tools/llama_cpp.py, the engine build, and how the tests find it (issue 20).
+"""tools/llama_cpp.py, the engine build, and how the tests find it.
 
 The build itself runs in `make test` (its `llama-cpp` prerequisite) and the engine tests use
 it; these cases are the refusals and the rule that CI never skips an engine test."""
@@ -60,7 +60,7 @@ def test_engine_tests_fail_under_ci_when_the_build_is_missing(tmp_path, monkeypa
         support.engine()
 
 
-# --- a cache is used only when it is a whole build (issue 25) ---------------------------------
+# --- a cache is used only when it is a whole build ---------------------------------
 # A fake cache DIRECTORY (a build takes minutes): build-info.json as `build` writes it, the
 # binaries as regular executable files, the converter. The first test shows it is accepted,
 # so each tampered case below differs from an accepted cache in one way.

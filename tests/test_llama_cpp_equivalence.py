@@ -1,4 +1,4 @@
-"""llama.cpp runs our export exactly as it runs its own converter's file (issue 20).
+"""llama.cpp runs our export exactly as it runs its own converter's file.
 
 For both DeepSpec-trained golden drafters (DSpark `vanilla_conf_markov`, plain DFlash
 `dflash_shared`): llama.cpp 0c1e570, built from the pinned sdist, runs the target GGUF its

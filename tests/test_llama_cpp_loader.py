@@ -1,4 +1,4 @@
-"""artifact/engines.py's llama.cpp rule against llama.cpp's real loader (issue 20).
+"""artifact/engines.py's llama.cpp rule against llama.cpp's real loader.
 
 A corpus of exported drafters with one edit each (a key missing or mistyped, a tensor's
 shape or count changed, each head type), loaded by llama.cpp 0c1e570 itself

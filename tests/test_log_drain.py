@@ -117,7 +117,7 @@ def test_a_line_written_after_main_returned_is_kept_and_the_exit_status_is_the_p
 
 def test_a_program_killed_by_a_fault_keeps_its_late_line_and_dies_by_the_same_signal(tmp_path):
     """A crash loses the queued log the same way, and those are the lines that say why the
-    engine died (issue 25's AMX crash): the drain's handler waits for them, then the process
+    engine died (the AMX crash of a native build): the drain's handler waits for them, then the process
     still dies by SIGSEGV, its status unchanged."""
     exe = _compile(tmp_path, "late_writer", LATE_WRITER)
     without, _ = _run(exe, "segv", drain=False)

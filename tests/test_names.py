@@ -1,5 +1,5 @@
 """Names from inputs (directory and file names, tensor names, paths) through the real CLI:
-never exit 1, never a raw control character on the terminal (hostile inputs, round 2). The
+never exit 1, never a raw control character on the terminal. The
 app runs in-process; a directory name that is not UTF-8 also goes through a real process'
 argv (bytes, decoded by the interpreter)."""
 

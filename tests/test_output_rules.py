@@ -1,6 +1,7 @@
 """The one output-path rule (util/atomic.check_outputs), through the real CLI of every command
 with an output option, and the input-file rule for every option that names a file
-(issue 19: data loss, unbounded work before a refusal, exit 1 on long names, unclear errors).
+(guarding against data loss, unbounded work before a refusal, exit 1 on long names, unclear
+errors).
 
 Each refusal is one `error:` line with the rule's own exit code, made before any work, and
 nothing is touched: the working directory, the inputs and any old output stay byte for byte

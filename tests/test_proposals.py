@@ -1,4 +1,4 @@
-"""The proposal check (evaluation/proposals.py, issue 20): the reference runtime's proposal
+"""The proposal check (evaluation/proposals.py): the reference runtime's proposal
 from a committed context and an anchor, and the comparison that names the first difference.
 
 The reference side is checked against DeepSeek's own traces (reference.json: the first

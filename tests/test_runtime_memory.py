@@ -5,7 +5,7 @@ of 114 M parameters and its drafter, bench/sparse_models.py: 0.58 GB in float32,
 in bfloat16, against ~0.3 GB for Python and torch) runs through the real CLI in a child
 process; its peak RSS comes from the kernel (``os.wait4``), not from the code under test.
 The estimate must be within 20% of it, in both dtypes. A second host copy of the weights
-(the runtime before issue 15 read each tensor into bytes, copied it and converted it), or a
+(a runtime that read each tensor into bytes, copied it and converted it), or a
 missed float32 doubling, puts the peak 30-100% over the estimate; an estimate that counted
 a dtype's weights twice would be 30-60% over the peak.
 """

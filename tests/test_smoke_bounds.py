@@ -5,8 +5,8 @@ or token count), the case runs `dspark smoke` in a child process whose address s
 capped (tests/support/bounded.py; torch alone needs about 1 GB of it) and whose run is
 timed; where it would be a wrong exit code or message, the app runs in-process
 (tests/support/cli.py). The refusal must come as exit code N, one `error:` line, no
-traceback, before anything is sized by the hostile number. Issue 11 items 9-11 and issue
-15's memory refusal:
+traceback, before anything is sized by the hostile number. The readers' bounds and the
+memory refusal:
 
 - a seed beyond torch.Generator's 64 bits (was: exit 1 at temperature > 0);
 - a target config.json whose num_hidden_layers is 2e7 or 2**40 (was: minutes building a

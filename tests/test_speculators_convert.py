@@ -1,4 +1,4 @@
-"""`dspark convert` of speculators-format drafters (issue 28, Deliver 1): the fixtures
+"""`dspark convert` of speculators-format drafters: the fixtures
 speculators' own save_pretrained wrote (golden/speculators/, golden/make_speculators_fixtures.py)
 convert to exactly the artifact tensors of their DeepSpec twins, record the source format,
 smoke against DeepSeek's own traces, and what the format cannot say is refused with its own

@@ -1,4 +1,4 @@
-"""`dspark export --engine speculators` (issue 28, Deliver 2) and speculators as an oracle
+"""`dspark export --engine speculators` and speculators as an oracle
 (Deliver 3), against speculators 0.9.0 itself, run in its own environment
 (tools/speculators.py; a skip without it, a failure under CI=true).
 

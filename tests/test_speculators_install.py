@@ -1,4 +1,4 @@
-"""tools/speculators.py, speculators' own environment, and how the tests find it (issue 28).
+"""tools/speculators.py, speculators' own environment, and how the tests find it.
 
 The install itself runs in `make test` (its `speculators` prerequisite) and the speculators
 tests use it. These cases: the cached install is whole and runs the pinned versions, with the

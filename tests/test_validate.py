@@ -1391,7 +1391,7 @@ def test_cli_strict_fails_a_warning(artifact):
 
 
 # --------------------------------------------------------------------------------------------
-# engines: --require, the engines table (issue 13)
+# engines: --require, the engines table
 # --------------------------------------------------------------------------------------------
 
 def test_cli_require_fails_the_engines_refusal_only(built):

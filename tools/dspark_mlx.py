@@ -1,5 +1,5 @@
 """dspark-mlx, installed from its registry packages: the second engine `dspark eval --engine
-dspark-mlx` runs beside the reference runtime and llama.cpp (issue 27).
+dspark-mlx` runs beside the reference runtime and llama.cpp.
 
 The one place that names the pinned versions. dspark-mlx 0.1.0 is a pure-Python package on
 PyPI; it runs on MLX, whose Linux CPU build is ``mlx[cpu]`` (``mlx`` with ``mlx-cpu``), and it

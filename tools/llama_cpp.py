@@ -1,4 +1,4 @@
-"""llama.cpp, built from its registry package: the engine the llama.cpp tests run (issue 20).
+"""llama.cpp, built from its registry package: the engine the llama.cpp tests run.
 
 The one place that names the pinned version. llama.cpp has no PyPI package of its own; the
 sdist of ``llama-cpp-python`` vendors it (``vendor/llama.cpp``), so that sdist, checked by
@@ -6,7 +6,7 @@ its SHA-256, is the source. ``make llama-cpp`` (and so ``make test``) runs ``bui
 
     python tools/llama_cpp.py build     # download, check, unpack, configure, build; reused
     python tools/llama_cpp.py path      # print the bin directory of a whole build (exit 1: none)
-    python tools/llama_cpp.py build --native   # -march=native, only to reproduce issue 25's
+    python tools/llama_cpp.py build --native   # -march=native, only to reproduce the
     python tools/llama_cpp.py path --native    # AMX crash (llama.cpp-<commit>-native/)
 
 The build lives outside the checkout, in ``$DSPARK_ENGINE_CACHE`` (default
@@ -80,7 +80,7 @@ CONVERTER = "convert_hf_to_gguf.py"
 BASE_OPTIONS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
                 "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                 "-DLLAMA_BUILD_SERVER=OFF")
-# Portable code, never -march=native (issue 25): a native build on a CPU with AMX repacks
+# Portable code, never -march=native: a native build on a CPU with AMX repacks
 # Q8_0/Q4_0 weights into AMX buffers and 0c1e570 crashes on a quantized DSpark drafter, so
 # the suite and the gate's verdict depended on the machine. The baseline is named in
 # build-info.json ("isa_baseline"): x86-64-v3 (AVX2, FMA, F16C, BMI2; no AVX-512, no AMX),
@@ -93,7 +93,7 @@ PORTABLE_OPTIONS = ("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-D
                     "-DGGML_AVX512_BF16=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
                     "-DGGML_AMX_BF16=OFF")
 CMAKE_OPTIONS = BASE_OPTIONS + PORTABLE_OPTIONS
-# The native build of issue 25's item 2: whatever this CPU has, AMX included. Only to
+# The native build: whatever this CPU has, AMX included. Only to
 # reproduce the AMX crash; `make test` never builds or runs it.
 NATIVE_OPTIONS = BASE_OPTIONS + ("-DGGML_NATIVE=ON",)
 INFO_FILE = "build-info.json"
@@ -169,7 +169,7 @@ def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str] | None:
 
 def cpu_has_amx(cpuinfo: Path | None = None) -> bool:
     """Whether this CPU has the AMX tiles and INT8 ops ggml repacks Q8_0/Q4_0 weights for
-    in a native build (issue 25's crash)."""
+    in a native build."""
     return {"amx_tile", "amx_int8"} <= (cpu_flags(cpuinfo) or frozenset())
 
 
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     for one in (b, p):
         one.add_argument("--native", action="store_true",
                          help="the -march=native build (llama.cpp-<commit>-native/), only to "
-                         "reproduce issue 25's AMX crash; the tests use the portable one")
+                         "reproduce the AMX crash (docs/REFERENCE.md §6); the tests use the portable one")
     args = parser.parse_args(argv)
     flag = " --native" if args.native else ""
     how = f"`python tools/llama_cpp.py build{flag}`" + ("" if args.native

@@ -1,6 +1,6 @@
 """speculators, installed from its registry package: the library whose format `dspark convert`
 reads and `dspark export --engine speculators` writes, run by the tests as the oracle of that
-format (issue 28).
+format.
 
 The one place that names the pinned version. speculators 0.9.0 (vllm-project/speculators on
 PyPI) declares requirements its DSpark and DFlash classes never import (torchaudio,

@@ -182,7 +182,7 @@ def printable_anywhere() -> None:
     """Under a locale whose encoding cannot hold every character (LC_ALL=C with
     PYTHONUTF8=0: ASCII), a line naming a path or a value with a non-ASCII character, or
     our own '…', would end the command with UnicodeEncodeError (exit 1) after its work was
-    done (issue 25: the gate's convert stage). Such characters are written as backslash
+    done (the gate's convert stage did). Such characters are written as backslash
     escapes there instead; files are always written as UTF-8, whatever the locale."""
     for stream in (sys.stdout, sys.stderr):
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")

@@ -1,5 +1,5 @@
 """`dspark eval --engine dspark-mlx[=PYTHON]`: dspark-mlx's own runs beside the reference
-runtime's (and llama.cpp's) on the eval's prompts (issue 27; docs/ENGINES.md "dspark-mlx").
+runtime's (and llama.cpp's) on the eval's prompts (docs/ENGINES.md "dspark-mlx").
 
 dspark-mlx reads DeepSpec's layout, so each artifact is handed to it as ``dspark export
 --engine deepspec`` writes it (commands/export_deepspec.py: config.json + model.safetensors,

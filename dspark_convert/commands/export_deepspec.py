@@ -1,4 +1,4 @@
-"""`dspark export --engine deepspec`: an artifact as the checkpoint DeepSpec saves (issue 27),
+"""`dspark export --engine deepspec`: an artifact as the checkpoint DeepSpec saves,
 the layout vLLM, SGLang and dspark-mlx read: ``config.json`` + one ``model.safetensors``.
 
 - The artifact must pass ``validate_artifact`` with the target (the pairing: geometry,

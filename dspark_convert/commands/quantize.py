@@ -1,5 +1,5 @@
 """`dspark quantize`: a quantized artifact from a BF16 one (docs/ARTIFACT_FORMAT.md, Quantized
-artifacts; issue 13).
+artifacts).
 
 What Strata's ``tools/dflash_quantize.py`` (``export``) does to a BF16 DFlash GGUF, with the
 project's guarantees around it:

@@ -1,4 +1,4 @@
-"""speculators' format and DeepSpec's, as one mapping table (issue 28; docs/SPECULATORS.md).
+"""speculators' format and DeepSpec's, as one mapping table (docs/SPECULATORS.md).
 
 vllm-project/speculators 0.9.0 (``speculators/models/dflash/config.py``,
 ``speculators/models/dspark/{config,core,model_definitions}.py``) trains DSpark and DFlash

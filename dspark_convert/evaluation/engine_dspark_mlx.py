@@ -1,5 +1,5 @@
 """dspark-mlx's own runs, read back as data: the engine `dspark eval --engine dspark-mlx` puts
-beside the reference runtime and llama.cpp (issue 27; docs/ENGINES.md "dspark-mlx").
+beside the reference runtime and llama.cpp (docs/ENGINES.md "dspark-mlx").
 
 dspark-mlx 0.1.0 is a Python library (no program to run on a prompt of token ids), so the
 eval runs a short script of its own, ``RUNNER`` below, in dspark-mlx's interpreter (the venv
@@ -23,7 +23,7 @@ accepted count (``TokenEvent``). The records go to a pipe of their own (the runn
 ``--records`` fd), one JSON object a line; dspark-mlx's, MLX's and the hosts' own output
 (stdout, stderr) is only kept for a message (its last lines).
 
-The records are hostile input as much as llama.cpp's log (issue 25):
+The records are hostile input as much as llama.cpp's log:
 
 - read as they come, bounded: a record at most ``LINE_LIMIT`` bytes, all of them at most
   what the prompts and max_new_tokens allow (``records_limit``), the engine's own output at

@@ -37,8 +37,8 @@ def _refuse_constant(name: str) -> object:
 
 def _finite_float(text: str) -> float:
     """A JSON number as its double; one too large for a double (``1e999``) is refused: it
-    would be read as infinity, the value the NaN/Infinity refusal keeps out (issue 25: a
-    gate baseline's tau of 1e999 was compared as inf)."""
+    would be read as infinity, the value the NaN/Infinity refusal keeps out (a gate
+    baseline's tau of 1e999 was once compared as inf)."""
     value = float(text)
     if value in (float("inf"), float("-inf")):
         shown = text if len(text) <= 40 else text[:37] + "..."

@@ -620,7 +620,7 @@ CASES: list[Case] = [
 ]
 
 
-# --- round 2: numbers, verbatim configs, manifests the GGUF contradicts ----------------------
+# --- numbers, verbatim configs, manifests the GGUF contradicts ----------------------
 
 TARGET_DIR = GOLDEN / "reference" / "target"
 
@@ -764,7 +764,7 @@ CASES += [
 ]
 
 
-# --- round 2, readers: bounded memory for headers and metadata (issue 11, items 7/10/12) ----
+# --- readers: bounded memory for headers and metadata ----
 # A header or metadata that is valid as far as its format goes but would grow 10-30 times
 # into Python objects is refused by the reader's own limits (safetensors_reader.py:
 # MAX_HEADER_ITEMS, MAX_HEADER_TENSORS, MAX_HEADER_TEXT_BYTES, MAX_INDEX_ITEMS;
@@ -903,7 +903,7 @@ def _replace_by_link(path: Path) -> None:
     path.symlink_to(Path("..") / outside.name)
 
 
-# --- issue 13: quantized artifacts (`dspark quantize`) and the engines' record ----------------
+# --- quantized artifacts (`dspark quantize`) and the engines' record ----------------
 # Each starts from the plain golden drafter quantized by the real `dspark quantize` code
 # (H = 32: every matrix holds whole 32-value blocks), then one byte patch breaks one rule,
 # keeping the file's layout (sizes and offsets) intact so that the rule itself refuses it.
@@ -997,7 +997,7 @@ CASES += [
 ]
 
 
-# --- issue 19: what a quantized manifest claims, confirmed against the file; JSON that
+# --- what a quantized manifest claims, confirmed against the file; JSON that
 # parses but cannot be written back; a matrix of a type no rule names ------------------------
 
 def _first_error(**values) -> Callable[[dict], None]:

@@ -1,6 +1,6 @@
 """Run the real `dspark` CLI in a child process under a memory and time bound.
 
-Used for the amplification cases (issue: hostile inputs, round 2): a refusal must come in
+Used for the amplification cases (hostile inputs): a refusal must come in
 bounded memory and time, so a regression fails the test instead of swapping the machine.
 The child's address space is capped with ``RLIMIT_AS`` before it starts; going over the cap
 makes an allocation fail inside the child (a MemoryError, exit 1 "internal error"), which

@@ -1,4 +1,4 @@
-"""dspark-mlx for the tests: the one way a test finds the engine's interpreter (issue 27). The
+"""dspark-mlx for the tests: the one way a test finds the engine's interpreter. The
 install is tools/dspark_mlx.py's (`make dspark-mlx`; `make test` installs it when missing).
 
 Where the install is missing a test skips, except under CI (``CI=true``), where it FAILS: the

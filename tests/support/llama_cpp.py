@@ -1,5 +1,5 @@
 """llama.cpp for the tests: the one way a test finds the engine, runs its converter and its
-binaries (issue 20). The build is tools/llama_cpp.py's (`make llama-cpp`; `make test` builds
+binaries. The build is tools/llama_cpp.py's (`make llama-cpp`; `make test` builds
 it when missing).
 
 Where the build is missing a test skips, except under CI (``CI=true``), where it FAILS: the
@@ -25,7 +25,7 @@ from dspark_convert.evaluation.engine_llama_cpp import SPEC_TYPES, rerun_while_c
 # tools/llama_cpp.py imports tools/engine_cache.py, beside it, by its plain name.
 build = load_tool("tools/llama_cpp.py", siblings=("engine_cache",))
 
-# What every speculative run of the tests uses (docs/REFERENCE.md §6b, issue 20).
+# What every speculative run of the tests uses (docs/REFERENCE.md §6b).
 SPEC_ARGS = ("--spec-draft-n-max", "7", "--spec-draft-p-min", "0", "--temp", "0", "-lv", "4")
 SECONDS = 120
 # llama.cpp 0c1e570 loses the last lines of a run's log, the statistics line or the generated

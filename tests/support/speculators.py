@@ -1,5 +1,5 @@
 """speculators for the tests: the one way a test finds the interpreter of speculators' own
-environment and runs a script with it (issue 28). The install is tools/speculators.py's
+environment and runs a script with it. The install is tools/speculators.py's
 (`make speculators`; `make test` installs it when missing).
 
 Where the install is missing a test skips, except under CI (``CI=true``), where it FAILS: the

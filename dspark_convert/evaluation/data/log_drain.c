@@ -18,7 +18,7 @@
  * it does not wait at all: the eval's rerun of a cut log is the fallback.
  *
  * A run that dies by a signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) loses its queued
- * lines the same way, and those are the lines that say why it died (issue 25: on a CPU with
+ * lines the same way, and those are the lines that say why it died (on a CPU with
  * AMX a native build crashes on a quantized drafter right after "AMX model buffer size").
  * So a handler for those signals does the same bounded wait, then restores the default
  * action and raises the signal again: the process still dies by that signal (its exit
