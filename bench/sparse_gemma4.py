@@ -6,7 +6,7 @@ shapes, not on the values, so every weight is zero and ``model.safetensors`` is 
 followed by a hole (23.8 GB of target in a few kB of disk; reading a hole returns zeros).
 
 - The TARGET (``target_config``): the Gemma4 golden target's config.json (golden/reference/
-  gemma4/target/: the gemma4_unified form REFERENCE_GEMMA4.md section 6 quotes, tied
+  gemma4/target/: the gemma4_unified form docs/REFERENCE.md §10.6 quotes, tied
   embedding, softcap 30, bos 2 / eos 1 / pad 0, the sliding layers' default RoPE 1e4 and
   the full ones' proportional 0.25 at 1e6, k_eq_v) with google/gemma-4-12B-it's sizes from
   section 6 (``GEMMA4_12B``: H 3840, 48 layers, 5 sliding : 1 full with the full ones at 5,
@@ -81,7 +81,7 @@ class Gemma4Geometry:
     markov_rank: int = 256
 
 
-# google/gemma-4-12B-it (REFERENCE_GEMMA4.md section 6, third-party quotes) and DeepSeek's
+# google/gemma-4-12B-it (docs/REFERENCE.md §10.6, third-party quotes) and DeepSeek's
 # released drafter for it (the quoted config.json: taps [5, 17, 29, 41, 46], 5 draft
 # layers, vanilla Markov head r 256): drafter_config(GEMMA4_12B) is that config.json.
 GEMMA4_12B = Gemma4Geometry(
@@ -98,7 +98,7 @@ def layer_types(g: Gemma4Geometry) -> list[str]:
 
 
 def target_config(g: Gemma4Geometry) -> dict:
-    """The golden Gemma4 target's config.json (the gemma4_unified form REFERENCE_GEMMA4.md
+    """The golden Gemma4 target's config.json (the gemma4_unified form docs/REFERENCE.md §10.6
     quotes: architectures, model_type, tied embedding, bos 2 / eos 1 / pad 0, softcap 30,
     the RoPE of each kind of layer, GELU-tanh, k_eq_v) with ``g``'s sizes."""
     config = json.loads((GOLDEN_TARGET / "config.json").read_text())

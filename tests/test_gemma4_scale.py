@@ -3,7 +3,7 @@ DSpark drafter, as all-zero sparse checkpoints (bench/sparse_gemma4.py), and the
 estimate smoke makes for them before loading (runtime/memory.py).
 
 - The sparse 12B target is gemma-4-12B-it's text path: its parameter count and KV cache
-  per position computed here by hand from REFERENCE_GEMMA4.md section 6 (40 sliding layers
+  per position computed here by hand from docs/REFERENCE.md §10.6 (40 sliding layers
   with 8 KV heads of 256 and a v_proj, 8 full ones with 1 KV head of 512 and none), not
   from the runtime's table; the drafter is the released config and shapes.
 - The caches the estimate counts are the tensors the runtime holds: on the tiny Gemma4
@@ -55,7 +55,7 @@ CPU = torch.device("cpu")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 RELEASED_SHAPES = GOLDEN / "reference" / "released_shapes.json"
 
-# gemma-4-12B-it's text path, by hand from REFERENCE_GEMMA4.md section 6.
+# gemma-4-12B-it's text path, by hand from docs/REFERENCE.md §10.6.
 H, I, V, HEADS = 3840, 15360, 262144, 16
 SLIDING = (8, 256)                  # KV heads, head_dim (with v_proj)
 FULL = (1, 512)                     # global KV heads, global_head_dim (k_eq_v: no v_proj)

@@ -134,7 +134,7 @@ class _OnePlusWeight(G.Gemma4Drafter):
                          ids=["full-rope", "no-softcap", "unscaled-embedding", "one-plus-weight"])
 def test_the_tolerances_catch_each_slip(artifacts, target, name, slip, stage):
     """Each port mistake fails the stage bounds, the RoPE slip included (tau alone does
-    not catch it: shared/REFERENCE_GEMMA4.md §4)."""
+    not catch it: docs/REFERENCE.md §10.4)."""
     ref, fb = _reference(name)
     drafter = slip(load_drafter_weights(artifacts[name]), embed=target.embed,
                    lm_head=target.lm_head, device=CPU)

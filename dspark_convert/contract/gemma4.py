@@ -8,7 +8,7 @@ Gemma4TextConfig defaults more. The family is chosen by ``architectures``
 (contract/families.py), never by model_type: both forms read the same.
 
 What the drafter uses differs from Qwen3's (the facts, with DeepSpec's lines:
-shared/REFERENCE_GEMMA4.md): its attention has the target's *global* geometry
+docs/REFERENCE.md §10): its attention has the target's *global* geometry
 (``global_head_dim``; ``num_global_key_value_heads`` under ``attention_k_eq_v``, else
 ``num_key_value_heads``), no v_proj under k_eq_v, attention scale 1.0, proportional partial
 RoPE from ``rope_parameters["full_attention"]``, GELU-tanh, four norms and a layer scalar per

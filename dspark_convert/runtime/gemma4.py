@@ -3,7 +3,7 @@ Gemma4 DSpark drafter (contract/families.py names this module for the family).
 
 The target (``gemma4`` / ``gemma4_unified``, google/gemma-4-12B-it's family) read from its
 HF safetensors directory, as transformers 5.10.2's Gemma4TextModel computes it
-(shared/REFERENCE_GEMMA4.md has the facts and DeepSpec's lines):
+(docs/REFERENCE.md §10 has the facts and DeepSpec's lines):
 
 - embedding ``E[ids] * sqrt(H)``, the scale rounded to the compute dtype first (a
   non-persistent buffer cast to the weight's dtype: 62.0 for H 3840 in bfloat16);
