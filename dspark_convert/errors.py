@@ -939,6 +939,29 @@ class AssistantTargetError(RuntimeRefusal):
     exit_code = 153
 
 
+# --- llama.cpp 0c1e570 and the DFlash2 / Gemma 4 assistant drafters -------------------------
+
+class LlamaCppDFlash2Error(ExportRefusal):
+    """A DFlash2 drafter llama.cpp 0c1e570 cannot run as the reference runtime computes it,
+    or a target GGUF it cannot run beside: sliding layers that are block-causal
+    (sliding_window_non_causal false: llama.cpp's DFlash graph has one mask for every
+    layer), a hidden size below top_k x (top_k + 1) or not a multiple of conv_group_size
+    (src/models/dflash.cpp refuses both), a target GGUF of another architecture, hidden
+    size, vocabulary or layer count than the drafter's."""
+    exit_code = 157
+
+
+class LlamaCppAssistantError(ExportRefusal):
+    """A Gemma 4 assistant llama.cpp 0c1e570 cannot run as the reference runtime computes
+    it, or a target GGUF it cannot run beside: ordered (centroid-masked) embeddings
+    (llama.cpp drops them and computes dense logits), a hidden size equal to the
+    backbone's or K and V head sizes that differ (src/models/gemma4-assistant.cpp refuses
+    both), a target GGUF that is not gemma4, of another hidden size or vocabulary, or whose
+    last two layers are not [sliding, full] (llama.cpp's assistant reads the KV of those two
+    layers) of the assistant's geometry."""
+    exit_code = 158
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1
