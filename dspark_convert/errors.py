@@ -962,6 +962,32 @@ class LlamaCppAssistantError(ExportRefusal):
     exit_code = 158
 
 
+# --- DFlash2 and Gemma 4 assistant artifacts (convert, validate, the runtime's loaders) -------
+
+class DFlash2TargetError(TargetError):
+    """A DFlash2 drafter and the target it is converted or validated against disagree: a
+    target that is not a Qwen3 model, another hidden size (fc reads m x hidden_size
+    features) or vocabulary (the selector's codebooks index it), a tapped hidden state the
+    target does not have (aux_hidden_state_layer_ids are HF hidden_states indices, 0 the
+    embedding, num_hidden_layers the last), or an embedding hash other than the one the
+    artifact recorded."""
+    exit_code = 154
+
+
+class KindTargetRequiredError(TargetError):
+    """A DFlash2 drafter or a Gemma 4 assistant converted without --target: neither
+    records what only its target holds (the embedding it reads, the hidden size, layers
+    and KV it is checked against), so the artifact is made against one."""
+    exit_code = 155
+
+
+class ArtifactKindError(ArtifactError):
+    """An artifact handed to the loader of another drafter kind (a DSpark artifact to the
+    DFlash2 runtime, a DFlash2 one to the assistant's), or a directory that is neither an
+    artifact nor a checkpoint of the kind."""
+    exit_code = 156
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1
