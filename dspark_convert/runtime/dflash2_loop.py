@@ -22,7 +22,8 @@ over the K scores, with a K-way rejection sampler), so a temperature above 0 is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,7 +31,8 @@ from dspark_convert.errors import DFlash2RunError
 from dspark_convert.runtime.dflash2 import DFlash2Drafter
 from dspark_convert.runtime.qwen3 import KVCache, Qwen3Target
 from dspark_convert.runtime.sampling import check_temperature, probs_from_logits
-from dspark_convert.runtime.speculative import TARGET_LOGITS, prefill, verify, verify_forward
+from dspark_convert.runtime.speculative import (TARGET_LOGITS, prefill, synchronize, verify,
+                                               verify_forward)
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,33 @@ class DFlash2Cycle:
 
 
 @dataclass(frozen=True)
+class CycleTiming:
+    """One cycle's wall time (device-synchronised), for `dspark eval` and `serve-bench`; kept
+    beside the cycles (``DFlash2Run.timings``), not in them: a cycle is the fixture's record."""
+
+    draft_seconds: float       # the drafter: this proposal + the context cells it commits
+    verify_seconds: float      # the target's verify forward over [anchor, drafts]
+    end_seconds: float         # the cycle's end, from the run's start (its tokens committed)
+
+
+@dataclass(frozen=True)
 class DFlash2Run:
     prompt: tuple[int, ...]
     output_ids: tuple[int, ...]              # prompt included
     acceptance_lengths: tuple[int, ...]      # accepted + 1 per cycle (accepted at a stop)
     cycles: tuple[DFlash2Cycle, ...]
+    # Times (not compared: two runs of the same inputs are equal runs).
+    timings: tuple[CycleTiming, ...] = field(default=(), compare=False)   # one per cycle
+    prefill_seconds: float = field(default=0.0, compare=False)  # prefill + first cells
+    total_seconds: float = field(default=0.0, compare=False)    # the whole generation
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids) - len(self.prompt)
+
+    @property
+    def draft_seconds(self) -> float:
+        return sum(t.draft_seconds for t in self.timings)
 
 
 def check_greedy(temperature: object) -> float:
@@ -76,6 +100,8 @@ def dflash2_generate(target: Qwen3Target, drafter: DFlash2Drafter, prompt: list[
     so that the output equals the target's own greedy output in bfloat16 too."""
     check_greedy(temperature)
     device = target.device
+    synchronize(device)
+    t_begin = time.perf_counter()
     cache = KVCache()
     drafter.reset()
     taps = drafter.hidden_state_indices
@@ -84,19 +110,27 @@ def dflash2_generate(target: Qwen3Target, drafter: DFlash2Drafter, prompt: list[
     out, first = prefill(target, prompt, cache, keep=taps)
     x = list(prompt) + [first]
     cycles: list[DFlash2Cycle] = []
+    timings: list[CycleTiming] = []
     start = P
     stopped = x[P] in stop_token_ids
     if not stopped:
         drafter.add_context(drafter.features(out.hidden_states))
+    synchronize(device)
+    prefill_seconds = time.perf_counter() - t_begin
     # The anchor x[start] is committed (the target chose it): the run ends once the output
     # holds max_new_tokens new tokens, anchor included, as the fixture's loop ends.
     # (runtime/speculative.py's DeepSpec loop verifies once more from a final anchor.)
     while not stopped and start + 1 < max_length:
         anchor = x[start]
+        t0 = time.perf_counter()
         proposal = drafter.propose(anchor)
         draft = proposal.tokens.tolist()
+        synchronize(device)
+        t1 = time.perf_counter()
         verify_ids = torch.tensor([anchor, *draft], dtype=torch.long, device=device)
         out = verify_forward(target, verify_ids, cache, keep=taps, stepwise=stepwise_verify)
+        synchronize(device)
+        t2 = time.perf_counter()
         p = probs_from_logits(out.logits, 0.0, what=TARGET_LOGITS)
         accepted, next_token, stopped = verify(p, None, draft, stop_token_ids=stop_token_ids)
         committed = draft[:accepted] if stopped else [*draft[:accepted], next_token]
@@ -108,12 +142,22 @@ def dflash2_generate(target: Qwen3Target, drafter: DFlash2Drafter, prompt: list[
             selector_chosen_index=tuple(proposal.chosen_index.tolist())))
         start += len(committed)
         if stopped:
+            timings.append(CycleTiming(draft_seconds=t1 - t0, verify_seconds=t2 - t1,
+                                       end_seconds=time.perf_counter() - t_begin))
             break
         cache.crop(start)
         # Context cells after verification: the anchor and the accepted drafts.
+        t3 = time.perf_counter()
         drafter.add_context(drafter.features(out.hidden_states)[: accepted + 1])
+        synchronize(device)
+        t4 = time.perf_counter()
+        timings.append(CycleTiming(draft_seconds=(t1 - t0) + (t4 - t3), verify_seconds=t2 - t1,
+                                   end_seconds=t4 - t_begin))
         stopped = next_token in stop_token_ids
     output = x[: min(start + 1, max_length)]
+    synchronize(device)
     return DFlash2Run(prompt=tuple(prompt), output_ids=tuple(output),
                       acceptance_lengths=tuple(len(c.committed) for c in cycles),
-                      cycles=tuple(cycles))
+                      cycles=tuple(cycles), timings=tuple(timings),
+                      prefill_seconds=prefill_seconds,
+                      total_seconds=time.perf_counter() - t_begin)

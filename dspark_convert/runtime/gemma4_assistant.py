@@ -39,7 +39,8 @@ target's own samples.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -55,7 +56,7 @@ from dspark_convert.runtime.loading import (StoredModel, TensorLoader, source_te
                                             source_truncated)
 from dspark_convert.runtime.qwen3 import KVCache
 from dspark_convert.runtime.sampling import pick, probs_from_logits
-from dspark_convert.runtime.speculative import TARGET_LOGITS, verify
+from dspark_convert.runtime.speculative import TARGET_LOGITS, synchronize, verify
 
 KVMode = Literal["clean_kv", "transformers"]
 KV_MODES: tuple[str, ...] = ("clean_kv", "transformers")
@@ -261,6 +262,16 @@ class AssistantCycle:
 
 
 @dataclass(frozen=True)
+class AssistantTiming:
+    """One cycle's wall time (device-synchronised), for `dspark eval` and `serve-bench`;
+    beside the cycles (``AssistantRun.timings``), not in them."""
+
+    draft_seconds: float       # the assistant's steps + handing it the next cycle's KV
+    verify_seconds: float      # the target's forward over [anchor, drafts] and the verify
+    end_seconds: float         # the cycle's end, from the run's start (its tokens committed)
+
+
+@dataclass(frozen=True)
 class AssistantRun:
     prompt: tuple[int, ...]
     output_ids: tuple[int, ...]            # prompt included
@@ -269,10 +280,18 @@ class AssistantRun:
     mode: str
     temperature: float
     seed: int | None
+    # Times (not compared: two runs of the same inputs are equal runs).
+    timings: tuple[AssistantTiming, ...] = field(default=(), compare=False)  # one per cycle
+    prefill_seconds: float = field(default=0.0, compare=False)  # prefill and first pick
+    total_seconds: float = field(default=0.0, compare=False)    # the whole generation
 
     @property
     def new_tokens(self) -> int:
         return len(self.output_ids) - len(self.prompt)
+
+    @property
+    def draft_seconds(self) -> float:
+        return sum(t.draft_seconds for t in self.timings)
 
 
 def _check_mode(mode: str) -> None:
@@ -303,6 +322,8 @@ def assisted_generate(target: Gemma4Target, assistant: Gemma4Assistant, prompt: 
     window = target.config.text.sliding_window
     layers = assistant.kv_layers
     P, max_length = len(prompt), len(prompt) + max_new_tokens
+    synchronize(device)
+    t_begin = time.perf_counter()
     cache = KVCache()
     out = target.forward(torch.tensor(prompt, dtype=torch.long, device=device), cache,
                          keep=final)
@@ -311,18 +332,26 @@ def assisted_generate(target: Gemma4Target, assistant: Gemma4Assistant, prompt: 
     shared = clean_shared_kv(cache, layers, P)
     h = out.hidden_states[-1][-1]
     cycles: list[AssistantCycle] = []
+    timings: list[AssistantTiming] = []
     acceptance: list[int] = []
     done = x[-1] in stop_token_ids
+    synchronize(device)
+    prefill_seconds = time.perf_counter() - t_begin
     while not done and len(x) < max_length:
         anchor_at = len(x) - 1
         count = min(per_cycle, max_length - len(x) - 1)
+        t0 = time.perf_counter()
         draft, q = assistant.draft(x[-1], h, anchor_at, shared, max(count, 0),
                                    temperature=temperature, generator=generator)
+        synchronize(device)
+        t1 = time.perf_counter()
         ids = torch.tensor([x[-1], *draft], dtype=torch.long, device=device)
         out = target.forward(ids, cache, keep=final)
         p = probs_from_logits(out.logits, temperature, what=TARGET_LOGITS)
         accepted, next_token, stopped = verify(p, q, draft, stop_token_ids=stop_token_ids,
                                                generator=generator)
+        synchronize(device)
+        t2 = time.perf_counter()
         cycles.append(AssistantCycle(anchor=x[-1], position=anchor_at, proposed=tuple(draft),
                                      shared_kv_lengths=(tuple(sorted(shared.lengths().items()))
                                                         if draft else ()),
@@ -330,6 +359,8 @@ def assisted_generate(target: Gemma4Target, assistant: Gemma4Assistant, prompt: 
         x.extend(draft[:accepted])
         if stopped:
             acceptance.append(accepted)
+            timings.append(AssistantTiming(draft_seconds=t1 - t0, verify_seconds=t2 - t1,
+                                           end_seconds=time.perf_counter() - t_begin))
             break
         x.append(next_token)
         acceptance.append(accepted + 1)
@@ -341,6 +372,13 @@ def assisted_generate(target: Gemma4Target, assistant: Gemma4Assistant, prompt: 
         if mode == "clean_kv":
             shared = clean_shared_kv(cache, layers, len(x) - 1)
         h = out.hidden_states[-1][accepted]
+        synchronize(device)
+        t3 = time.perf_counter()
+        timings.append(AssistantTiming(draft_seconds=(t1 - t0) + (t3 - t2),
+                                       verify_seconds=t2 - t1, end_seconds=t3 - t_begin))
+    synchronize(device)
     return AssistantRun(prompt=tuple(prompt), output_ids=tuple(x[:max_length]),
                         acceptance_lengths=tuple(acceptance), cycles=tuple(cycles), mode=mode,
-                        temperature=temperature, seed=seed if generator is not None else None)
+                        temperature=temperature, seed=seed if generator is not None else None,
+                        timings=tuple(timings), prefill_seconds=prefill_seconds,
+                        total_seconds=time.perf_counter() - t_begin)
