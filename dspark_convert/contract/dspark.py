@@ -137,7 +137,7 @@ class TensorSpec(_Contract):
     shape: list[int]                  # torch order [out, in]
     gguf_shape: list[int]             # GGUF order [ne0 = in, ne1 = out]
     shape_expr: list[str]             # the table's expressions, for messages and docs
-    kind: Literal["matrix", "norm", "bias", "embedding", "scalar"]
+    kind: Literal["matrix", "norm", "bias", "embedding", "scalar", "conv", "codebook"]
     required: bool
 
 
