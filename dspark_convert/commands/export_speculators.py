@@ -114,8 +114,12 @@ def export_speculators(artifact: str | os.PathLike, target: str | os.PathLike | 
     it (config.json, model.safetensors), its verifier ``target`` (a model directory,
     ``org/name@<commit>``, or an open ``target.Target``), paired with the artifact first.
     Raises a DSparkError subclass for every refusal and writes nothing then."""
+    from dspark_convert.commands import export_speculators_dflash2 as dflash2
     from dspark_convert.source.checkpoint import SpeculatorsOptions, open_source
 
+    if dflash2.is_dflash2(artifact):     # a DFlash2 drafter: its own export, by kind
+        return dflash2.export_speculators_dflash2(artifact, target, output, force=force,
+                                                  progress=progress)
     progress = progress or NoProgress()
     # Refused from the header, before a target or a weight is read.
     inputs = export_inputs(artifact, target, output, force=force, progress=progress,
