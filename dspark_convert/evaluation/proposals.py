@@ -192,11 +192,14 @@ class ReferenceProposer:
 
 
 def check_lines(lines: Sequence[TraceLine], proposer: ReferenceProposer, *,
-                progress: Progress | None = None) -> ProposalCheck:
+                progress: Progress | None = None,
+                proposals: dict[int, tuple[int, ...]] | None = None) -> ProposalCheck:
     """Compare every line's draft with the reference's proposal from its context: the one
     check (`dspark conform`, `dspark eval --engine`). Lines are run in the order of their
     contexts, so that shared prefixes are prefilled once; the result is the same in any
-    order. An empty draft compares nothing."""
+    order. An empty draft compares nothing. ``proposals``: when given, receives the
+    reference's proposal of every compared line, by its index in ``lines`` (conform's
+    tables by depth and its diagnosis read them)."""
     progress = progress or NoProgress()
     width = max((len(x.draft) for x in lines), default=0)
     pos_compared, pos_equal = [0] * width, [0] * width
@@ -214,6 +217,8 @@ def check_lines(lines: Sequence[TraceLine], proposer: ReferenceProposer, *,
                 context = x.context
                 ref, last = proposer.propose(context[:-1], int(context[-1])), x.packed
             compared += 1
+            if proposals is not None:
+                proposals[i] = ref
             first = None
             for k, tok in enumerate(x.draft):
                 pos_compared[k] += 1

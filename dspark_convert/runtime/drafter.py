@@ -164,6 +164,11 @@ class DSparkDrafter:
         v = split_heads(linear(x, self.w[p + "v_proj.weight"]), self.kv_heads, self.head_dim)
         return k, v
 
+    def _block_start(self, drafter: DSparkDrafter) -> int:
+        """The position of a drafter's block's first row (the anchor): right after its
+        context cells. A seam for runtime/misreadings.py (a block seeded one early)."""
+        return drafter.length
+
     # The backbone's family hooks (runtime/gemma4.py overrides them): the block's input
     # rows, attention over context and block, and the rest of a layer once attention gave a.
     def _embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -197,7 +202,7 @@ class DSparkDrafter:
         ids = torch.full((B * len(anchors),), self.mask_token_id, dtype=torch.long,
                          device=self.device)
         ids[::B] = torch.tensor(list(anchors), dtype=torch.long, device=self.device)
-        where = packed_positions([d.length for d in drafters], lengths, self.device)
+        where = packed_positions([self._block_start(d) for d in drafters], lengths, self.device)
         h = self._embed_rows(ids)
         if stages is not None:
             stages["noise_embedding"] = h
