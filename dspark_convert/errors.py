@@ -988,6 +988,16 @@ class ArtifactKindError(ArtifactError):
     exit_code = 156
 
 
+# --- `dspark conform --diagnose` (exit codes 162-164; evaluation/misreadings.py) --------------
+
+class MisreadingDiagnosedError(DraftMismatchError):
+    """`dspark conform --diagnose`: the engine's drafts are not the reference runtime's,
+    and one named misreading of the table in docs/CONFORMANCE.md (or a pair of them)
+    reproduces every differing draft diagnosed: named with its fix. Still a failure; a
+    diagnosis that explains only some of them, or none, is DraftMismatchError (97)."""
+    exit_code = 162
+
+
 class InternalError(DSparkError):
     """A bug: an unexpected exception; --debug shows its traceback."""
     exit_code = 1
