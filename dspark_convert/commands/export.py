@@ -567,3 +567,335 @@ def _read_back(path: Path, plan: list[_Planned], shown: Path) -> None:
     table = [(t.name, t.ggml_type.name, tuple(t.shape)) for t in written.tensors]
     if table != [(t.name, t.type, t.gguf_shape) for t in plan]:
         raise InternalError(f"{shown}: the tensor table read back differs from the plan")
+
+
+# --- DFlash2 and the Gemma 4 assistant: from their checkpoints ---------------------------------
+# artifact/llama_cpp_dflash2.py and artifact/llama_cpp_assistant.py hold the layouts; these
+# write them from the runtime's plan of a checkpoint (runtime/dflash2.plan_drafter,
+# runtime/gemma4_assistant.plan_assistant: a directory is planned first), so what llama.cpp
+# runs is what the reference runtime computes from the same bytes.
+
+@dataclass(frozen=True)
+class DrafterExportResult:
+    output: Path
+    engine: str                        # "llama.cpp"
+    kind: str                          # "dflash2" | "gemma4-assistant"
+    spec_type: str                     # the --spec-type llama.cpp runs it with
+    n_max: int                         # the --spec-draft-n-max of the reference's block
+    size: int
+    sha256: str                        # of the written file
+    tensors: int
+    checks: tuple[Check, ...]          # the target GGUF against the drafter, in order
+
+
+# The llama_ftype a file of these matrices is (include/llama.h): BF16 32, F16 1, F32 0.
+_FTYPES = {"BF16": 32, "F16": 1, "F32": 0}
+_GGML_OF = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
+def _stored_bytes(spec, how: str) -> tuple[str, bytes]:
+    """(ggml type, bytes) of one checkpoint tensor as the file stores it: ``matrix`` in its
+    own element type, ``f32`` widened exactly."""
+    dtype = str(spec.dtype).removeprefix("torch.")
+    stored = _GGML_OF.get(dtype)
+    if stored is None:
+        raise InternalError(f"{spec.file}: tensor '{spec.name}' is {dtype}; the plan admits "
+                            "float types only")
+    with open(spec.file, "rb") as fh:
+        fh.seek(spec.offset)
+        raw = fh.read(spec.nbytes)
+    if len(raw) != spec.nbytes:
+        raise IntegrityError(f"{spec.file}: tensor '{spec.name}' ends past the end of the file",
+                             path=str(spec.file), tensor=spec.name,
+                             expected=f"{spec.nbytes} bytes", found=f"{len(raw)} bytes")
+    if how == "matrix" or stored == "F32":
+        return stored, raw
+    if stored == "BF16":
+        return "F32", (np.frombuffer(raw, dtype="<u2").astype("<u4") << 16).tobytes()
+    return "F32", np.frombuffer(raw, dtype="<f2").astype("<f4").tobytes()
+
+
+def _target_tokenizer(target: GGUFFile, label: str, *, arch: str, hidden: int, vocab: int,
+                      error: type[DSparkError]) -> tuple[dict, tuple[KeyValue, ...]]:
+    """The target GGUF's architecture, hidden size and vocabulary against the drafter's
+    (``error``), and its tokenizer keys as the drafter file carries them."""
+    got_arch = target.kv.get("general.architecture")
+    got_arch = got_arch.value if got_arch is not None else None
+    if got_arch != arch:
+        raise error(f"{label}: metadata key 'general.architecture' is {got_arch!r}; expected "
+                    f"'{arch}', the drafter's target architecture", path=label,
+                    field="general.architecture", expected=arch, found=str(got_arch))
+
+    def value(key: str):
+        v = target.kv.get(key)
+        return None if v is None else v.value
+
+    got_hidden = value(f"{arch}.embedding_length")
+    if got_hidden != hidden:
+        raise error(f"{label}: metadata key '{arch}.embedding_length' is {got_hidden}; expected "
+                    f"{hidden}, the hidden size the drafter reads (is this its target?)",
+                    path=label, field=f"{arch}.embedding_length", expected=hidden,
+                    found=got_hidden)
+    for key in L.TOKENIZER_REQUIRED:
+        if key not in target.kv:
+            raise error(f"{label}: metadata key '{key}' is missing; expected the target's "
+                        "tokenizer embedded", path=label, field=key, expected="present",
+                        found="missing")
+    tokens = value("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or len(tokens) != vocab:
+        found = len(tokens) if isinstance(tokens, list) else None
+        raise error(f"{label}: metadata key 'tokenizer.ggml.tokens' holds {found} tokens; "
+                    f"expected {vocab}, the drafter's vocabulary", path=label,
+                    field="tokenizer.ggml.tokens", expected=vocab, found=found)
+    embedding = next((t for t in target.tensors if t.name == L.TARGET_EMBEDDING), None)
+    if embedding is None or tuple(embedding.shape) != (hidden, vocab):
+        found = "missing" if embedding is None else list(embedding.shape)
+        raise error(f"{label}: tensor '{L.TARGET_EMBEDDING}' is {found}; expected GGUF shape "
+                    f"{[hidden, vocab]} (llama.cpp binds the drafter's embedding to it)",
+                    path=label, tensor=L.TARGET_EMBEDDING, expected=[hidden, vocab],
+                    found=found)
+    copied = {k: v for k, v in target.kv.items()
+              if k.startswith(L.TOKENIZER_PREFIX) and k != L.MASK_KEY}
+    for key, v in copied.items():
+        _refuse_uncopyable(key, v, label)
+    return ({k: v.value for k, v in target.kv.items()},
+            tuple((k, v.value, v.type, v.sub_type) for k, v in copied.items()))
+
+
+def _write_drafter(out: Path, arch: str, entries: list[KeyValue],
+                   tensors: list[tuple[str, tuple[int, ...], str, bytes]], *,
+                   force: bool) -> tuple[int, str]:
+    """One GGUF file: header_of's header, then each tensor padded; returns (size, sha256)."""
+    infos = [(name, list(shape), len(data), GGMLQuantizationType[ggml])
+             for name, shape, ggml, data in tensors]
+    result: dict[str, object] = {}
+
+    def write(fh) -> None:
+        try:
+            header = header_of(arch, entries, infos,
+                               Path(fh.name).with_name(Path(fh.name).name + ".header"))
+        except OSError as exc:
+            raise write_error(exc, out) from None
+        digest = hashlib.sha256()
+        size = 0
+        for chunk in (header, *(data + bytes(padded(len(data)) - len(data))
+                                for *_, data in tensors)):
+            fh.write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
+        fh.flush()
+        written = read_gguf(Path(fh.name))
+        table = [(t.name, t.ggml_type.name) for t in written.tensors]
+        if table != [(name, ggml) for name, _, ggml, _ in tensors]:
+            raise InternalError(f"{out}: the tensor table read back differs from the plan")
+        result["size"], result["sha"] = size, digest.hexdigest()
+
+    atomic_file(out, write, force=force)
+    return int(result["size"]), str(result["sha"])
+
+
+def _outputs(output, sources: list[tuple[Path, str]], force: bool) -> Path:
+    [out] = check_outputs([Output(output, "the output", directory=False)], sources, force=force)
+    return out
+
+
+def _file_type(types: set[str]) -> int:
+    matrices = types - {"F32"} or {"F32"}
+    return _FTYPES[sorted(matrices)[0]]
+
+
+def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
+                             output: str | os.PathLike, *, force: bool = False
+                             ) -> DrafterExportResult:
+    """Write ``output``, a speculators DFlash2 drafter as llama.cpp 0c1e570 runs it beside
+    ``target_gguf`` (artifact/llama_cpp_dflash2.py): ``plan_or_dir`` is
+    runtime/dflash2.plan_drafter's plan or what it plans (a checkpoint directory).
+    Run it with ``--spec-type draft-dflash --spec-draft-n-max block_size - 1``.
+    LlamaCppDFlash2Error (157) for what llama.cpp cannot run as the runtime computes it or
+    a target GGUF that is not the drafter's; nothing is written then."""
+    from dspark_convert.artifact import llama_cpp_dflash2 as D
+    from dspark_convert.errors import LlamaCppDFlash2Error
+    from dspark_convert.runtime.dflash2 import DFlash2Plan, plan_drafter
+
+    plan = plan_or_dir if isinstance(plan_or_dir, DFlash2Plan) else plan_drafter(plan_or_dir)
+    cfg, layer = plan.config, plan.config.layer
+    label = str(plan.directory / "config.json")
+    target_path = Path(target_gguf)
+    out = _outputs(output, [(plan.directory, "the drafter"), (target_path, "the target GGUF")],
+                   force)
+    H, K = cfg.hidden_size, cfg.selector_top_k
+    sliding = [t == "sliding_attention" for t in layer.layer_types]
+    if any(sliding) and not cfg.sliding_window_non_causal:
+        raise LlamaCppDFlash2Error(
+            f"{label}: field 'sliding_window_non_causal' is false: the sliding layers' block is "
+            f"block-causal, which llama.cpp {L.LLAMA_CPP_COMMIT}'s DFlash graph cannot compute "
+            "(one attention mask for every layer)", path=label,
+            field="sliding_window_non_causal", expected="true", found="false")
+    if H < K * (K + 1) or H % cfg.conv_group_size:
+        raise LlamaCppDFlash2Error(
+            f"{label}: hidden size {H} with selector_top_k {K} and conv_group_size "
+            f"{cfg.conv_group_size}; llama.cpp {L.LLAMA_CPP_COMMIT} needs H >= K (K + 1) = "
+            f"{K * (K + 1)} and H a multiple of conv_group_size (src/models/dflash.cpp packs "
+            "the selector's K x K scores into one hidden row)", path=label,
+            field="transformer_layer_config.hidden_size",
+            expected=f">= {K * (K + 1)}, a multiple of {cfg.conv_group_size}", found=H)
+    target_label = str(target_path)
+    target = _read_target(target_path)
+    target_kv, tokenizer = _target_tokenizer(target, target_label, arch=D.TARGET_ARCHITECTURE,
+                                             hidden=H, vocab=cfg.vocab_size,
+                                             error=LlamaCppDFlash2Error)
+    n = target_kv.get(f"{D.TARGET_ARCHITECTURE}.block_count")
+    deepest = max(cfg.aux_hidden_state_layer_ids)
+    if not isinstance(n, int) or deepest > n:
+        raise LlamaCppDFlash2Error(
+            f"{target_label}: metadata key '{D.TARGET_ARCHITECTURE}.block_count' is {n}; the "
+            f"drafter taps hidden state {deepest} (aux_hidden_state_layer_ids), which needs at "
+            f"least {deepest} layers", path=target_label,
+            field=f"{D.TARGET_ARCHITECTURE}.block_count", expected=f">= {deepest}", found=n)
+    checks = [Check.passed("target.geometry", (
+        f"{target_label}: {D.TARGET_ARCHITECTURE}, hidden size {H}, {cfg.vocab_size} tokens, "
+        f"{n} layers (taps {list(cfg.aux_hidden_state_layer_ids)} in range)"))]
+    tensors = []
+    for src, dst, how in D.tensor_names(layer.num_hidden_layers):
+        spec = plan.tensors[src]
+        ggml, data = _stored_bytes(spec, how)
+        tensors.append((dst, tuple(spec.shape), ggml, data))
+    values = {
+        "name": plan.directory.name or "dflash2", "rope_theta": cfg.rope_theta(),
+        "target:context_length": target_kv.get(f"{D.TARGET_ARCHITECTURE}.context_length"),
+        "file_type": _file_type({t[2] for t in tensors}),
+        "sliding_window": layer.sliding_window, "sliding_pattern": sliding,
+    }
+
+    def value(source: str):
+        kind, _, arg = source.partition(":")
+        if kind == "const":
+            return {"true": True, "false": False}.get(arg, int(arg) if arg.isdigit() else arg)
+        if kind == "layer":
+            return getattr(layer, arg)
+        if kind == "config":
+            v = getattr(cfg, arg)
+            return list(v) if isinstance(v, (list, tuple)) else v
+        return values[source]
+
+    entries: list[KeyValue] = []
+    for k in D.KEYS:
+        if k.source in ("sliding_window", "sliding_pattern") and not any(sliding):
+            continue
+        entries.append((k.key, value(k.source), k.type, k.sub_type))
+    entries += [*tokenizer, (D.MASK_KEY, cfg.mask_token_id, GGUFValueType.UINT32, None),
+                ("dspark.export.engine", f"{L.ENGINE} {L.LLAMA_CPP_COMMIT}",
+                 GGUFValueType.STRING, None),
+                ("dspark.export.converter", f"{CONVERTER_NAME} {__version__}",
+                 GGUFValueType.STRING, None)]
+    size, sha = _write_drafter(out, D.ARCH, entries, tensors, force=force)
+    return DrafterExportResult(output=out.absolute(), engine=L.ENGINE, kind="dflash2",
+                               spec_type="draft-dflash", n_max=cfg.block_size - 1, size=size,
+                               sha256=sha, tensors=len(tensors), checks=tuple(checks))
+
+
+def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
+                               output: str | os.PathLike, *, force: bool = False
+                               ) -> DrafterExportResult:
+    """Write ``output``, a Gemma 4 assistant as llama.cpp 0c1e570 runs it beside
+    ``target_gguf`` (artifact/llama_cpp_assistant.py): ``plan_or_dir`` is
+    runtime/gemma4_assistant.plan_assistant's plan or what it plans. Run it with
+    ``--spec-type draft-mtp --spec-draft-n-max num_assistant_tokens``.
+    LlamaCppAssistantError (158) for what llama.cpp cannot run as the runtime computes it
+    or a target GGUF that is not the assistant's; nothing is written then."""
+    from dspark_convert.artifact import llama_cpp_assistant as S
+    from dspark_convert.errors import LlamaCppAssistantError
+    from dspark_convert.runtime.gemma4_assistant import AssistantPlan, plan_assistant
+
+    plan = plan_or_dir if isinstance(plan_or_dir, AssistantPlan) else plan_assistant(plan_or_dir)
+    spec = plan.spec
+    t, Hb = spec.text, spec.backbone_hidden_size
+    label = str(plan.directory / "config.json")
+    target_path = Path(target_gguf)
+    out = _outputs(output, [(plan.directory, "the assistant"), (target_path, "the target GGUF")],
+                   force)
+    if spec.config.use_ordered_embeddings:
+        raise LlamaCppAssistantError(
+            f"{label}: field 'use_ordered_embeddings' is true; llama.cpp {L.LLAMA_CPP_COMMIT} "
+            "drops masked_embedding.* and computes dense logits (conversion/gemma.py "
+            "Gemma4AssistantModel), other drafts than the checkpoint's", path=label,
+            field="use_ordered_embeddings", expected="false", found="true")
+    if t.hidden_size == Hb:
+        raise LlamaCppAssistantError(
+            f"{label}: text_config.hidden_size {t.hidden_size} equals backbone_hidden_size; "
+            f"llama.cpp {L.LLAMA_CPP_COMMIT} refuses such an assistant "
+            "(src/models/gemma4-assistant.cpp: embedding_length_out must differ)", path=label,
+            field="text_config.hidden_size", expected=f"not {Hb}", found=t.hidden_size)
+    by_kind = {layer.kind: layer for layer in spec.layers}
+    target_label = str(target_path)
+    target = _read_target(target_path)
+    arch = S.TARGET_ARCHITECTURE
+    target_kv, tokenizer = _target_tokenizer(target, target_label, arch=arch, hidden=Hb,
+                                             vocab=t.vocab_size, error=LlamaCppAssistantError)
+    n = target_kv.get(f"{arch}.block_count")
+    pattern = target_kv.get(f"{arch}.attention.sliding_window_pattern")
+    kv_heads = target_kv.get(f"{arch}.attention.head_count_kv")
+    if not isinstance(n, int) or n < 2 or not isinstance(pattern, list) or len(pattern) != n \
+            or list(pattern[-2:]) != [True, False]:
+        raise LlamaCppAssistantError(
+            f"{target_label}: metadata key '{arch}.attention.sliding_window_pattern' is "
+            f"{shown(str(pattern))[:80]}; expected the last two of {n} layers [sliding, full]: "
+            f"llama.cpp {L.LLAMA_CPP_COMMIT}'s assistant reads the KV of layers n - 2 (sliding) "
+            "and n - 1 (full) (src/llama-model.cpp), the target's last layer of each type",
+            path=target_label, field=f"{arch}.attention.sliding_window_pattern",
+            expected="[..., true, false]", found=shown(str(pattern))[:80])
+    heads_of = (lambda i: kv_heads[i]) if isinstance(kv_heads, list) else (lambda i: kv_heads)
+    geometry = {S.SLIDING: (target_kv.get(f"{arch}.attention.key_length_swa"), heads_of(n - 2)),
+                S.FULL: (target_kv.get(f"{arch}.attention.key_length"), heads_of(n - 1))}
+    for kind, layer in by_kind.items():
+        if geometry[kind] != (layer.head_dim, layer.kv_heads):
+            raise LlamaCppAssistantError(
+                f"{target_label}: the target's last {kind} layer has head_dim "
+                f"{geometry[kind][0]} and {geometry[kind][1]} KV heads; the assistant's "
+                f"{kind} layers read its KV with head_dim {layer.head_dim}, {layer.kv_heads} KV "
+                "heads", path=target_label, field=f"{arch}.attention", expected=[
+                    layer.head_dim, layer.kv_heads], found=list(geometry[kind]))
+    checks = [Check.passed("target.geometry", (
+        f"{target_label}: {arch}, hidden size {Hb}, {t.vocab_size} tokens, {n} layers ending "
+        "[sliding, full] of the assistant's geometry"))]
+    tensors = []
+    full = by_kind.get(S.FULL)
+    if full is not None:
+        pairs = full.rotated_pairs if full.rotated_pairs is not None else full.head_dim // 2
+        freqs = np.asarray(S.rope_freqs(full.head_dim, pairs), dtype="<f4")
+        tensors.append((S.ROPE_FREQS, (full.head_dim // 2,), "F32", freqs.tobytes()))
+    for src, dst, how in S.tensor_names(len(spec.layers)):
+        stored = plan.tensors[src]
+        ggml, data = _stored_bytes(stored, how)
+        tensors.append((dst, tuple(stored.shape), ggml, data))
+    sliding = by_kind.get(S.SLIDING)
+    values = {
+        "name": plan.directory.name or "assistant", "layers": len(spec.layers),
+        "target:context_length": target_kv.get(f"{arch}.context_length"),
+        "hidden": t.hidden_size, "intermediate": t.intermediate_size,
+        "heads": t.num_attention_heads, "kv_heads": [layer.kv_heads for layer in spec.layers],
+        "full_theta": full.rope_theta if full else sliding.rope_theta,
+        "sliding_theta": sliding.rope_theta if sliding else full.rope_theta,
+        "eps": t.rms_norm_eps, "full_head_dim": (full or sliding).head_dim,
+        "sliding_head_dim": (sliding or full).head_dim,
+        "file_type": _file_type({x[2] for x in tensors if x[0] != S.ROPE_FREQS}),
+        "window": t.sliding_window or 0,
+        "pattern": [layer.kind == S.SLIDING for layer in spec.layers], "backbone": Hb,
+    }
+
+    def value(source: str):
+        kind, _, arg = source.partition(":")
+        if kind == "const":
+            return int(arg) if arg.isdigit() else arg
+        return values[source]
+
+    entries: list[KeyValue] = [(k.key, value(k.source), k.type, k.sub_type) for k in S.KEYS]
+    entries += [*tokenizer,
+                ("dspark.export.engine", f"{L.ENGINE} {L.LLAMA_CPP_COMMIT}",
+                 GGUFValueType.STRING, None),
+                ("dspark.export.converter", f"{CONVERTER_NAME} {__version__}",
+                 GGUFValueType.STRING, None)]
+    size, sha = _write_drafter(out, S.ARCH, entries, tensors, force=force)
+    return DrafterExportResult(output=out.absolute(), engine=L.ENGINE, kind="gemma4-assistant",
+                               spec_type="draft-mtp", n_max=spec.num_assistant_tokens,
+                               size=size, sha256=sha, tensors=len(tensors), checks=tuple(checks))

@@ -93,7 +93,17 @@ ENGINE = "llama.cpp"
 SPECULATIVE = "llama-speculative-simple"
 COMPLETION = "llama-completion"
 BINARIES = (SPECULATIVE, COMPLETION)
-SPEC_TYPES = {"dspark": "draft-dspark", "dflash": "draft-dflash"}
+SPEC_TYPES = {"dspark": "draft-dspark", "dflash": "draft-dflash",
+              # the DFlash2 drafter (a dflash file with the selector) and the Gemma 4
+              # assistant (common/speculative.cpp's MTP path)
+              "dflash2": "draft-dflash", "mtp": "draft-mtp"}
+# The kinds whose drafted tokens llama.cpp 0c1e570 does not log: the DFlash2 selector's
+# walk (common/speculative.cpp:1237-1262) prints no candidate line, and the verification
+# line gives the accepted count and the target's token only. Their drafts are read with
+# UNLOGGED in place of each token (the count is known), resolved by the caller from the
+# committed sequence (``resolve_unlogged``).
+UNLOGGED_KINDS = ("dflash2",)
+UNLOGGED = -1
 TIMEOUT_SECONDS = 600
 # Forced on every run: the parser depends on the prefix (level letter) and the timestamp,
 # and on no colour codes around them.
@@ -268,10 +278,13 @@ _TOTAL_TIME = line_kind("total time", rb"common_perf_print: +total time",
                     rb"common_perf_print: +total time = +" + F2 + rb" ms / +" + N + rb" tokens")
 _CLOSING = line_kind("graphs reused", rb"common_perf_print: +graphs reused",
                  rb"common_perf_print: +graphs reused = +" + N)
-_ADDING = line_kind("speculative implementation", rb"\w+: adding speculative implementation",
-                rb"\w+: adding speculative implementation '([a-z-]{1,40})'")
-_CANDIDATE = line_kind("draft candidate", rb" - seq_id ",
-                   rb" - seq_id " + N + rb", draft candidate +" + N + rb", pos +" + N
+# The MTP path logs it through its own logger ("spec common_specu: ").
+_ADDING = line_kind("speculative implementation",
+                rb"(?:spec +)?\w+: adding speculative implementation",
+                rb"(?:spec +)?\w+: adding speculative implementation '([a-z-]{1,40})'")
+# The MTP path prints its candidate lines through its own logger ("spec        draft: ").
+_CANDIDATE = line_kind("draft candidate", rb"(?:spec +draft: )? - seq_id ",
+                   rb"(?:spec +draft: )? - seq_id " + N + rb", draft candidate +" + N + rb", pos +" + N
                    + rb": +" + ID + rb" \( *" + P + rb"\) '", text=True)
 _CALLED = line_kind("draft call", rb"spec +\w+: called impl",
                 rb"spec +\w+: called impl ([a-z-]{1,40}), hist size = " + N + rb", call_count = "
@@ -428,18 +441,19 @@ def _speculative_limit(prompt_ids, vocab: Vocabulary, n_max: int, max_new_tokens
 
 def read_speculative_log(read: Callable[[int], bytes], prompt_ids: tuple[int, ...], *,
                          spec_type: str, vocab: Vocabulary, n_max: int, max_new_tokens: int,
-                         limit: int | None = None) -> SpeculativeLog | Cut:
+                         limit: int | None = None, logged: bool = True) -> SpeculativeLog | Cut:
     """The drafts of a ``-v`` run of llama-speculative-simple, read from ``read`` as they
     come and rebuilt with their context from ``prompt_ids`` (llama.cpp's own tokenization
     of the prompt). Cut where the log ends before its closing line."""
     log = Log(read, binary=SPECULATIVE,
               limit=limit or _speculative_limit(prompt_ids, vocab, n_max, max_new_tokens))
     return _read_speculative(log, prompt_ids, spec_type=spec_type, vocab=vocab, n_max=n_max,
-                             max_new_tokens=max_new_tokens)
+                             max_new_tokens=max_new_tokens, logged=logged)
 
 
 def _read_speculative(log: Log, prompt_ids: tuple[int, ...], *, spec_type: str,
-                      vocab: Vocabulary, n_max: int, max_new_tokens: int) -> SpeculativeLog | Cut:
+                      vocab: Vocabulary, n_max: int, max_new_tokens: int,
+                      logged: bool = True) -> SpeculativeLog | Cut:
     binary = log.binary
     if len(prompt_ids) < 2:
         raise EngineOutputError(f"{binary}: a prompt of {len(prompt_ids)} token(s); llama.cpp's "
@@ -461,7 +475,7 @@ def _read_speculative(log: Log, prompt_ids: tuple[int, ...], *, spec_type: str,
                      spec_type, line, "spec type")
     r.once(kind, line)
     cycles = _Cycles(r, prompt_ids, spec_type=spec_type, n_max=n_max,
-                     most=max_new_tokens + n_max + TOKEN_SLACK)
+                     most=max_new_tokens + n_max + TOKEN_SLACK, logged=logged)
     while True:
         got = r.next((*loop, _ENCODED), elsewhere=body)
         if got is None:
@@ -527,8 +541,10 @@ class _Cycles:
     """The speculative loop's lines, cycle by cycle: candidates, the draft call, the
     verification; the committed tokens rebuilt as they come."""
 
-    def __init__(self, r: Reader, prompt_ids, *, spec_type: str, n_max: int, most: int) -> None:
+    def __init__(self, r: Reader, prompt_ids, *, spec_type: str, n_max: int, most: int,
+                 logged: bool = True) -> None:
         self.r, self.spec_type, self.n_max, self.most = r, spec_type, n_max, most
+        self.logged = logged                    # False: no candidate line (UNLOGGED_KINDS)
         self.committed = list(prompt_ids[:-1])
         self.anchor = prompt_ids[-1]
         self.drafts: list[_Cycle] = []
@@ -542,6 +558,9 @@ class _Cycles:
             raise r.fail("it restored a checkpoint after a partial acceptance (a target "
                          "without partial sequence removal)", "the plain loop, which the "
                          "eval reads", line, "partial acceptance")
+        if kind is _CANDIDATE and not self.logged:
+            raise r.fail("a draft candidate line", "none: llama.cpp 0c1e570 logs no "
+                         "candidate of this drafter", line, "draft candidate")
         if kind is _CANDIDATE:
             seq, k, pos = (count(m.group(i), 1 << 12, what, r, line)
                            for i, what in ((1, "seq_id"), (2, "candidate"), (3, "pos")))
@@ -569,7 +588,7 @@ class _Cycles:
                              f"{len(self.committed)}", line, f"draft {call}")
             # Both layouts print the draft's own positions 0..G-1 (draft-dflash prints row
             # i as position i-1: common/speculative.cpp).
-            if gen < 1 or any(p not in self.rows for p in range(gen)):
+            if self.logged and (gen < 1 or any(p not in self.rows for p in range(gen))):
                 raise r.fail(f"draft {call} holds {gen} tokens but its log names positions "
                              f"{sorted(self.rows)[:16]}", f"positions 0..{gen - 1}", line,
                              f"draft {call}")
@@ -579,7 +598,12 @@ class _Cycles:
             n_draft = count(m.group(2), self.n_max, "the verified draft length", r, line)
             nxt = r.token(m.group(3), line, "the target's token")
             call = len(self.drafts) + 1
-            tokens = tuple(self.rows[p] for p in range(self.called[1])) if self.called else ()
+            if not self.called:
+                tokens = ()
+            elif self.logged:
+                tokens = tuple(self.rows[p] for p in range(self.called[1]))
+            else:
+                tokens = (UNLOGGED,) * self.called[1]
             if n_draft != len(tokens) or accepted > len(tokens):
                 raise r.fail(f"cycle {call} verified {n_draft} draft tokens (accepted "
                              f"{accepted}); its draft read has {len(tokens)}",
@@ -909,7 +933,8 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
                     max_new_tokens: int, n_max: int, threads: int = 1,
                     timeout: float = TIMEOUT_SECONDS, what: str | None = None) -> SpeculativeRun:
     """llama-speculative-simple at temperature 0, the confidence cut off (p-min 0), drafts of
-    up to ``n_max`` tokens; ``kind`` "dspark" or "dflash" (the --spec-type)."""
+    up to ``n_max`` tokens; ``kind`` a key of SPEC_TYPES (the --spec-type). A kind of
+    UNLOGGED_KINDS comes back with UNLOGGED for each drafted token (``resolve_unlogged``)."""
     spec_type = SPEC_TYPES[kind]
     what = what or spec_type
     done = _run_on_prompt(
@@ -918,7 +943,8 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
                                         n_max=n_max, max_new_tokens=max_new_tokens,
                                         threads=threads),
         what, lambda log: _read_speculative(log, prompt_ids, spec_type=spec_type, vocab=vocab,
-                                            n_max=n_max, max_new_tokens=max_new_tokens),
+                                            n_max=n_max, max_new_tokens=max_new_tokens,
+                                            logged=kind not in UNLOGGED_KINDS),
         vocab=vocab, max_new_tokens=max_new_tokens, n_max=n_max, timeout=timeout)
     parsed: SpeculativeLog = done.parsed
     _within_the_run(parsed.decode_seconds, done.seconds, binary=SPECULATIVE, what=what,
@@ -927,6 +953,55 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
                           text=done.stdout, stats=parsed.stats, seconds=done.seconds,
                           decode_tokens=parsed.decode_tokens,
                           decode_seconds=parsed.decode_seconds)
+
+
+def resolve_unlogged(run: SpeculativeRun, prompt_ids, vocab: Vocabulary,
+                     propose: Callable[[tuple[int, ...], int], list[int]]
+                     ) -> tuple[SpeculativeRun, int | None]:
+    """A run of an UNLOGGED_KINDS drafter with its accepted drafts' ids filled in, checked
+    as far as llama.cpp shows them. Its log names each cycle's anchor, accepted count and
+    target token, never a drafted token; its stdout is the text of every committed token.
+    For each cycle in order, ``propose(context, anchor)`` (the reference runtime's drafts for
+    the same committed context) must spell, in its first A tokens, exactly the bytes
+    llama.cpp printed for its A accepted drafts, and its token A (when A < the draft's
+    length) must not be the target's token, which llama.cpp's was not either. The first
+    cycle where that fails is returned (its call number; None: every cycle agreed) and
+    ends the resolution: later contexts would be unknown. A rejected llama.cpp token stays
+    UNLOGGED (no output shows it)."""
+    text = run.text.lstrip(b"\n")
+    prompt = vocab.text(prompt_ids, special=True)
+    if not text.startswith(prompt):
+        raise EngineOutputError(f"{SPECULATIVE}: its output does not begin with the prompt it "
+                                "echoes", field="stdout", expected=shown(prompt[:40]),
+                                found=shown(text[:40]))
+    cursor = len(prompt)
+    committed = list(prompt_ids[:-1])
+    resolved: list[tuple[_Cycle, tuple[int, ...]]] = []
+    first_difference = None
+    for d in run.drafts:
+        context = tuple(committed)
+        mine = list(propose(context, d.anchor))[:len(d.tokens)] if d.tokens else []
+        accepted = tuple(mine[:d.accepted])
+        spelled = vocab.text(accepted) + vocab.pieces[d.next_token]
+        agrees = (len(accepted) == d.accepted and text.startswith(spelled, cursor)
+                  and (d.accepted == len(d.tokens) or mine[d.accepted] != d.next_token))
+        if not agrees:
+            first_difference = d.call
+            break
+        cursor += len(spelled)
+        committed += [d.anchor, *accepted]
+        resolved.append((d, accepted))
+    whole = tuple(committed)
+    drafts = tuple(Draft(d.call, whole, d.context_length, d.anchor,
+                         accepted + d.tokens[d.accepted:], d.accepted, d.next_token)
+                   for d, accepted in resolved)
+    output: list[int] = []
+    for d in drafts:
+        output += [*d.tokens[:d.accepted], d.next_token]
+    return (SpeculativeRun(spec_type=run.spec_type, drafts=drafts, output_ids=tuple(output),
+                           text=run.text, stats=run.stats, seconds=run.seconds,
+                           decode_tokens=run.decode_tokens, decode_seconds=run.decode_seconds),
+            first_difference)
 
 
 # --- a log given whole (the tests' hostile logs, a log saved by hand) -------------------------
