@@ -54,6 +54,7 @@ from dspark_convert.util.atomic import Output, check_outputs
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
+from dspark_convert.commands.evaluate_kinds import KINDS, TARGET, never_runs
 from dspark_convert.evaluation.calibration import (
     AppliedCalibration,
     CalibrationFile,
@@ -65,7 +66,14 @@ from dspark_convert.evaluation.calibration import (
     split_prompts,
 )
 from dspark_convert.evaluation.environment import TargetIdentity, describe_environment, target_identity
-from dspark_convert.evaluation.metrics import MemoryProbe, acceptance, confidence_data, confidence_report, spread
+from dspark_convert.evaluation.metrics import (
+    MemoryProbe,
+    acceptance,
+    confidence_data,
+    confidence_report,
+    spread,
+    token_latencies,
+)
 # The option ranges eval shares with the gate's policy (one place: evaluation/options.py).
 from dspark_convert.evaluation.options import DEVICES, DTYPES, MAX_NEW_TOKENS_LIMIT
 from dspark_convert.evaluation.prompts import (
@@ -110,22 +118,36 @@ class _Artifact:
     path: Path
     sha256: str
     warnings: list[str]
-    contract: object                  # the FeatureContract its GGUF metadata declares
+    contract: object                  # the FeatureContract its GGUF metadata declares (None:
+                                      # a DFlash2 or assistant plan, which has none)
     drafter: object = None
     calibration: CalibrationFile | None = None      # --calibration, matched by SHA-256
     applied: AppliedCalibration | None = None
+    kind: str = "dspark"              # commands/evaluate_kinds.KINDS
+    plan: object = None               # the kind's drafter plan (bind / bind_source)
+    source: bool = False              # a checkpoint run from its source directory
 
     @property
     def block_size(self) -> int:
-        return self.contract.block.block_size
+        """The block (DSpark, DFlash, DFlash2's config) or the drafts per cycle (MTP)."""
+        if self.contract is not None:
+            return self.contract.block.block_size
+        if self.kind == "dflash2":
+            return int(self.plan.config.block_size)
+        return KINDS[self.kind].positions(self.plan)
+
+    @property
+    def positions(self) -> int:
+        """The most drafts one cycle proposes (acceptance by position's width)."""
+        return KINDS[self.kind].positions(self.plan) if self.plan is not None else self.block_size
 
     @property
     def has_confidence(self) -> bool:
-        return bool(self.contract.confidence_head.enabled)
+        return self.contract is not None and bool(self.contract.confidence_head.enabled)
 
     @property
     def markov(self) -> str:
-        return str(self.contract.markov_head.type)
+        return str(self.contract.markov_head.type) if self.contract is not None else "none"
 
 
 def _unique(values: Sequence[float]) -> list[float]:
@@ -241,8 +263,10 @@ def artifact_names(paths: Sequence[Path]) -> list[str]:
 
 def _target_sample(model, prompt: Sequence[int], *, max_new_tokens: int, temperature: float,
                    stop_token_ids: tuple[int, ...], seed: int):
-    """The target alone at T > 0: one token per forward, drawn from softmax(z/T) with a
-    CPU generator seeded like the speculative runs. Returns (output ids, seconds)."""
+    """The target alone: one token per forward, its argmax at T = 0 (what
+    ``speculative.target_greedy`` computes), else drawn from softmax(z/T) with a CPU
+    generator seeded like the speculative runs. Returns (output ids, seconds, each new
+    token's time from the start)."""
     import torch
 
     from dspark_convert.runtime.sampling import pick
@@ -265,16 +289,20 @@ def _target_sample(model, prompt: Sequence[int], *, max_new_tokens: int, tempera
         out = model.forward(torch.tensor(list(prompt), dtype=torch.long, device=device), cache,
                             **prefill_kw)
         x = list(prompt)
+        times: list[float] = []
         for _ in range(max_new_tokens):
             token = pick(out.logits[-1], temperature, generator, what=TARGET_LOGITS)
             x.append(token)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
             if token in stop_token_ids or len(x) >= len(prompt) + max_new_tokens:
                 break
             out = model.forward(torch.tensor([token], dtype=torch.long, device=device), cache,
                                 **step_kw)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return tuple(x), time.perf_counter() - t0
+        return tuple(x), time.perf_counter() - t0, times
 
 
 def _cycle_record(c) -> CycleRecord:
@@ -298,35 +326,31 @@ class _Runner:
         self.greedy: dict[str, tuple[int, ...]] = {}       # prompt key -> target greedy output
         self.baseline_tps: dict[float, float] = {}         # temperature -> target alone tok/s
 
-    def warm_up(self, drafters) -> None:
-        from dspark_convert.runtime.speculative import speculative_generate, target_greedy
+    def warm_up(self, arts) -> None:
+        from dspark_convert.runtime.speculative import target_greedy
 
         ids = list(self.prompts[0].ids)
         n = min(WARMUP_TOKENS, self.max_new_tokens)
         target_greedy(self.model, ids, max_new_tokens=n, stop_token_ids=self.stops)
-        for d in drafters:
-            speculative_generate(self.model, d, ids, max_new_tokens=n, stop_token_ids=self.stops,
-                                 stepwise_verify=self.stepwise)
+        for a in arts:
+            KINDS[a.kind].generate(self.model, a.drafter, ids, max_new_tokens=n, temperature=0.0,
+                                   threshold=0.0, stops=self.stops, seed=self.seed,
+                                   stepwise=self.stepwise)
 
     def target(self, temperature: float) -> RunReport:
-        from dspark_convert.runtime.speculative import target_greedy
-
         probe = MemoryProbe(self.model.device)
-        runs = []
+        runs, latencies = [], []
         self.progress.start(f"target alone, T={temperature:g}", len(self.prompts))
         try:
             probe.start()
             for p in self.prompts:
+                output, seconds, times = _target_sample(self.model, p.ids,
+                                                        max_new_tokens=self.max_new_tokens,
+                                                        temperature=temperature,
+                                                        stop_token_ids=self.stops, seed=self.seed)
                 if temperature == 0.0:
-                    g = target_greedy(self.model, list(p.ids), max_new_tokens=self.max_new_tokens,
-                                      stop_token_ids=self.stops)
-                    output, seconds = g.output_ids, g.seconds
                     self.greedy[p.key] = output
-                else:
-                    output, seconds = _target_sample(self.model, p.ids,
-                                                     max_new_tokens=self.max_new_tokens,
-                                                     temperature=temperature,
-                                                     stop_token_ids=self.stops, seed=self.seed)
+                latencies += [b - a for a, b in zip(times, times[1:])]
                 runs.append(PromptRun(id=p.key, category=p.category, prompt_tokens=len(p.ids),
                                       new_tokens=len(output) - len(p.ids),
                                       completion_ids=list(output[len(p.ids):]), seconds=seconds,
@@ -345,12 +369,13 @@ class _Runner:
                          committed_tokens_per_second=tps, speedup=None, acceptance=None,
                          draft_seconds=None, draft_seconds_per_step=None,
                          verify_seconds_per_step=None, timing_note=None, peak_memory=memory,
-                         lossless=None, confidence=None, confidence_temperatures=None)
+                         lossless=None, confidence=None, confidence_temperatures=None,
+                         method=TARGET, **_latency(latencies))
 
     def drafter(self, art: _Artifact, temperature: float, threshold: float):
-        """The RunReport and the raw steps (proposed, accepted, confidence logits)."""
-        from dspark_convert.runtime.speculative import speculative_generate
-
+        """The RunReport and the raw steps (proposed, accepted, confidence logits), the
+        artifact's kind's loop (evaluate_kinds.KINDS) on every prompt."""
+        generate = KINDS[art.kind].generate
         probe = MemoryProbe(self.model.device)
         runs, results = [], []
         label = f"{art.name}, T={temperature:g}, " + (f"threshold {threshold:g}" if threshold
@@ -359,34 +384,36 @@ class _Runner:
         try:
             probe.start()
             for p in self.prompts:
-                r = speculative_generate(self.model, art.drafter, list(p.ids),
-                                         max_new_tokens=self.max_new_tokens,
-                                         temperature=temperature, confidence_threshold=threshold,
-                                         stop_token_ids=self.stops, seed=self.seed,
-                                         stepwise_verify=self.stepwise)
+                r = generate(self.model, art.drafter, list(p.ids),
+                             max_new_tokens=self.max_new_tokens, temperature=temperature,
+                             threshold=threshold, stops=self.stops, seed=self.seed,
+                             stepwise=self.stepwise)
                 lossless = None
                 if temperature == 0.0 and p.key in self.greedy:
                     lossless = tuple(r.output_ids) == tuple(self.greedy[p.key])
                 results.append(r)
                 runs.append(PromptRun(id=p.key, category=p.category, prompt_tokens=len(p.ids),
-                                      new_tokens=r.new_tokens,
+                                      new_tokens=len(r.output_ids) - len(p.ids),
                                       completion_ids=list(r.output_ids[len(p.ids):]),
                                       seconds=r.total_seconds,
                                       acceptance_lengths=list(r.acceptance_lengths),
-                                      cycles=[_cycle_record(c) for c in r.cycles],
+                                      cycles=[_cycle_record(c) for c in r.steps],
                                       lossless=lossless))
                 self.progress.advance(1)
             memory = probe.stop()
         finally:
             self.progress.finish()
-        cycles = [c for r in results for c in r.cycles]
+        cycles = [c for r in results for c in r.steps]
         acc = acceptance([(c.proposed, c.accepted) for c in cycles],
                          [a for r in results for a in r.acceptance_lengths],
-                         block_size=art.block_size, stop_token_ids=self.stops)
+                         block_size=art.positions, stop_token_ids=self.stops)
         draft_t = [c.draft_seconds for c in cycles if getattr(c, "draft_seconds", None) is not None]
         verify_t = [c.verify_seconds for c in cycles if getattr(c, "verify_seconds", None) is not None]
         timed = len(draft_t) == len(cycles) and len(verify_t) == len(cycles)
-        new = sum(r.new_tokens for r in results)
+        latencies = [t for r in results for t in token_latencies(
+            [(c.draft_seconds + c.verify_seconds, n) for c, n in zip(r.steps, r.acceptance_lengths)]
+            if timed else [])]
+        new = sum(len(r.output_ids) - len(p.ids) for r, p in zip(results, self.prompts))
         seconds = sum(r.total_seconds for r in results)
         tps = new / seconds if seconds > 0 else None
         base = self.baseline_tps.get(temperature)
@@ -408,10 +435,22 @@ class _Runner:
             timing_note=None if timed else TIMING_MISSING, peak_memory=memory,
             lossless=(all(checks) if checks else None), confidence=confidence,
             confidence_temperatures=(list(art.calibration.temperatures)
-                                     if art.calibration is not None and threshold > 0 else None))
-        per_prompt_steps = {p.key: [(c.proposed, c.accepted, c.confidence_logits) for c in r.cycles]
+                                     if art.calibration is not None and threshold > 0 else None),
+            method=art.kind, **_latency(latencies))
+        per_prompt_steps = {p.key: [(c.proposed, c.accepted, c.confidence_logits) for c in r.steps]
                             for p, r in zip(self.prompts, results)}
         return report, per_prompt_steps
+
+
+def _latency(values: Sequence[float]) -> dict:
+    """RunReport's token_latency_p50_seconds / p99 (None without any)."""
+    import numpy as np
+
+    if not values:
+        return {"token_latency_p50_seconds": None, "token_latency_p99_seconds": None}
+    arr = np.asarray(values, dtype=np.float64)
+    return {"token_latency_p50_seconds": float(np.percentile(arr, 50)),
+            "token_latency_p99_seconds": float(np.percentile(arr, 99))}
 
 
 # --- the whole eval -----------------------------------------------------------------------
@@ -419,15 +458,22 @@ class _Runner:
 def bind_artifacts(paths, names, opened, progress) -> tuple[list, dict, object]:
     """Every artifact validated against the opened target (the one pairing) before anything
     runs, a broken or foreign one refused, not skipped: (their _Artifact records, name ->
-    Binding, the target's plan, made once). eval's and serve-bench's one binding loop."""
-    from dspark_convert.commands.binding import bind
+    Binding, the target's plan, made once). eval's and serve-bench's one binding loop.
+    A DFlash2 or Gemma 4 assistant checkpoint directory (no drafter.gguf) is planned from
+    its source (evaluate_kinds.bind_any); each record names its kind."""
+    from dspark_convert.commands.evaluate_kinds import SourceBinding, bind_any
 
     arts, bindings, target_plan = [], {}, None
     for name, path in zip(names, paths):
-        binding = bind(path, opened, progress=progress, target_plan=target_plan)
+        binding, kind = bind_any(path, opened, progress=progress, target_plan=target_plan)
         bindings[name], target_plan = binding, binding.target_plan   # planned once
-        arts.append(_Artifact(name=name, path=Path(path), sha256=binding.report.gguf_sha256,
-                              warnings=binding.warnings, contract=binding.drafter_plan.contract))
+        source = isinstance(binding, SourceBinding)
+        plan = binding.drafter_plan
+        arts.append(_Artifact(name=name, path=Path(path),
+                              sha256=binding.sha256 if source else binding.report.gguf_sha256,
+                              warnings=list(binding.warnings),
+                              contract=getattr(plan, "contract", None), kind=kind, plan=plan,
+                              source=source))
     return arts, bindings, target_plan
 
 
@@ -550,24 +596,26 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         return _no_device_report(exc.message, arts, plan, settings, prompt_set, device,
                                  identity, calibrate=calibrate)
 
-    memory = checked_estimate(target_plan, [bindings[a.name].drafter_plan for a in arts],
+    # The estimate covers the DSpark-family drafters (runtime/memory.py sizes their
+    # working set from the contract); a DFlash2 or assistant drafter is loaded unestimated.
+    estimated = [bindings[a.name].drafter_plan for a in arts if a.contract is not None]
+    memory = None if not estimated else checked_estimate(target_plan, estimated,
                               dtype=torch_dtype, device=dev,
                               longest_prompt=max(len(p.ids) for p in resolved),
                               max_new_tokens=max_new_tokens, max_memory=max_memory,
                               smaller="fewer artifacts, shorter prompts or fewer new tokens")
-    if on_estimate is not None:
+    if on_estimate is not None and memory is not None:
         on_estimate(memory)
 
     # Loaded once, in the compute dtype, on the device (runtime/loading.py).
     runtime = bindings[arts[0].name].runtime   # the target's family's
     model = runtime.Target(opened.directory, device=dev, dtype=torch_dtype,
                            plan=target_plan, progress=progress)
-    for a in arts:
-        weights = load_drafter_weights(a.path, device=dev, dtype=torch_dtype,
-                                       plan=bindings[a.name].drafter_plan, progress=progress)
-        a.drafter = runtime.Drafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
-                                    confidence_temperatures=a.calibration.temperatures
-                                    if a.calibration is not None else None)
+    for a in arts:                     # each by its kind's loader (evaluate_kinds.KINDS)
+        a.drafter = KINDS[a.kind].load(model, bindings[a.name].drafter_plan, path=a.path,
+                                       device=dev, dtype=torch_dtype, runtime=runtime,
+                                       confidence_temperatures=a.calibration.temperatures
+                                       if a.calibration is not None else None, progress=progress)
     environment = describe_environment(dev, device, dtype)
 
     runner = _Runner(model=model, prompts=resolved, max_new_tokens=max_new_tokens, seed=seed,
@@ -579,13 +627,14 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     done = 0                           # plan entries finished (run or listed in not_run)
     interrupted = False
     try:
-        runner.warm_up([a.drafter for a in arts])
+        runner.warm_up(arts)
         for kind, art, t, c in plan:
             if kind == "target":
                 runs.append(runner.target(t))
-            elif _never_runs(art, c) is not None:
+            elif _never_runs(art, c, t) is not None:
                 not_run.append(NotRun(kind="drafter", artifact=art.name, temperature=t,
-                                      confidence_threshold=c, reason=_never_runs(art, c)))
+                                      confidence_threshold=c, reason=_never_runs(art, c, t),
+                                      method=art.kind))
             else:
                 report, steps = runner.drafter(art, t, c)
                 runs.append(report)
@@ -602,15 +651,18 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
             else:
                 fitted[art.name] = result
         for name in engines:
+            # An engine runs converted artifacts of the kinds it takes; the rest are not run.
+            taken, refused = _engine_arts(name, arts)
+            not_run += refused
             if name == "llama.cpp":
                 engine_info, runs_of, engine_not_run = run_engine(
-                    engine_spec, arts=arts, prompts=resolved,
+                    engine_spec, arts=taken, prompts=resolved,
                     texts={r.key: r.prompt for r in prompt_set.records}, model=model,
                     max_new_tokens=max_new_tokens, temperatures=temps, thresholds=cuts,
                     stops=runner.stops, progress=run_progress)
             else:
                 engine_info, runs_of, engine_not_run = run_dspark_mlx(
-                    mlx_spec, arts=arts, prompts=resolved, target=opened, model=model,
+                    mlx_spec, arts=taken, prompts=resolved, target=opened, model=model,
                     max_new_tokens=max_new_tokens, temperatures=temps, thresholds=cuts,
                     stops=runner.stops, vocab_size=cfg.vocab_size, progress=run_progress)
             engine_infos.append(engine_info)
@@ -622,7 +674,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         reason = "interrupted (Ctrl-C) before it finished"
         not_run += [NotRun(kind=kind, artifact=art.name if art else None, temperature=t,
                            confidence_threshold=c,
-                           reason=(art and _never_runs(art, c)) or reason)
+                           reason=(art and _never_runs(art, c, t)) or reason,
+                           method=art.kind if art else TARGET)
                     for kind, art, t, c in plan[done:]]
         listed = {n.artifact for n in not_run if n.kind == "calibration"}
         not_run += [NotRun(kind="calibration", artifact=a.name, temperature=temps[0],
@@ -653,7 +706,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
             validate_warnings=art.warnings, confidence=primary.confidence if primary else None,
             calibration=cal, calibration_file=f"calibration-{art.name}.json" if cal else None,
             held_out_raw=held_raw, held_out_calibrated=held_cal,
-            calibration_applied=art.applied, confidence_calibrated=with_temps))
+            calibration_applied=art.applied, confidence_calibrated=with_temps,
+            **_kind_fields(art)))
     checks = [r.lossless for r in runs if r.kind == "drafter" and r.lossless is not None]
     report = EvalReport(
         complete=not interrupted,
@@ -668,11 +722,43 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
     return report
 
 
-def _never_runs(art: _Artifact, threshold: float) -> str | None:
-    """Why a drafter run of the plan can never run whatever happens (None: it can)."""
-    if threshold and not art.has_confidence:
-        return "the artifact has no confidence head: a threshold has nothing to cut on"
-    return None
+def _kind_fields(art: _Artifact) -> dict:
+    """ArtifactReport's ``method`` and, for a checkpoint run from its source directory,
+    the weights file its SHA-256 is of."""
+    files = sorted({Path(t.file).name for t in art.plan.tensors.values()}) if art.source else []
+    return {"method": art.kind, "weights_file": ", ".join(files) if files else None}
+
+
+def _never_runs(art: _Artifact, threshold: float, temperature: float = 0.0) -> str | None:
+    """Why a drafter run of the plan can never run whatever happens (None: it can): its
+    kind's row says (evaluate_kinds.KINDS: a threshold without a confidence head, DFlash2
+    above temperature 0 with its own refusal's reason)."""
+    return never_runs(art.kind, temperature, threshold, art.has_confidence)
+
+
+# The kinds each engine of --engine runs (from converted artifacts); the rest are not run.
+ENGINE_KINDS = {"llama.cpp": frozenset({"dspark", "dflash", "dflash2", "mtp"}),
+                "dspark-mlx": frozenset({"dspark", "dflash"})}
+
+
+def _engine_arts(engine: str, arts: list[_Artifact]) -> tuple[list[_Artifact], list[NotRun]]:
+    """The artifacts ``engine`` is handed, and a not-run entry for each other: a checkpoint
+    run from its source directory (an engine runs what `dspark export` writes from an
+    artifact), or a kind the engine does not run."""
+    taken, refused = [], []
+    for a in arts:
+        if a.source:
+            reason = (f"{engine} runs what `dspark export` writes from an artifact; this is a "
+                      f"{KINDS[a.kind].label} checkpoint directory: convert it first")
+        elif a.kind not in ENGINE_KINDS.get(engine, frozenset()):
+            reason = f"{engine} does not run {KINDS[a.kind].label} drafters"
+        else:
+            taken.append(a)
+            continue
+        refused.append(NotRun(kind="drafter", artifact=a.name, temperature=0.0,
+                              confidence_threshold=0.0, reason=reason, engine=engine,
+                              method=a.kind))
+    return taken, refused
 
 
 def _never_calibrates(art: _Artifact, prompts: int) -> str | None:
@@ -746,7 +832,8 @@ def _no_device_report(reason: str, arts: list[_Artifact], plan, settings: EvalSe
                       calibrate: bool) -> EvalReport:
     """--device cuda without CUDA: nothing runs; every combination says why."""
     not_run = [NotRun(kind=kind, artifact=art.name if art else None, temperature=t,
-                      confidence_threshold=c, reason=(art and _never_runs(art, c)) or reason)
+                      confidence_threshold=c, reason=(art and _never_runs(art, c, t)) or reason,
+                      method=art.kind if art else TARGET)
                for kind, art, t, c in plan]
     if calibrate:
         not_run += [NotRun(kind="calibration", artifact=a.name, temperature=settings.temperatures[0],
@@ -760,7 +847,8 @@ def _no_device_report(reason: str, arts: list[_Artifact], plan, settings: EvalSe
                                   confidence_head=a.has_confidence, validate_warnings=a.warnings,
                                   confidence=None, calibration=None, calibration_file=None,
                                   held_out_raw=None, held_out_calibrated=None,
-                                  calibration_applied=a.applied, confidence_calibrated=None))
+                                  calibration_applied=a.applied, confidence_calibrated=None,
+                                  **_kind_fields(a)))
     return EvalReport(complete=True, incomplete_reason=None, settings=settings,
                       environment=describe_environment(None, requested, settings.dtype),
                       target=identity,

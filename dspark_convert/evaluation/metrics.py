@@ -117,6 +117,19 @@ def acceptance(steps: Sequence[tuple[Sequence[int], int]], acceptance_lengths: S
                                              else None for k in range(block_size)])
 
 
+def token_latencies(steps: Sequence[tuple[float, int]]) -> list[float]:
+    """Latency per committed token, amortised over each verify step's commit, as
+    `serve-bench` counts it (evaluation/serve_bench.per_token_latencies): ``steps`` is
+    (the step's draft + verify seconds, the tokens it committed) per verify step; the
+    tokens a step commits arrive together, so each gets the step's time over their count.
+    A step that committed nothing adds none."""
+    out: list[float] = []
+    for seconds, committed in steps:
+        if committed > 0:
+            out += [seconds / committed] * committed
+    return out
+
+
 # --- peak memory --------------------------------------------------------------------------
 
 class PeakMemory(BaseModel):

@@ -59,13 +59,17 @@ class PromptRun(BaseModel):
     lossless: bool | None              # temperature 0: equals the target's greedy output
 
 
+# What decoded a run (commands/evaluate_kinds.py): the target alone, or a drafter of a kind.
+METHOD = Literal["target", "dspark", "dflash", "dflash2", "mtp"]
+
+
 class RunReport(BaseModel):
     """One combination over every prompt: the target alone, or an artifact at a
     temperature and confidence threshold (0: the cutoff off)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["target", "drafter"]
+    kind: Literal["target", "drafter"]   # the role: the baseline, or a drafter's run
     artifact: str | None               # the artifact's name in this report
     temperature: float
     confidence_threshold: float | None
@@ -85,6 +89,14 @@ class RunReport(BaseModel):
     # --calibration: the temperatures applied to the confidence logits before the
     # threshold's sigmoid in this run's cut (threshold > 0); None: the raw head.
     confidence_temperatures: list[float] | None
+    # The drafter's kind ("target" for the target alone); None in a report written before
+    # eval ran kinds other than DSpark and DFlash artifacts.
+    method: METHOD | None = None
+    # Latency per committed token after each prompt's first (evaluation/serve_bench.py's
+    # rule: the tokens one verify step commits share its draft + verify time; the target
+    # alone: the time of each forward), p50 and p99 over every prompt of the run.
+    token_latency_p50_seconds: float | None = None
+    token_latency_p99_seconds: float | None = None
 
 
 class NotRun(BaseModel):
@@ -96,6 +108,7 @@ class NotRun(BaseModel):
     confidence_threshold: float | None
     reason: str
     engine: str | None = None          # another engine's run ("llama.cpp"); None: ours
+    method: METHOD | None = None       # the drafter's kind, as RunReport's
 
 
 # --- another engine's runs beside ours (`--engine llama.cpp=BIN_DIR`, issue 20) -------------
@@ -204,6 +217,11 @@ class ArtifactReport(BaseModel):
     held_out_calibrated: ConfidenceReport | None   # ... with the STS temperatures
     calibration_applied: AppliedCalibration | None  # --calibration FILE for this artifact
     confidence_calibrated: ConfidenceReport | None  # ``confidence`` with its temperatures
+    # The drafter's kind; None in a report written before eval ran other kinds. For a
+    # checkpoint run from its source directory (DFlash2, the Gemma 4 assistant),
+    # ``drafter_gguf_sha256`` is the SHA-256 of its weights file, named by ``weights_file``.
+    method: METHOD | None = None
+    weights_file: str | None = None
 
 
 class EvalSettings(BaseModel):
@@ -257,7 +275,8 @@ class EvalReport(BaseModel):
 MEASURED_FIELDS = frozenset({
     "seconds", "committed_tokens_per_second", "speedup", "draft_seconds",
     "draft_seconds_per_step", "verify_seconds_per_step", "verify_seconds", "peak_memory",
-    "timing_note", "environment", "memory_estimate", "tokens_per_second"})
+    "timing_note", "environment", "memory_estimate", "tokens_per_second",
+    "token_latency_p50_seconds", "token_latency_p99_seconds"})
 
 
 def comparable(report: EvalReport) -> dict:
