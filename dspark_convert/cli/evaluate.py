@@ -1,4 +1,5 @@
-"""`dspark eval`: the target alone, DFlash and DSpark drafters on the same prompts, the
+"""`dspark eval`: the target alone and drafters of every kind (DSpark, DFlash, DFlash2, the
+Gemma 4 assistant) on the same prompts, the
 static confidence cutoff, DeepSpec's confidence metrics and calibration; a report directory.
 
 Thin: parse the options, check REPORT_DIR (the one "output exists" rule), call
@@ -39,7 +40,9 @@ from dspark_convert.util.text import shown
 @app.command("eval")
 def evaluate(
     artifacts: Annotated[list[Path], typer.Argument(
-        metavar="ARTIFACT", help="Artifact directories written by `dspark convert` (DFlash or DSpark drafters).")],
+        metavar="ARTIFACT", help="Artifact directories written by `dspark convert` (DSpark, DFlash, DFlash2 or Gemma 4 "
+        "assistant drafters), or a DFlash2 or Gemma 4 assistant checkpoint directory as it is "
+        "(config.json + model.safetensors); every one for the same target.")],
     target: Annotated[str, typer.Option(
         "--target", help="The target model directory (Qwen3 or Gemma 4: HF safetensors, tokenizer.json), "
         "or org/name@<40-hex commit> on the Hub.")],
@@ -184,7 +187,8 @@ def _print_summary(report, output: str, written: list[Path]) -> None:
             parts.append(f"{r.speedup:.2f}x")
         if r.lossless is not None:
             parts.append("= target greedy" if r.lossless else "DIFFERS from target greedy")
-        out.print(escape(f"  {run_label(r)}, T={r.temperature:g}: " + ", ".join(parts)))
+        kind = f" [{r.method}]" if r.method and r.kind != "target" else ""
+        out.print(escape(f"  {run_label(r)}{kind}, T={r.temperature:g}: " + ", ".join(parts)))
     for r in report.engine_runs:
         parts = [f"{r.new_tokens} new tokens"]
         if r.tau is not None:

@@ -324,6 +324,8 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
                       else "**does not equal** the target's own greedy output: see `lossless` in report.json."))
         out.append("")
 
+    out += _comparison(report)
+
     out.append("## Runs")
     out.append("")
     out.append("| run | T | tau | accepted / pass | mean L | accept rate | tok/s | speedup | "
@@ -367,7 +369,7 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
             for which, rates in (("", r.acceptance.acceptance_by_position),
                                  (" cumulative", r.acceptance.acceptance_by_position_cumulative),
                                  (" given prefix", r.acceptance.acceptance_by_position_given_prefix)):
-                cells = " | ".join(_f(x) for x in rates)
+                cells = " | ".join(_f(x) for x in list(rates) + [None] * (B - len(rates)))
                 out.append(f"| {md_cell(r.artifact)}{which} | {r.temperature:g} | {cells} |")
         out.append("")
 
@@ -485,6 +487,67 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
             out.append(f"![{name}]({name})")
     out.append("")
     return "\n".join(out)
+
+
+# How the comparison table names each method (RunReport.method).
+METHOD_LABELS = {"target": "target alone", "dspark": "DSpark", "dflash": "DFlash",
+                 "dflash2": "DFlash2", "mtp": "MTP (Gemma 4 assistant)"}
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.2f}"
+
+
+def _comparison(report: EvalReport) -> list[str]:
+    """One row per kind's run (the target alone, each drafter with the cutoff off), at each
+    temperature: what decoding with it costs and gains on the same prompts, and what of
+    each kind did not run, in one table."""
+    rows = [r for r in report.runs if r.kind == "target" or not r.confidence_threshold]
+    if not rows:
+        return []
+    out = ["## Comparison", "",
+           "| kind | run | T | tau | accepted / pass | acceptance by position | "
+           "latency / token ms p50 / p99 | tok/s | speedup | peak MiB | lossless |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r.temperature, r.kind != "target")):
+        a = r.acceptance
+        kind = METHOD_LABELS.get(r.method or r.kind, r.method or r.kind)
+        by_position = ("-" if a is None else
+                       " ".join(_f(x) for x in a.acceptance_by_position))
+        lossless = "-" if r.lossless is None else ("yes" if r.lossless else "**NO**")
+        speed = "1.00x" if r.kind == "target" else (_f(r.speedup) + "x" if r.speedup else "-")
+        out.append(f"| {kind} | {'target alone' if r.kind == 'target' else md_cell(r.artifact)} | "
+                   f"{r.temperature:g} | {_f(a.tau if a else 1.0 if r.kind == 'target' else None)} | "
+                   f"{_f(a.accepted_per_verify if a else None)} | {by_position} | "
+                   f"{_ms(r.token_latency_p50_seconds)} / {_ms(r.token_latency_p99_seconds)} | "
+                   f"{_f(r.committed_tokens_per_second, 0)} | {speed} | {mib_cell(r.peak_memory)} | "
+                   f"{lossless} |")
+    out.append("")
+    out.append("tau: mean tokens committed per verify pass (accepted + 1; the target alone commits "
+               "1 per forward); accepted / pass: accepted draft tokens per verify pass; "
+               "acceptance by position: P(accepted > k | proposed > k), k = 0, 1, ...; latency: "
+               "per committed token after each prompt's first, a verify step's draft + verify "
+               "time shared by the tokens it commits (the target alone: each forward); speedup: "
+               "tok/s over the target alone's at the same temperature; lossless: at temperature "
+               "0, every output equals the target's own greedy output.")
+    kinds = {n.method for n in report.not_run if n.method and n.engine is None}
+    if kinds:
+        out.append("What did not run, by kind (the reasons are under *Not run*): "
+                   + "; ".join(f"{METHOD_LABELS.get(k, k)}: "
+                               + ", ".join(sorted({_where(n) for n in report.not_run
+                                                   if n.method == k and n.engine is None}))
+                               for k in sorted(kinds)) + ".")
+    out.append("")
+    return out
+
+
+def _where(n: NotRun) -> str:
+    parts = []
+    if n.temperature is not None:
+        parts.append(f"T={n.temperature:g}")
+    if n.confidence_threshold:
+        parts.append(f"threshold {n.confidence_threshold:g}")
+    return " ".join(parts) or "-"
 
 
 # How report.md introduces each engine's runs: what ran, on what, handed which files.
