@@ -35,6 +35,7 @@ from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE
 from dspark_convert.artifact.manifest import FileRecord
 from dspark_convert.artifact.quantized import PARENT_KEY, QUANTIZATION_KEY
 from dspark_convert.checks import Check
+from dspark_convert.commands import export_speculators_dflash2 as dflash2
 from dspark_convert.commands.export_deepspec import (
     CONFIG_FILE,
     PlannedTensor,
@@ -109,12 +110,12 @@ def _describe(contract) -> str:
 
 def export_speculators(artifact: str | os.PathLike, target: str | os.PathLike | Target,
                        output: str | os.PathLike, *, force: bool = False,
-                       progress: Progress | None = None) -> SpeculatorsExportResult:
+                       progress: Progress | None = None
+                       ) -> SpeculatorsExportResult | dflash2.SpeculatorsDFlash2Result:
     """Write ``output``, a directory holding the artifact's drafter as speculators 0.9.0 saves
     it (config.json, model.safetensors), its verifier ``target`` (a model directory,
     ``org/name@<commit>``, or an open ``target.Target``), paired with the artifact first.
     Raises a DSparkError subclass for every refusal and writes nothing then."""
-    from dspark_convert.commands import export_speculators_dflash2 as dflash2
     from dspark_convert.source.checkpoint import SpeculatorsOptions, open_source
 
     if dflash2.is_dflash2(artifact):     # a DFlash2 drafter: its own export, by kind

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dspark_convert.artifact.manifest import FileRecord
 from dspark_convert.checks import Check
 from dspark_convert.commands.export_deepspec import (
     CONFIG_FILE,
@@ -54,7 +55,6 @@ from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.strict_json import read_json_strict
 
 if TYPE_CHECKING:      # torch (runtime/loading) and the target are imported where used
-    from dspark_convert.commands.export_speculators import SpeculatorsExportResult
     from dspark_convert.runtime.dflash2 import DFlash2Plan
     from dspark_convert.target.model import Target
 
@@ -64,6 +64,20 @@ HEADER_METADATA = {"format": "pt"}          # save_pretrained's
 BF16_NAME = "bfloat16"
 STORED_NAMES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}   # torch -> safetensors
 QWEN3_MODEL_TYPE = "qwen3"
+
+
+@dataclass(frozen=True)
+class SpeculatorsDFlash2Result:
+    """What export_speculators returns for a DFlash2 drafter: its SpeculatorsExportResult's
+    fields (this module is imported by that one, so it cannot import its class)."""
+    output: Path
+    engine: str                        # "speculators"
+    drafter: str                       # the model, for the summary line
+    files: tuple[FileRecord, ...]      # config.json and model.safetensors as written
+    tensors: int
+    artifact_sha256: str               # the file the tensors were read from
+    verifier: str                      # speculators_config.verifier.name_or_path
+    checks: tuple[Check, ...]          # the target, then the export's own
 
 
 def is_dflash2(path: str | os.PathLike) -> bool:
@@ -201,13 +215,12 @@ def describe(cfg: D.DFlash2Config) -> str:
 
 def export_speculators_dflash2(drafter: str | os.PathLike, target: str | os.PathLike | Target,
                                output: str | os.PathLike, *, force: bool = False,
-                               progress: Progress | None = None) -> SpeculatorsExportResult:
+                               progress: Progress | None = None) -> SpeculatorsDFlash2Result:
     """Write ``output``: the DFlash2 drafter of ``drafter`` as speculators 0.9.0 saves it,
     its verifier ``target`` (a model directory, ``org/name@<commit>``, or an open
     ``target.Target``). Raises a DSparkError subclass for every refusal and writes nothing
     then."""
     from dspark_convert.commands.binding import target_read
-    from dspark_convert.commands.export_speculators import SpeculatorsExportResult, verifier_of
     from dspark_convert.runtime.dflash2 import plan_drafter
     from dspark_convert.target.model import Target, open_target
 
@@ -221,7 +234,9 @@ def export_speculators_dflash2(drafter: str | os.PathLike, target: str | os.Path
     config_path = str(plan.directory / CONFIG_FILE)
     opened = target if isinstance(target, Target) else open_target(target, progress=progress)
     pairing = check_target(plan.config, opened, path=config_path)
-    verifier, architectures = verifier_of(opened)
+    # export_speculators.verifier_of's rule: the Hub repo id, or the directory as given.
+    verifier = opened.repo if opened.repo is not None else opened.spec
+    architectures = list(opened.config.architectures)
     config = S.config_bytes(write_config(plan.config, verifier_name=verifier,
                                          verifier_architectures=architectures))
     tensors = planned_tensors(plan)
@@ -246,7 +261,7 @@ def export_speculators_dflash2(drafter: str | os.PathLike, target: str | os.Path
                            "drafter"))
     weights = {t.path for t in tensors}
     source_sha = sha256_file(next(iter(weights))) if len(weights) == 1 else ""
-    return SpeculatorsExportResult(
+    return SpeculatorsDFlash2Result(
         output=out.absolute(), engine=ENGINE, drafter=describe(plan.config),
         files=tuple(written.values()), tensors=len(tensors), artifact_sha256=source_sha,
         verifier=verifier, checks=checks)
