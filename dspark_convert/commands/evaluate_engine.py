@@ -410,3 +410,129 @@ def _drafter_run(spec: EngineSpec, art, kind: str, exported, draft: Path, kept, 
                               if trace else None))     # no draft, no trace (nothing compared)
     result._trace = trace_bytes(trace)
     return result
+
+
+# --- DFlash2 and the Gemma 4 assistant in llama.cpp ---------------------------------------------
+# Drafters that are not artifacts of the DSpark family: exported from the runtime's plan
+# (commands/export.py export_dflash2_llama_cpp / export_assistant_llama_cpp), run by
+# llama-speculative-simple with the reference's block (DFlash2: --spec-draft-n-max B - 1;
+# the assistant: num_assistant_tokens), and every draft checked against the reference
+# runtime's drafts for the same committed context (runtime/llama_cpp_semantics.py).
+
+@dataclass(frozen=True)
+class KindPromptRun:
+    id: str
+    prompt_tokens: int
+    cycles: int                        # draft calls llama.cpp made
+    drafts_checked: int                # cycles whose draft was compared
+    drafts_equal: int
+    first_difference: int | None       # llama.cpp's draft call, None: every one equal
+    acceptance_lengths: tuple[int, ...]
+    lossless: bool                     # its text is llama.cpp's target alone's
+
+
+@dataclass(frozen=True)
+class KindRun:
+    kind: str                          # "dflash2" | "gemma4-assistant"
+    spec_type: str
+    n_max: int
+    window: str                        # the reference's sliding-window mode checked against
+    drafter_file_sha256: str
+    prompts: tuple[KindPromptRun, ...]
+
+    @property
+    def tau(self) -> float | None:
+        lengths = [n for p in self.prompts for n in p.acceptance_lengths]
+        return mean_acceptance(lengths)
+
+    @property
+    def every_draft_equal(self) -> bool:
+        return all(p.first_difference is None and p.drafts_checked == p.cycles
+                   for p in self.prompts)
+
+    @property
+    def lossless(self) -> bool:
+        return all(p.lossless for p in self.prompts)
+
+
+def run_kind_llama_cpp(bin_dir: str | os.PathLike, target_gguf: str | os.PathLike, *,
+                       kind: str, drafter_dir, target, drafter, prompts: Sequence[str],
+                       max_new_tokens: int, window: str = "llama.cpp",
+                       progress: Progress | None = None) -> KindRun:
+    """llama.cpp's runs of a DFlash2 drafter (``kind`` "dflash2") or a Gemma 4 assistant
+    ("gemma4-assistant") beside the reference runtime: ``drafter_dir`` (a checkpoint
+    directory or the runtime's plan) exported for llama.cpp into a temporary file,
+    ``target`` / ``drafter`` the reference runtime's loaded models, ``prompts`` texts.
+    Per prompt: llama.cpp's target alone (its tokenization, its text), the speculative run,
+    each draft compared with the reference's for the same context under ``window``
+    (runtime/llama_cpp_semantics.WINDOWS), lossless against the target alone."""
+    from dspark_convert.commands.export import (export_assistant_llama_cpp,
+                                                export_dflash2_llama_cpp)
+    from dspark_convert.runtime import llama_cpp_semantics as S
+
+    progress = progress or NoProgress()
+    bins = L.find_binaries(bin_dir)
+    target_path = check_input_file(target_gguf, label=f"--target-gguf {shown(str(target_gguf))}",
+                                   error=TargetGGUFError,
+                                   expected="the target model's GGUF file (the -m of llama.cpp)")
+    vocab = L.read_vocabulary(target_path)
+    export = {"dflash2": export_dflash2_llama_cpp,
+              "gemma4-assistant": export_assistant_llama_cpp}.get(kind)
+    if export is None:
+        raise EngineOptionError(f"kind {shown(kind)!r}: expected dflash2 or gemma4-assistant",
+                                field="kind", expected="dflash2 | gemma4-assistant",
+                                found=shown(kind))
+    engine_kind = "dflash2" if kind == "dflash2" else "mtp"
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="dspark-eval-kind-") as tmp:
+        exported = export(drafter_dir, target_path, Path(tmp) / f"{kind}.gguf")
+        n_max = exported.n_max
+        progress.start(f"llama.cpp: {kind} ({exported.spec_type})", len(prompts))
+        try:
+            for index, text in enumerate(prompts):
+                key = str(index)
+                alone = L.run_target(bins, target_path, text, vocab=vocab,
+                                     max_new_tokens=max_new_tokens,
+                                     what=f"the target alone, prompt {key}")
+                ids = tuple(alone.prompt_ids)
+                run = L.run_speculative(bins, target_path, exported.output, kind=engine_kind,
+                                        prompt_text=text, prompt_ids=ids, vocab=vocab,
+                                        max_new_tokens=max_new_tokens, n_max=n_max,
+                                        what=f"{kind} with {exported.spec_type}, prompt {key}")
+                cycles = len(run.drafts)
+                if kind == "dflash2":
+                    run, first = L.resolve_unlogged(
+                        run, ids, vocab,
+                        lambda c, a: S.dflash2_drafts(target, drafter, c, a, window=window))
+                    checked = len(run.drafts) + (first is not None)
+                    equal = len(run.drafts)
+                else:
+                    checked = equal = 0
+                    first = None
+                    for d in run.drafts:
+                        if not d.tokens:
+                            continue
+                        mine = S.assistant_drafts(target, drafter, d.context, d.anchor,
+                                                  len(d.tokens), window=window)
+                        checked += 1
+                        if mine == list(d.tokens):
+                            equal += 1
+                        elif first is None:
+                            first = d.call
+                # llama-speculative-simple prints the prompt and every token it made, a few
+                # past -n at most (its last verification accepts a whole draft): lossless
+                # when that text continues the target alone's exactly.
+                printed = run.text.strip(b"\n")
+                echoed = vocab.text(ids, special=True)
+                lossless = (printed.startswith(echoed)
+                            and printed[len(echoed):].startswith(alone.text))
+                runs.append(KindPromptRun(
+                    id=key, prompt_tokens=len(ids), cycles=cycles, drafts_checked=checked,
+                    drafts_equal=equal, first_difference=first,
+                    acceptance_lengths=tuple(d.accepted + 1 for d in run.drafts if d.tokens),
+                    lossless=lossless))
+                progress.advance(1)
+        finally:
+            progress.finish()
+    return KindRun(kind=kind, spec_type=exported.spec_type, n_max=n_max, window=window,
+                   drafter_file_sha256=exported.sha256, prompts=tuple(runs))

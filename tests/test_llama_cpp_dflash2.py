@@ -1,0 +1,129 @@
+"""A speculators DFlash2 drafter exported for llama.cpp 0c1e570 (commands/export.py
+export_dflash2_llama_cpp, artifact/llama_cpp_dflash2.py) and run by it beside the reference
+runtime (commands/evaluate_engine.run_kind_llama_cpp): the file as llama.cpp's own gguf-py
+reads it, its runs lossless, every draft checked (docs/ENGINES.md, "DFlash2 and the Gemma 4
+assistant in llama.cpp"). Skipped where the llama.cpp build is missing (support/llama_cpp)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+
+from support.llama_cpp import engine
+from support.paths import GOLDEN, GOLDEN_TARGET
+
+from dspark_convert.artifact import llama_cpp_dflash2 as D
+from dspark_convert.commands.evaluate_engine import run_kind_llama_cpp
+from dspark_convert.commands.export import export_dflash2_llama_cpp
+from dspark_convert.errors import LlamaCppDFlash2Error
+
+pytestmark = pytest.mark.slow
+DRAFT = GOLDEN / "reference" / "dflash2" / "draft"
+PROMPTS = ["hello world the", "a b c d e f g h i j k l m n o p q r s t u v w x y z"]
+# A prompt on which llama.cpp's DFlash2 draft departs from the reference's (measured; the
+# departure is described in docs/ENGINES.md).
+DEPARTING = "the quick brown fox jumps over the lazy dog and then"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    llama = engine()
+    root = tmp_path_factory.mktemp("llama_dflash2")
+    target = llama.convert(GOLDEN_TARGET, root / "target.gguf")
+    return llama, root, target
+
+
+@pytest.fixture(scope="module")
+def models():
+    from dspark_convert.runtime.dflash2 import load_drafter
+    from dspark_convert.runtime.qwen3 import Qwen3Target
+
+    torch.set_num_threads(1)
+    target = Qwen3Target(GOLDEN_TARGET, device=torch.device("cpu"))
+    return target, load_drafter(DRAFT, target)
+
+
+def _reader(llama):
+    sys.path.insert(0, str(llama.source / "gguf-py"))
+    try:
+        import gguf
+        return gguf.GGUFReader
+    finally:
+        sys.path.pop(0)
+
+
+def test_export_is_what_llama_cpp_reads(built):
+    llama, root, target = built
+    result = export_dflash2_llama_cpp(DRAFT, target, root / "d.gguf")
+    assert (result.spec_type, result.n_max, result.kind) == ("draft-dflash", 7, "dflash2")
+    reader = _reader(llama)(str(result.output))
+    fields = reader.fields
+    assert fields["general.architecture"].contents() == "dflash"
+    cfg = json.loads((DRAFT / "config.json").read_text())
+    for key, want in (("dflash.block_size", 8), ("dflash.conv_kernel_size", 2),
+                      ("dflash.conv_group_size", 16), ("dflash.selector_rank", 16),
+                      ("dflash.selector_top_k", 6), ("dflash.attention.sliding_window", 64),
+                      ("tokenizer.ggml.mask_token_id", cfg["mask_token_id"])):
+        assert fields[key].contents() == want, key
+    # llama.cpp's convention: HF hidden_states indices, = speculators' aux ids as they are.
+    assert fields["dflash.target_layers"].contents() == cfg["aux_hidden_state_layer_ids"]
+    assert fields["dflash.attention.sliding_window_pattern"].contents() == [True, False]
+    assert fields["dflash.attention.causal"].contents() is False
+    for absent in ("dflash.logit_scale", "dflash.final_logit_softcapping", "token_embd.weight"):
+        assert absent not in fields
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    want = {dst: ("F32" if how == "f32" else "BF16") for _, dst, how in D.tensor_names(2)}
+    assert types == want
+    # The same inputs give the same bytes.
+    again = export_dflash2_llama_cpp(DRAFT, target, root / "d2.gguf")
+    assert again.sha256 == result.sha256
+
+
+def test_llama_cpp_runs_it_lossless_every_draft_the_reference(built, models):
+    llama, _, target_gguf = built
+    target, drafter = models
+    run = run_kind_llama_cpp(llama.bin, target_gguf, kind="dflash2", drafter_dir=DRAFT,
+                             target=target, drafter=drafter, prompts=PROMPTS,
+                             max_new_tokens=100)
+    assert run.lossless
+    assert run.every_draft_equal, run.prompts
+    assert [p.cycles for p in run.prompts] == [47, 31]
+    assert run.tau > 2.5
+
+
+def test_the_measured_departure(built, models):
+    """On this prompt llama.cpp's 7th draft call accepts 2 where the reference's draft, the
+    same context, would have 3 (the target's token is the reference's slot-2 draft, by a
+    score margin of 7.8): the check names that call; the output stays lossless."""
+    llama, _, target_gguf = built
+    target, drafter = models
+    run = run_kind_llama_cpp(llama.bin, target_gguf, kind="dflash2", drafter_dir=DRAFT,
+                             target=target, drafter=drafter, prompts=[DEPARTING],
+                             max_new_tokens=100)
+    [p] = run.prompts
+    assert p.first_difference == 7 and p.drafts_equal == 6
+    assert run.lossless
+
+
+def test_refusals(built, tmp_path):
+    llama, root, target = built
+    broken = tmp_path / "draft"
+    shutil.copytree(DRAFT, broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["sliding_window_non_causal"] = False
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LlamaCppDFlash2Error) as info:
+        export_dflash2_llama_cpp(broken, target, tmp_path / "x.gguf")
+    assert info.value.exit_code == 157 and "sliding_window_non_causal" in info.value.message
+    assert not (tmp_path / "x.gguf").exists()
+
+
+    # A GGUF of another architecture as the target (the drafter's own export: dflash).
+    other = export_dflash2_llama_cpp(DRAFT, target, tmp_path / "other.gguf").output
+    with pytest.raises(LlamaCppDFlash2Error) as info:
+        export_dflash2_llama_cpp(DRAFT, other, tmp_path / "y.gguf")
+    assert "general.architecture" in info.value.message and not (tmp_path / "y.gguf").exists()
