@@ -211,6 +211,10 @@ def main(argv: list[str]) -> int:
     python = args.python
     if python is None:
         import speculators as install      # tools/speculators.py, beside this script
+        problem = install.install_problem()
+        if problem is not None:
+            raise SystemExit(f"speculators is not installed ({problem}): run `make "
+                             "speculators`, or name its interpreter with --python")
         python = str(install.python_path())
     tokens = context_tokens(json.loads(Path(args.reference).read_text()))
     inputs, proposals = our_blocks(args.drafter, args.target, tokens)
