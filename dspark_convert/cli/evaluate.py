@@ -188,7 +188,7 @@ def _print_summary(report, output: str, written: list[Path]) -> None:
         if r.lossless is not None:
             parts.append("= target greedy" if r.lossless else "DIFFERS from target greedy")
         kind = f" [{r.method}]" if r.method and r.kind != "target" else ""
-        out.print(escape(f"  {run_label(r)}{kind}, T={r.temperature:g}: " + ", ".join(parts)))
+        out.print(escape(f"  {run_label(r)}, T={r.temperature:g}{kind}: " + ", ".join(parts)))
     for r in report.engine_runs:
         parts = [f"{r.new_tokens} new tokens"]
         if r.tau is not None:

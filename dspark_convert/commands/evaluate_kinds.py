@@ -60,6 +60,7 @@ class Step:
     confidence_logits: tuple[float, ...] | None
     draft_seconds: float | None
     verify_seconds: float | None
+    end_seconds: float | None = None   # the cycle's end from the run's start, where timed
 
     @property
     def committed(self) -> int:
@@ -76,6 +77,7 @@ class Generated:
     steps: tuple[Step, ...]
     total_seconds: float
     draft_seconds: float
+    prefill_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,9 @@ class DrafterKind:
     generate: Callable[..., Generated]
     # (temperature, threshold, has_confidence) -> why the combination never runs, or None.
     never: Callable[[float, float, bool], str | None]
+    # (temperature) -> None, or the loop's own refusal of that temperature raised (serve-bench
+    # refuses before anything loads what eval lists as not run).
+    check_temperature: Callable[[float], None]
     # Whether `serve-bench` packs its requests (runtime/serving.serve) or serves them one
     # at a time with the batch-1 loop (runtime/serving.serve_one_by_one).
     packed: bool
@@ -163,12 +168,11 @@ def _generate_dflash2(model, drafter, prompt, *, max_new_tokens, temperature, th
 
 def _never_dflash2(temperature: float, threshold: float, has_confidence: bool) -> str | None:
     from dspark_convert.errors import DFlash2RunError
-    from dspark_convert.runtime.dflash2_loop import check_greedy
 
     if threshold:
         return NO_HEAD.format(label="DFlash2")
     try:
-        check_greedy(temperature)
+        _greedy_only(temperature)
     except DFlash2RunError as exc:
         return exc.message
     return None
@@ -213,21 +217,36 @@ def _from_timed(r) -> Generated:
         steps=tuple(Step(proposed=tuple(c.proposed), accepted=c.accepted,
                          next_token=c.next_token, confidence_logits=None,
                          draft_seconds=t.draft_seconds if t else None,
-                         verify_seconds=t.verify_seconds if t else None)
+                         verify_seconds=t.verify_seconds if t else None,
+                         end_seconds=t.end_seconds if t else None)
                     for c, t in zip(r.cycles, timings)),
-        total_seconds=r.total_seconds, draft_seconds=r.draft_seconds)
+        total_seconds=r.total_seconds, draft_seconds=r.draft_seconds,
+        prefill_seconds=r.prefill_seconds)
+
+
+def _any_temperature(temperature: float) -> None:
+    return None
+
+
+def _greedy_only(temperature: float) -> None:
+    from dspark_convert.runtime.dflash2_loop import check_greedy
+
+    check_greedy(temperature)
 
 
 KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind(name=DSPARK, label="DSpark", load=_load_dspark, generate=_generate_dspark,
-                never=_never_headed("DSpark"), packed=True, positions=_dspark_positions),
+                never=_never_headed("DSpark"), check_temperature=_any_temperature, packed=True,
+                positions=_dspark_positions),
     DrafterKind(name=DFLASH, label="DFlash", load=_load_dspark, generate=_generate_dspark,
-                never=_never_headed("DSpark"), packed=True, positions=_dspark_positions),
+                never=_never_headed("DSpark"), check_temperature=_any_temperature, packed=True,
+                positions=_dspark_positions),
     DrafterKind(name=DFLASH2, label="DFlash2", load=_load_dflash2, generate=_generate_dflash2,
-                never=_never_dflash2, packed=False, positions=_dflash2_positions),
+                never=_never_dflash2, check_temperature=_greedy_only, packed=False,
+                positions=_dflash2_positions),
     DrafterKind(name=MTP, label="MTP (Gemma 4 assistant)", load=_load_mtp,
-                generate=_generate_mtp, never=_never_mtp, packed=False,
-                positions=_mtp_positions),
+                generate=_generate_mtp, never=_never_mtp, check_temperature=_any_temperature,
+                packed=False, positions=_mtp_positions),
 )}
 
 
@@ -348,3 +367,24 @@ def never_runs(kind: str, temperature: float, threshold: float | None,
         return KINDS[kind].never(temperature, threshold or 0.0, has_confidence)
     except DSparkError as exc:            # a check that refuses instead of answering
         return exc.message
+
+
+def alone_runner(kind: str, model, drafter, *, temperature: float, stops: tuple[int, ...]):
+    """For `serve-bench`: a kind that is not packed (``packed`` false) serves each request
+    with its batch-1 loop; this is that loop as runtime/serving.serve_one_by_one calls it,
+    (request, its seed) -> serving.AloneRun."""
+    from dspark_convert.runtime.serving import AloneRun, AloneStep
+
+    generate = KINDS[kind].generate
+
+    def run_one(request, seed):
+        g = generate(model, drafter, list(request.prompt), max_new_tokens=request.max_new_tokens,
+                     temperature=temperature, threshold=0.0, stops=stops, seed=seed,
+                     stepwise=False)
+        return AloneRun(output_ids=g.output_ids, prefill_seconds=g.prefill_seconds,
+                        steps=tuple(AloneStep(length=len(s.proposed), accepted=s.accepted,
+                                              committed=n, draft_seconds=s.draft_seconds or 0.0,
+                                              verify_seconds=s.verify_seconds or 0.0,
+                                              end_seconds=s.end_seconds or 0.0)
+                                    for s, n in zip(g.steps, g.acceptance_lengths)))
+    return run_one

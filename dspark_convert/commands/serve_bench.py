@@ -78,14 +78,25 @@ def check_serve_dir(out: str | os.PathLike, *, force: bool, artifacts: Sequence,
 
 
 def _check_confidence(policies: Sequence[Policy], arts) -> None:
+    from dspark_convert.commands.evaluate_kinds import KINDS
+
     for art in arts:
         for policy in policies:
             if policy.name in NEEDS_CONFIDENCE and not art.has_confidence:
                 raise SchedulingPolicyError(
                     f"{art.path}: policy {policy} reads the confidence head, and this artifact "
-                    f"has none (a plain DFlash drafter); expected full or an artifact with a "
-                    f"confidence head", path=str(art.path), field="policy",
+                    f"has none (a {KINDS[art.kind].label} drafter); expected full or an "
+                    f"artifact with a confidence head", path=str(art.path), field="policy",
                     expected="full", found=str(policy))
+
+
+def _check_temperatures(temperature: float, arts) -> None:
+    """A kind whose loop refuses the temperature (DFlash2 above 0: DFlash2RunError, 151)
+    is refused before anything loads."""
+    from dspark_convert.commands.evaluate_kinds import KINDS
+
+    for art in arts:
+        KINDS[art.kind].check_temperature(temperature)
 
 
 def report_failure(report: ServeBenchReport, out: str | os.PathLike) -> LosslessnessError | None:
@@ -165,6 +176,7 @@ def _check_inputs(artifacts, target, prompts, *, concurrencies, policies, cost_t
     identity = target_identity(opened, progress)
     match_calibrations(calibration_files, arts, identity)
     _check_confidence(chosen, arts)
+    _check_temperatures(temperature, arts)
     block = max(a.block_size for a in arts)
     largest = concurrencies[-1] * (1 + block)
     if table is not None and table.tokens[-1] < largest:
@@ -211,8 +223,8 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
     from dspark_convert.evaluation.serve_report import ServeArtifact, ServeBenchSettings
     from dspark_convert.runtime.loading import compute_dtype
     from dspark_convert.runtime.memory import checked_estimate
+    from dspark_convert.commands.evaluate_kinds import KINDS, alone_runner
     from dspark_convert.runtime.serving import Request
-    from dspark_convert.runtime.weights import load_drafter_weights
     from dspark_convert.scheduling.profile import default_tokens, profile_target
 
     dev = resolve_device(device)
@@ -221,30 +233,35 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
     runtime = first.runtime
     # Before any weight is loaded (78 when over): the target, every drafter, and at the
     # largest concurrency that many requests' caches and a packed step of their blocks.
-    checked_estimate(first.target_plan, [c.bindings[a.name].drafter_plan for a in c.arts],
-                     dtype=torch_dtype, device=dev,
-                     longest_prompt=max(len(p.ids) for p in c.prompts),
-                     max_new_tokens=max_new_tokens, max_memory=max_memory,
-                     requests=c.concurrencies[-1],
-                     smaller="a lower concurrency, fewer artifacts, shorter prompts or fewer "
-                             "new tokens")
+    # (The estimate sizes the DSpark-family drafters, runtime/memory.py reading their
+    # contract; a DFlash2 or assistant drafter is loaded unestimated.)
+    estimated = [c.bindings[a.name].drafter_plan for a in c.arts if a.contract is not None]
+    if estimated:
+        checked_estimate(first.target_plan, estimated, dtype=torch_dtype, device=dev,
+                         longest_prompt=max(len(p.ids) for p in c.prompts),
+                         max_new_tokens=max_new_tokens, max_memory=max_memory,
+                         requests=c.concurrencies[-1],
+                         smaller="a lower concurrency, fewer artifacts, shorter prompts or "
+                                 "fewer new tokens")
     model = runtime.Target(c.opened.directory, device=dev, dtype=torch_dtype,
                            plan=first.target_plan, progress=progress)
+    stops = tuple(model.config.stop_token_ids)
     drafters = []
-    for a in c.arts:
-        weights = load_drafter_weights(a.path, device=dev, dtype=torch_dtype,
-                                       plan=c.bindings[a.name].drafter_plan, progress=progress)
-        drafters.append(Drafter(name=a.name, block_size=a.block_size,
-                                drafter=runtime.Drafter(
-                                    weights, embed=model.embed, lm_head=model.lm_head, device=dev,
-                                    confidence_temperatures=a.calibration.temperatures
-                                    if a.calibration is not None else None)))
+    for a in c.arts:                   # each by its kind's loader (evaluate_kinds.KINDS)
+        kind = KINDS[a.kind]
+        drafter = kind.load(model, c.bindings[a.name].drafter_plan, path=a.path, device=dev,
+                            dtype=torch_dtype, runtime=runtime,
+                            confidence_temperatures=a.calibration.temperatures
+                            if a.calibration is not None else None, progress=progress)
+        drafters.append(Drafter(name=a.name, block_size=a.positions, drafter=drafter,
+                                run_one=None if kind.packed else alone_runner(
+                                    a.kind, model, drafter, temperature=temperature,
+                                    stops=stops)))
     table = c.table
     if c.profile:
         block = max(a.block_size for a in c.arts)
         table = profile_target(model, tokens=default_tokens(c.largest), segment=1 + block,
                                progress=progress)
-    stops = tuple(model.config.stop_token_ids)
     requests = [Request(id=p.key, prompt=tuple(p.ids), max_new_tokens=max_new_tokens)
                 for p in c.prompts]
     # Untimed warm-up (torch's first calls allocate and pick kernels): one short request
@@ -273,7 +290,8 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
         target=c.identity, prompt_set=c.prompt_set.info(),
         artifacts=[ServeArtifact(name=a.name, path=shown(a.path), drafter_gguf_sha256=a.sha256,
                                  block_size=a.block_size, confidence_head=a.has_confidence,
-                                 calibration=a.applied)
+                                 calibration=a.applied, method=a.kind,
+                                 packed=KINDS[a.kind].packed)
                    for a in c.arts],
         cost_table=table, runs=list(done.runs),
         lossless=(all(checks) if checks else None) if temperature == 0.0 else None)

@@ -7,7 +7,9 @@ loop (runtime/serving.py ``serve``), the target alone beside them once per concu
   (ConcurrencyError, 148, naming the concurrency).
 - ``sweep``: the runs, in order: per concurrency, the target alone first (the baseline
   every other run's outputs are compared with at temperature 0), then each artifact under
-  each policy. Each run serves every prompt.
+  each policy. Each run serves every prompt: packed (runtime/serving ``serve``), or for a
+  drafter kind that is not packed (DFlash2, the Gemma 4 assistant) one request at a time
+  by its batch-1 loop (``serve_one_by_one``, under ``full`` only).
 - ``serve_run``: one ServeResult's figures (report.json's ``ServeRun``);
   ``decision_lines``: its verify steps as decisions.jsonl lines (scheduling/decisions.py).
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,11 +146,13 @@ def decision_lines(result) -> list[DecisionLine]:
 @dataclass(frozen=True)
 class Drafter:
     """An artifact as the sweep runs it: its report name, its loaded runtime drafter, its
-    block size (gamma)."""
+    block size (gamma); ``run_one``: for a kind that is not packed, its batch-1 loop as
+    ``serve_one_by_one`` calls it (commands/evaluate_kinds.alone_runner), else None."""
 
     name: str
     drafter: object
     block_size: int
+    run_one: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,7 @@ def sweep(target, drafters: Sequence[Drafter], requests: Sequence, *,
           progress: Progress | None = None) -> Sweep:
     """Serve every request (runtime/serving.Request) in each run; see the module docstring.
     ``progress``: one bar per run, counted in new tokens (``serve``'s on_tokens)."""
-    from dspark_convert.runtime.serving import serve
+    from dspark_convert.runtime.serving import serve, serve_one_by_one
     from dspark_convert.scheduling.policies import parse_policy
 
     progress = progress or NoProgress()
@@ -181,10 +185,16 @@ def sweep(target, drafters: Sequence[Drafter], requests: Sequence, *,
         progress.start(f"run {n}/{len(plan)}: {name or TARGET_ONLY} {policy} c{concurrency}",
                        tokens)
         try:
-            result = serve(target, None if art is None else art.drafter, requests,
-                           concurrency=concurrency, policy=policy, costs=costs,
-                           temperature=temperature, seed=seed, stop_token_ids=stop_token_ids,
-                           on_tokens=progress.advance)
+            if art is not None and art.run_one is not None:
+                result = serve_one_by_one(target, art.run_one, requests, concurrency=concurrency,
+                                          policy=policy, temperature=temperature, seed=seed,
+                                          stop_token_ids=stop_token_ids,
+                                          on_tokens=progress.advance)
+            else:
+                result = serve(target, None if art is None else art.drafter, requests,
+                               concurrency=concurrency, policy=policy, costs=costs,
+                               temperature=temperature, seed=seed,
+                               stop_token_ids=stop_token_ids, on_tokens=progress.advance)
         finally:
             progress.finish()
         lines = decision_lines(result)

@@ -115,6 +115,14 @@ class ServeArtifact(BaseModel):
     calibration: AppliedCalibration | None = Field(
         description="--calibration applied to this artifact: the policies saw its "
         "calibrated confidences (sigmoid(logit / T_k)); null: the head's raw ones.")
+    method: Literal["dspark", "dflash", "dflash2", "mtp"] | None = Field(
+        default=None, description="The drafter's kind; null in a report written before "
+        "serve-bench ran kinds other than DSpark and DFlash artifacts.")
+    packed: bool = Field(
+        default=True, description="true: its requests were packed into each step's batched "
+        "drafter pass and verify (runtime/serving.serve); false (DFlash2, the Gemma 4 "
+        "assistant): served one request at a time by its batch-1 loop under full only, so "
+        "the concurrency bounds nothing and the run's throughput is the batch-1 loop's.")
 
 
 class ServeBenchSettings(BaseModel):
@@ -221,7 +229,11 @@ def render_markdown(report: ServeBenchReport, *, plots: list[str]) -> str:
                 f"{art.drafter_gguf_sha256[:16]}…"
                 + (f"; confidences calibrated by {md_cell(art.calibration.path)} (T "
                    f"{', '.join(f'{t:g}' for t in art.calibration.temperatures)})"
-                   if art.calibration is not None else ""), "", _HEADER,
+                   if art.calibration is not None else "")
+                + (f"; kind {art.method}" if art.method else "")
+                + ("" if art.packed else "; **not packed**: served one request at a time by "
+                   "its batch-1 loop (full only), so concurrency bounds nothing here"),
+                "", _HEADER,
                 "|" + "|".join(["---"] * (_HEADER.count("|") - 1)) + "|"]
         runs = sorted([r for r in report.runs if r.artifact == art.name] + baseline,
                       key=lambda r: (r.concurrency, r.artifact is not None))
