@@ -46,17 +46,27 @@ def conform(
         "--dtype", help="Compute dtype of the reference: float32 (DeepSpec's traces) or "
         "bfloat16.")] = "float32",
     max_memory: MaxMemoryOpt = None,
+    diagnose: Annotated[bool, typer.Option(
+        "--diagnose", help="When drafts differ, re-propose the differing ones (at most 256) "
+        "under each known misreading and each compatible pair of them, and name those that "
+        "reproduce the engine's drafts, best first, with their fix (docs/CONFORMANCE.md): "
+        "162 when one reproduces every differing draft, else 97.")] = False,
     as_json: JsonOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Check an engine's drafts against the reference runtime: for each line of the trace,
     the reference's greedy proposal from the same context, token for token; fails (97) at
     the first draft that differs, naming the line, the position, both tokens, a block read
-    late (row_offset) and the reference's logit margin (a near tie says so)."""
+    late (row_offset) and the reference's logit margin (a near tie says so). --diagnose
+    names the known misreading that reproduces the engine's drafts (162), if any.
+
+    Exit 0 when every draft conforms; 97 when one differs; 162 when --diagnose names a
+    misreading that reproduces every differing draft diagnosed."""
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress
-        from dspark_convert.commands.conform import conform_failure, difference_text, run_conform
+        from dspark_convert.commands.conform import (conform_failure, diagnosis_line,
+                                                     difference_text, run_conform)
         from dspark_convert.errors import ConformInputError
         from dspark_convert.runtime.budget import parse_memory_size
 
@@ -70,7 +80,8 @@ def conform(
             if max_memory is not None else None
         result = run_conform(artifact, target=target, trace=trace, output=output, force=force,
                              device=device, dtype=dtype, max_memory=budget,
-                             progress=RichProgress(enabled=not as_json), on_estimate=show_estimate)
+                             progress=RichProgress(enabled=not as_json), on_estimate=show_estimate,
+                             diagnose=diagnose)
         failure = conform_failure(result)
         if as_json:
             doc = {"ok": failure is None, **result.model_dump()}
@@ -87,6 +98,11 @@ def conform(
                                  for a in result.agreement_by_position)))
             if c.first_difference is not None:
                 out.print(escape(f"  first difference: {difference_text(c.first_difference)}"))
+            for row in result.agreement_by_depth:
+                out.print(escape(f"  agreement at depth {row.depth} ({row.drafts} drafts): " + " ".join(
+                    "-" if a is None else f"{a:.2f}" for a in row.rates())))
+            if result.diagnosis is not None:
+                out.print(escape(f"  diagnosis: {diagnosis_line(result)}"))
             out.print(escape(f"  the target ran {result.target_tokens:,} tokens for "
                              f"{result.context_tokens:,} of context; {result.check_seconds:.2f} s "
                              f"({result.drafts_per_second:,.1f} drafts/s), load "

@@ -34,8 +34,11 @@ from dspark_convert.errors import (
     DraftMismatchError,
     FamilyRuntimeError,
     InvalidArtifactError,
+    MisreadingDiagnosedError,
     TraceFormatError,
 )
+from dspark_convert.evaluation.depth import DEPTH_BUCKETS, DepthRow
+from dspark_convert.evaluation.misreadings import DiagnosisScope, Explanation
 from dspark_convert.evaluation.proposals import NEAR_TIE, FirstDifference, ProposalCheck
 from dspark_convert.runtime.budget import MemoryReport
 from dspark_convert.util.atomic import Output, atomic_directory, check_outputs, write_error
@@ -64,7 +67,18 @@ class ConformResult(BaseModel):
     lines: int                         # drafts in the trace
     check: ProposalCheck               # compared, equal, by position, the first difference
     agreement_by_position: list[float | None]
+    # By context depth (evaluation/depth.py: tokens before the anchor, in DEPTH_BUCKETS):
+    # the agreement by position, and the engine's own acceptance by position as its trace
+    # records it (a line's draft against what the next context extending it committed).
+    depth_buckets: list[int]
+    agreement_by_depth: list[DepthRow]
+    acceptance_by_depth: list[DepthRow]
     conforms: bool                     # every draft equals the reference's
+    # --diagnose, when drafts differ: the misreadings (and pairs) that reproduce differing
+    # drafts, best first (empty: none reproduces any), and what was diagnosed. None: not
+    # asked, or every draft conforms.
+    diagnosis: list[Explanation] | None = None
+    diagnosis_scope: DiagnosisScope | None = None
     near_tie: float                    # the margin under which a difference is a near tie
     context_tokens: int                # tokens before the anchors, over every line: what a
                                        # prefill per line would run through the target
@@ -89,11 +103,13 @@ def run_conform(artifact: str | os.PathLike, *, target: str | os.PathLike,
                 trace: str | os.PathLike, output: str | os.PathLike | None = None,
                 force: bool = False, device: str = "auto", dtype: str = "float32",
                 max_memory: int | None = None, progress: Progress | None = None,
-                on_estimate: Callable[[MemoryReport], None] | None = None) -> ConformResult:
+                on_estimate: Callable[[MemoryReport], None] | None = None,
+                diagnose: bool = False) -> ConformResult:
     """Check every draft of ``trace`` against the reference's proposal (module docstring).
     Returns the result whether the drafts conform or not (``conform_failure`` says);
     ``output``: the report directory (report.json, report.md), written atomically, also
-    when they do not."""
+    when they do not. ``diagnose``: when drafts differ, which known misreading reproduces
+    them (evaluation/misreadings.py)."""
     from dspark_convert.evaluation.conform import check_fits, read_trace
 
     progress = progress or NoProgress()
@@ -143,13 +159,31 @@ def run_conform(artifact: str | os.PathLike, *, target: str | os.PathLike,
 
     proposer = ReferenceProposer(model, drafter)
     t0 = time.perf_counter()
-    check = check_lines(drafts.lines, proposer, progress=progress)
+    proposals: dict[int, tuple[int, ...]] = {}
+    check = check_lines(drafts.lines, proposer, progress=progress, proposals=proposals)
     seconds = time.perf_counter() - t0
+    from dspark_convert.evaluation.depth import agreement_by_depth, trace_acceptance
+
+    lines = drafts.lines
+    width = len(check.positions_compared)
+    agreement = agreement_by_depth(((lines[i].context_length - 1, lines[i].draft, ref)
+                                    for i, ref in sorted(proposals.items())), width)
+    accepted = trace_acceptance(lines, block)
+    explanations = scope = None
+    if diagnose and check.first_difference is not None:
+        from dspark_convert.evaluation.misreadings import diagnose as run_diagnosis
+        from dspark_convert.evaluation.proposals import differs
+
+        differing = [lines[i] for i, ref in proposals.items() if differs(lines[i].draft, ref)]
+        found = run_diagnosis(differing, model, drafter, progress=progress)
+        explanations, scope = found.explanations, found.scope
     result = ConformResult(
         artifact=str(artifact), target=str(target_plan.directory), trace=str(drafts.path),
         trace_sha256=drafts.sha256, family=family.name, markov_head=contract.markov_head.type,
         block_size=block, device=str(dev), dtype=dtype_name(torch_dtype),
         lines=len(drafts.lines), check=check, agreement_by_position=check.agreement_by_position(),
+        depth_buckets=list(DEPTH_BUCKETS), agreement_by_depth=agreement,
+        acceptance_by_depth=accepted, diagnosis=explanations, diagnosis_scope=scope,
         conforms=check.first_difference is None, near_tie=NEAR_TIE,
         context_tokens=drafts.context_tokens, target_tokens=proposer.target_tokens,
         load_seconds=load_seconds, check_seconds=seconds,
@@ -178,16 +212,46 @@ def difference_text(d: FirstDifference) -> str:
     return text
 
 
+def diagnosis_line(result: ConformResult) -> str | None:
+    """The diagnosis in one sentence (None: not diagnosed)."""
+    if result.diagnosis is None or result.diagnosis_scope is None:
+        return None
+    s = result.diagnosis_scope
+    if not result.diagnosis:
+        return (f"none of the known misreadings reproduces any of the {s.diagnosed} differing "
+                f"drafts diagnosed ({s.candidates} misreadings and pairs tried)")
+    best = result.diagnosis[0]
+    share = "all" if best.explains == best.of else f"{best.explains}"
+    text = (f"{best.misreading} reproduces {share} of the {best.of} differing drafts diagnosed"
+            f"{'' if s.diagnosed == s.differing else f' (of {s.differing})'}; "
+            f"fix: {'; and '.join(best.fix)}")
+    rest = [f"{e.misreading} ({e.explains})" for e in result.diagnosis[1:4]]
+    if rest:
+        text += "; also reproducing some: " + ", ".join(rest)
+    return text
+
+
+def _fully_diagnosed(result: ConformResult) -> bool:
+    return bool(result.diagnosis) and result.diagnosis[0].explains == result.diagnosis[0].of > 0
+
+
 def conform_failure(result: ConformResult) -> DraftMismatchError | None:
-    """``DraftMismatchError`` (97) naming the first difference when a draft differs."""
+    """``DraftMismatchError`` (97) naming the first difference when a draft differs;
+    ``MisreadingDiagnosedError`` (162) when --diagnose found the misreading that reproduces
+    every differing draft diagnosed."""
     c, d = result.check, result.check.first_difference
     if d is None:
         return None
-    return DraftMismatchError(
-        f"trace {result.trace}: {c.compared - c.equal} of {c.compared} drafts differ from the "
-        f"reference runtime's; the first: {difference_text(d)}", path=result.trace,
-        field=f"line {d.line}.draft[{d.position}]", expected=d.reference_token,
-        found=d.engine_token)
+    message = (f"trace {result.trace}: {c.compared - c.equal} of {c.compared} drafts differ "
+               f"from the reference runtime's; the first: {difference_text(d)}")
+    diagnosis = diagnosis_line(result)
+    cls = DraftMismatchError
+    if diagnosis is not None:
+        message += f"; diagnosis: {diagnosis}"
+        if _fully_diagnosed(result):
+            cls = MisreadingDiagnosedError
+    return cls(message, path=result.trace, field=f"line {d.line}.draft[{d.position}]",
+               expected=d.reference_token, found=d.engine_token)
 
 
 def render_markdown(result: ConformResult) -> str:
@@ -215,6 +279,29 @@ def render_markdown(result: ConformResult) -> str:
         out.append("| agreement | " + " | ".join("-" if a is None else f"{a:.3f}"
                                                   for a in result.agreement_by_position) + " |")
         out.append("")
+    if result.diagnosis is not None and result.diagnosis_scope is not None:
+        s = result.diagnosis_scope
+        out += ["## Diagnosis", "",
+                f"{s.diagnosed} of the {s.differing} differing drafts re-proposed under "
+                f"{s.candidates} misreadings and pairs of them (at most {s.max_lines} lines, "
+                f"{s.max_combined} misreadings combined; {s.seconds:.2f} s).", ""]
+        if not result.diagnosis:
+            out += ["None of the known misreadings reproduces any of them.", ""]
+        else:
+            out += ["| misreading | reproduces | of | fix |", "|---|---:|---:|---|"]
+            out += [f"| `{e.misreading}` | {e.explains} | {e.of} | {shown('; '.join(e.fix))} |"
+                    for e in result.diagnosis]
+            out.append("")
+    for title, rows in (("Agreement with the reference", result.agreement_by_depth),
+                        ("The engine's acceptance (from its trace)", result.acceptance_by_depth)):
+        if rows:
+            width = len(rows[0].reached)
+            out += [f"{title} by context depth (tokens before the anchor) and draft position:",
+                    "", "| depth | drafts | " + " | ".join(str(k) for k in range(width)) + " |",
+                    "|---|---:|" + "---:|" * width]
+            out += [f"| {r.depth} | {r.drafts} | " + " | ".join(
+                "-" if a is None else f"{a:.3f}" for a in r.rates()) + " |" for r in rows]
+            out.append("")
     out += [f"The target ran {result.target_tokens:,} tokens for {result.context_tokens:,} "
             f"tokens of context (contexts that share a prefix share its prefill); the check "
             f"took {result.check_seconds:.2f} s ({result.drafts_per_second:,.1f} drafts/s) "

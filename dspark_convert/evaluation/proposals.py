@@ -247,6 +247,11 @@ def check_lines(lines: Sequence[TraceLine], proposer: ReferenceProposer, *,
                          positions_equal=pos_equal, first_difference=difference)
 
 
+def differs(draft: Sequence[int], ref: Sequence[int]) -> bool:
+    """The engine's draft differs from the reference's proposal over its own length."""
+    return any(k >= len(ref) or ref[k] != tok for k, tok in enumerate(draft))
+
+
 def _chain_order(lines: Sequence[TraceLine]) -> list[int]:
     """The lines' indices in the order they are run: sorted by context, cut into chains
     (runs in which each context extends the one before), each chain longest first. The
