@@ -11,7 +11,8 @@ from conftest import REFERENCE_DRAFTER
 from support.gemma4 import GEMMA4_DRAFTERS
 from dspark_convert import errors as E
 from dspark_convert.contract import dspark, gemma4
-from dspark_convert.contract.families import FAMILIES, GEMMA4, QWEN3, family_named, family_of
+from dspark_convert.contract.families import (ASSISTANT, DFLASH2, FAMILIES, GEMMA4, QWEN3,
+                                              family_named, family_of)
 from dspark_convert.contract.tensor_table import GEMMA4_TENSOR_RULES, TENSOR_RULES
 from dspark_convert.source.checkpoint import read_contract
 
@@ -20,7 +21,14 @@ GEMMA4_CFG = json.loads((GEMMA4_DRAFTERS["gemma4_vanilla_conf_markov"] / "config
 
 
 def test_the_table():
-    assert set(FAMILIES) == {"Qwen3DSparkModel", "Gemma4DSparkModel"}
+    assert set(FAMILIES) == {"Qwen3DSparkModel", "Gemma4DSparkModel", "DFlash2DraftModel",
+                             "Gemma4UnifiedAssistantForCausalLM"}
+    # The kind tells eval and export apart (never the family name).
+    assert {f.name: f.kind for f in FAMILIES.values()} == {
+        "qwen3-dspark": "dspark", "gemma4-dspark": "dspark", "qwen3-dflash2": "dflash2",
+        "gemma4-assistant": "mtp"}
+    assert DFLASH2.artifact_commands == ASSISTANT.artifact_commands == {"smoke", "eval", "export"}
+    assert DFLASH2.needs_target and ASSISTANT.needs_target and not QWEN3.needs_target
     assert (QWEN3.parse_config, QWEN3.build_contract, QWEN3.tensor_rules) == \
         (dspark.parse_config, dspark.build_contract, TENSOR_RULES)
     assert GEMMA4.parse_config is gemma4.parse_config and GEMMA4.tensor_rules is GEMMA4_TENSOR_RULES
@@ -51,6 +59,14 @@ def test_unknown_architecture_names_the_families():
     with pytest.raises(E.UnsupportedArchitectureError) as exc:
         family_of(dict(QWEN3_CFG, architectures=["Llama4DSparkModel"]), path="config.json")
     assert "Qwen3DSparkModel" in exc.value.message and "Gemma4DSparkModel" in exc.value.message
+
+
+def test_the_other_gemma4_assistant_class_is_refused_by_name():
+    """transformers' Gemma4AssistantForCausalLM (gemma4_text) is not read as the unified one."""
+    with pytest.raises(E.UnsupportedArchitectureError) as exc:
+        family_of(dict(QWEN3_CFG, architectures=["Gemma4AssistantForCausalLM"]), path="c")
+    assert "Gemma4UnifiedAssistantForCausalLM" in exc.value.message
+    assert exc.value.exit_code == 14
 
 
 @pytest.mark.parametrize("archs", [None, "Qwen3DSparkModel", [], [7]])

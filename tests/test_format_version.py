@@ -85,7 +85,7 @@ def test_quantize_of_a_legacy_gemma4_artifact_writes_the_files_version(tmp_path,
     assert report.ok and report.warnings == 0 and _check(report).status == "passed"
 
 
-@pytest.mark.parametrize("version", [3, 0, True, 2.0, "2"])
+@pytest.mark.parametrize("version", [5, 0, True, 2.0, "2"])
 def test_a_manifest_version_no_format_has_is_a_schema_refusal(tmp_path, gemma4_artifact,
                                                               version):
     art = _with_manifest_version(gemma4_artifact, tmp_path / "art", version)

@@ -14,12 +14,15 @@ import re
 import sys
 from pathlib import Path
 
-from dspark_convert.artifact.format import METADATA_KEYS
+from dspark_convert.artifact.format import (ASSISTANT_METADATA_KEYS, DFLASH2_METADATA_KEYS,
+                                            METADATA_KEYS)
 from dspark_convert.errors import concrete_errors
 import cli_docs  # tools/cli_docs.py, beside this script
 import raisers  # tools/raisers.py, beside this script
 from generated import generator_main  # tools/generated.py, beside this script
-from dspark_convert.contract.tensor_table import GEMMA4_TENSOR_RULES, SYMBOLS, TENSOR_RULES, pretty_dim
+from dspark_convert.contract.tensor_table import (ASSISTANT_TENSOR_RULES, DFLASH2_TENSOR_RULES,
+                                                  GEMMA4_TENSOR_RULES, SYMBOLS, TENSOR_RULES,
+                                                  pretty_dim)
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEN_TEXT = {"always": "always", "hub": "Hub source only", "markov": "markov_rank > 0",
@@ -28,12 +31,13 @@ WHEN_TEXT = {"always": "always", "hub": "Hub source only", "markov": "markov_ran
              "gated": "gated Markov head", "rnn": "rnn Markov head",
              "quantized": "quantized artifacts only (`dspark quantize`)",
              "gemma4": "gemma4-dspark artifacts only", "softcap": "gemma4-dspark, softcap not null",
-             "v_proj": "without attention_k_eq_v"}
+             "v_proj": "without attention_k_eq_v",
+             "sliding": "with sliding_attention layers", "full": "with full_attention layers"}
 
 
-def metadata_table() -> str:
+def metadata_table(keys=METADATA_KEYS) -> str:
     rows = ["| key | GGUF type | present | value |", "|---|---|---|---|"]
-    for key in METADATA_KEYS:
+    for key in keys:
         gtype = key.type.name + (f"[{key.sub_type.name}]" if key.sub_type else "")
         rows.append(f"| `{key.key}` | {gtype} | {WHEN_TEXT[key.when]} | {key.doc} |")
     return "\n".join(rows)
@@ -173,7 +177,13 @@ def speculators_keys_table() -> str:
 
 SECTIONS = {
     "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table,
-                                "gemma4-tensors": lambda: tensor_table(GEMMA4_TENSOR_RULES)},
+                                "gemma4-tensors": lambda: tensor_table(GEMMA4_TENSOR_RULES),
+                                "dflash2-metadata": lambda: metadata_table(DFLASH2_METADATA_KEYS),
+                                "dflash2-tensors": lambda: tensor_table(DFLASH2_TENSOR_RULES),
+                                "assistant-metadata":
+                                    lambda: metadata_table(ASSISTANT_METADATA_KEYS),
+                                "assistant-tensors":
+                                    lambda: tensor_table(ASSISTANT_TENSOR_RULES)},
     "docs/EXIT_CODES.md": {"exit-codes": exit_code_table},
     "docs/BAD_INPUTS.md": {"limits": limits_table},
     "docs/ENGINES.md": {"llama-cpp-export": llama_cpp_export_table},

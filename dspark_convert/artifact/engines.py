@@ -50,7 +50,7 @@ from typing import Literal
 from dspark_convert.artifact import llama_cpp as L
 from dspark_convert.artifact.engine_names import ENGINES
 from dspark_convert.checks import Check
-from dspark_convert.contract import dspark, gemma4
+from dspark_convert.contract import dflash2, dspark, gemma4, gemma4_assistant
 from dspark_convert.contract.tensor_table import TENSOR_RULES, eval_dim, expand_rule
 from dspark_convert.errors import DSparkError, EngineRequirementError, StrataRuleError
 
@@ -95,9 +95,16 @@ _NUMERIC_TYPES = _INTEGER_TYPES | {"FLOAT32", "FLOAT64", "BOOL"}
 # dspark.family (format version 1, a foreign DFlash file, a `dspark export` file) is Qwen3's.
 QWEN3 = dspark.FAMILY
 GEMMA4 = gemma4.FAMILY
-KNOWN_FAMILIES = (QWEN3, GEMMA4)
+DFLASH2 = dflash2.FAMILY
+ASSISTANT = gemma4_assistant.FAMILY
+KNOWN_FAMILIES = (QWEN3, GEMMA4, DFLASH2, ASSISTANT)
 ONLY_QWEN3 = frozenset({QWEN3})
 ONLY_GEMMA4 = frozenset({GEMMA4})
+ONLY_DFLASH2 = frozenset({DFLASH2})
+ONLY_ASSISTANT = frozenset({ASSISTANT})
+DSPARK_FAMILIES = frozenset({QWEN3, GEMMA4})
+# Files under llama.cpp's `dflash` architecture (every family but the assistant's).
+DFLASH_ARCH_FAMILIES = frozenset({QWEN3, GEMMA4, DFLASH2})
 
 
 def file_family(kv: Mapping[str, object]) -> str:
@@ -185,6 +192,18 @@ FAMILY_NOTES: dict[tuple[str, str], str] = {
     (GEMMA4, "strata.open/tensor_inventory"):
         "Strata requires a Qwen3 layer's 11 tensors, v_proj among them; a Gemma4 drafter "
         "under attention_k_eq_v has none: V is the RMS norm of k_proj's output",
+    (DFLASH2, "strata.open/sample_from_anchor"):
+        "a DFlash2 drafter (speculators' DFlash2DraftModel): slot 0 is the anchor and the "
+        "candidate selector walks the block; Strata's loader reads DeepSpec's anchor-first "
+        "DFlash and refuses DFlash2 (its selector and conv tensors too)",
+    (DFLASH2, "llama.cpp/key.dflash.context_length"):
+        "this is our DFlash2 artifact: llama.cpp's keys and tensor names, but none of what its "
+        "converter (conversion/qwen.py:664, z-lab's layout, --target-model-dir) adds from the "
+        "target: context length, tokenizer, mask token key",
+    (ASSISTANT, "llama.cpp/assistant.context_length"):
+        "this is our assistant artifact: llama.cpp's gemma4-assistant keys and tensor names, "
+        "but none of what its converter (conversion/gemma.py:933) adds from the checkpoint's "
+        "tokenizer and config",
     (GEMMA4, "llama.cpp/architecture"):
         f"a {GEMMA4} artifact, in Strata's layout: llama.cpp 0c1e570 reads Gemma4 DSpark "
         "drafters under 'dflash', as its own converter writes them, and `dspark export` "
@@ -505,8 +524,16 @@ def _strata_architecture(view: _View) -> str | None:
     return None
 
 
+def _strata_assistant(view: _View) -> str | None:
+    arch = view.kv.get("general.architecture")
+    return (f"dflash: general.architecture is '{arch}', a DFlash artifact declares 'dflash' "
+            "(an MTP assistant drafting over the target's KV is not a block drafter Strata's "
+            "DFlash loader implements)")
+
+
 STRATA_OPEN_RULES: tuple[Rule, ...] = (
     FAMILY_RULE,
+    Rule("assistant", "load_error", _strata_assistant, final=True, families=ONLY_ASSISTANT),
     Rule("architecture", "load_error", _strata_architecture),
     Rule("metadata_numbers", "load_error", _strata_parse_numbers),
     Rule("head_dim", "load_error", _strata_head_dim, ("numbers",)),
@@ -753,7 +780,7 @@ def _key_rule(key: str, want: str, required: bool) -> Rule:
             return None
         return (f"key {key} has wrong type {GGUF_TYPE_NAMES.get(got.split('[')[0], got)} but "
                 f"expected type {GGUF_TYPE_NAMES[want]}")
-    return Rule(f"key.{key}", "load_error", check)
+    return Rule(f"key.{key}", "load_error", check, families=DFLASH_ARCH_FAMILIES)
 
 
 def _llama_max_layers(view: _View) -> str | None:
@@ -999,19 +1026,110 @@ def _g4_llama_rope(view: _View) -> str | None:
             f"{factor:g}) rotates {n}")
 
 
+# --- llama.cpp and the DFlash2 / assistant kinds (facts: docs/ENGINES.md, llama.cpp 0c1e570's
+# src/models/dflash.cpp, src/models/gemma4-assistant.cpp, common/speculative.cpp) ------------
+
+LLAMA_DFLASH2_DEFAULT_N_MAX = 3      # --spec-draft-n-max's default (common/common.h:328)
+
+
+def _d2_int(view: _View, key: str) -> int | None:
+    value = view.kv.get(key)
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+        else None
+
+
+def _llama_dflash2_selector(view: _View) -> str | None:
+    """src/models/dflash.cpp:142-151: every DFlash2 key > 0, H % g == 0, H >= K (K + 1)."""
+    h, g = _d2_int(view, "dflash.embedding_length"), _d2_int(view, "dflash.conv_group_size")
+    k = _d2_int(view, "dflash.selector_top_k")
+    if None in (h, g, k):
+        return None
+    if g <= 0 or h % g:
+        return f"DFlash2: embedding_length {h} is not a multiple of conv_group_size {g}"
+    if h < k * (k + 1):
+        return (f"DFlash2: embedding_length {h} < selector_top_k x (selector_top_k + 1) = "
+                f"{k * (k + 1)} (its selector packs a K x K score table into the hidden row)")
+    return None
+
+
+def _llama_dflash2_block(view: _View) -> str | None:
+    b = _d2_int(view, "dflash.block_size")
+    if b is None or b - 1 == LLAMA_DFLASH2_DEFAULT_N_MAX:
+        return None
+    return (f"llama.cpp drafts --spec-draft-n-max tokens (default {LLAMA_DFLASH2_DEFAULT_N_MAX}) "
+            f"in a block of n_max + 1; block attention being bidirectional, a shorter block "
+            f"changes every draft: run it with --spec-draft-n-max {b - 1} to compute this "
+            f"drafter's block of {b}")
+
+
+def _llama_dflash2_causal(view: _View) -> str | None:
+    if view.kv.get("dspark.dflash2.sliding_window_non_causal") != "false":
+        return None
+    return ("the block is causal on this drafter's sliding layers "
+            "(sliding_window_non_causal false); llama.cpp's DFlash graph has one block mask "
+            "for every layer")
+
+
+def _llama_sliding_window(key: str, what: str) -> Callable[[_View], str | None]:
+    def check(view: _View) -> str | None:
+        if key not in view.kv:
+            return None
+        return (f"llama.cpp's sliding layers use its standard per-query window ({key} = "
+                f"{view.kv[key]}); {what}: the two agree only while the context fits the "
+                "window")
+    return check
+
+
+def _llama_assistant_keys(view: _View) -> str | None:
+    key = f"{gemma4_assistant.FAMILY}.context_length"
+    if key in view.kv:
+        return None
+    return f"key not found in model: {key}"
+
+
+def _llama_assistant_hidden(view: _View) -> str | None:
+    a = gemma4_assistant.FAMILY
+    h, hb = _d2_int(view, f"{a}.embedding_length"), _d2_int(view, f"{a}.embedding_length_out")
+    if h is not None and h == hb:
+        return (f"gemma4-assistant: embedding_length {h} equals embedding_length_out "
+                "(src/models/gemma4-assistant.cpp:30 requires the assistant's hidden size to "
+                "differ from the target's)")
+    return None
+
+
 LLAMA_RULES: tuple[Rule, ...] = (
     Rule("gguf.alignment_type", "load_error", _llama_alignment_type, final=True),
     FAMILY_RULE,
-    Rule("architecture", "load_error", _llama_arch),
+    # The assistant: llama.cpp's gemma4-assistant architecture (conversion/gemma.py:933).
+    Rule("assistant.context_length", "load_error", _llama_assistant_keys,
+         families=ONLY_ASSISTANT),
+    Rule("assistant.tokenizer", "load_error", _llama_tokenizer, families=ONLY_ASSISTANT),
+    Rule("assistant.hidden_size", "load_error", _llama_assistant_hidden,
+         families=ONLY_ASSISTANT),
+    Rule("assistant.sliding_window", "misread", _llama_sliding_window(
+        f"{gemma4_assistant.FAMILY}.attention.sliding_window",
+        "transformers' assistant sees the last W + 1 shared entries, llama.cpp W - 1 before "
+        "the anchor"), families=ONLY_ASSISTANT),
+    # The `dflash` architecture's loader (DSpark families, DFlash2).
+    Rule("architecture", "load_error", _llama_arch, families=DFLASH_ARCH_FAMILIES),
     *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[:3]),
-    Rule("max_layers", "load_error", _llama_max_layers),
+    Rule("max_layers", "load_error", _llama_max_layers, families=DFLASH_ARCH_FAMILIES),
     *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[3:6]),
-    Rule("rope_base", "misread", _llama_rope_base),
+    Rule("rope_base", "misread", _llama_rope_base, families=DFLASH_ARCH_FAMILIES),
     *(_key_rule(k, t, req) for k, t, req in LLAMA_KEYS[6:]),
-    Rule("target_layers", "load_error", _llama_taps),
-    Rule("target_layers_convention", "misread", _llama_tap_convention, ("llama_taps",)),
-    Rule("tokenizer", "load_error", _llama_tokenizer),
-    Rule("mask_token", "load_error", _llama_mask),
+    Rule("target_layers", "load_error", _llama_taps, families=DFLASH_ARCH_FAMILIES),
+    # A DFlash2 artifact holds llama.cpp's own convention (HF hidden_states indices).
+    Rule("target_layers_convention", "misread", _llama_tap_convention, ("llama_taps",),
+         families=DSPARK_FAMILIES),
+    Rule("tokenizer", "load_error", _llama_tokenizer, families=DFLASH_ARCH_FAMILIES),
+    Rule("mask_token", "load_error", _llama_mask, families=DFLASH_ARCH_FAMILIES),
+    Rule("dflash2.selector", "load_error", _llama_dflash2_selector, families=ONLY_DFLASH2),
+    Rule("dflash2.block_causal", "unsupported", _llama_dflash2_causal, families=ONLY_DFLASH2),
+    Rule("dflash2.sliding_window", "misread", _llama_sliding_window(
+        "dflash.attention.sliding_window",
+        "speculators' window is anchored at the anchor (context >= anchor - W)"),
+        families=ONLY_DFLASH2),
+    Rule("dflash2.draft_length", "misread", _llama_dflash2_block, families=ONLY_DFLASH2),
     # The tensors by Qwen3's table (a Gemma4 file's names are llama.cpp's own: ENGINES.md).
     Rule("geometry", "load_error", _llama_geometry,                  # a parse step: never refuses
          families=ONLY_QWEN3),

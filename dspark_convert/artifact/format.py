@@ -16,9 +16,9 @@ from typing import Literal
 from gguf.constants import GGUFValueType
 
 from dspark_convert import CONVERTER_NAME, __version__
-from dspark_convert.contract import gemma4
+from dspark_convert.contract import dflash2, gemma4, gemma4_assistant
 from dspark_convert.contract.dspark import ARCHITECTURE, MAX_DRAFT_LAYERS, FeatureContract
-from dspark_convert.contract.families import FAMILIES, GEMMA4, QWEN3, Family
+from dspark_convert.contract.families import ASSISTANT, DFLASH2, FAMILIES, GEMMA4, QWEN3, Family
 from dspark_convert.errors import ConfigError, ContractViolation, DSparkError, GeometryLimitError, MetadataError
 
 FORMAT_VERSION = 1
@@ -29,6 +29,14 @@ ARCHITECTURE_NAME = "dflash"
 # version-1 reader refuses a version-2 file at dspark.format_version, never misreads it.
 FAMILY_FORMAT_VERSION = 2
 GEMMA4_ARCHITECTURE_NAME = "dspark-gemma4"
+# Format version 3: a DFlash2 drafter (speculators' DFlash2DraftModel: conv + candidate
+# selector), under llama.cpp 0c1e570's `dflash` architecture and key names; version 4: a
+# Gemma 4 assistant (MTP drafter), under llama.cpp's `gemma4-assistant` architecture and
+# key names (docs/ARTIFACT_FORMAT.md, "DFlash2" and "The Gemma 4 assistant"). The format
+# is ours; the names are llama.cpp's where it has them, so that its export is a copy.
+DFLASH2_FORMAT_VERSION = 3
+ASSISTANT_FORMAT_VERSION = 4
+ASSISTANT_ARCHITECTURE_NAME = "gemma4-assistant"
 ALIGNMENT = 32
 GGUF_FILE = "drafter.gguf"
 MANIFEST_FILE = "manifest.json"
@@ -38,7 +46,9 @@ LOCAL_REVISION = "local"
 # The format version of each family's artifacts, by contract family: drafter.gguf's
 # dspark.format_version and manifest.json's format_version both hold it (convert and quantize
 # write it from here; validate refuses an artifact whose two disagree, 49).
-FORMAT_VERSIONS = {QWEN3.name: FORMAT_VERSION, GEMMA4.name: FAMILY_FORMAT_VERSION}
+FORMAT_VERSIONS = {QWEN3.name: FORMAT_VERSION, GEMMA4.name: FAMILY_FORMAT_VERSION,
+                   DFLASH2.name: DFLASH2_FORMAT_VERSION,
+                   ASSISTANT.name: ASSISTANT_FORMAT_VERSION}
 # The one disagreement read as a legacy case (a warning, not 49): a Gemma4 manifest written
 # with format_version 1 before the manifest carried its family's version
 # (docs/ARTIFACT_FORMAT.md, "Format versions").
@@ -51,7 +61,7 @@ def padded(n: int) -> int:
 
 
 When = Literal["always", "hub", "markov", "confidence", "embed", "lm_head", "quantized",
-               "gemma4", "softcap"]
+               "gemma4", "softcap", "sliding", "full"]
 
 T = GGUFValueType
 
@@ -125,7 +135,129 @@ METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("strata.dflash.source_sha256", T.STRING,
                 "SHA-256 of the BF16 parent's `drafter.gguf`", "quantized"),
 )
-KEYS_BY_NAME = {k.key: k for k in METADATA_KEYS}
+
+# The keys every kind's artifact holds: what the file is, where its weights came from,
+# which converter wrote it (the DSpark table above holds them too, in its own order).
+_PROVENANCE_KEYS = {k.key: k for k in METADATA_KEYS if k.key in (
+    "general.alignment", "general.name", "general.source.huggingface.repository",
+    "dflash.target.embed_sha256", "dflash.target.lm_head_sha256", "dflash.source.revision",
+    "dflash.source.sha256", "dspark.converter", "dspark.format_version")}
+
+
+def _shared(key: str, doc: str | None = None, when: When = "always") -> MetadataKey:
+    base = _PROVENANCE_KEYS.get(key) or next(k for k in METADATA_KEYS if k.key == key)
+    return MetadataKey(key, base.type, doc or base.doc, when if key not in _PROVENANCE_KEYS
+                       else base.when, base.sub_type)
+
+
+# A DFlash2 artifact (format version 3): llama.cpp 0c1e570's `dflash` keys for a DFlash2
+# drafter (its DFlashModel converter, conversion/qwen.py:664), ours (dspark.*) for what it
+# has no key for. dflash.target_layers holds speculators' aux_hidden_state_layer_ids, HF
+# hidden_states indices, as llama.cpp's converter writes them (z-lab's ids + 1): not the
+# DeepSpec ids a DSpark artifact's holds.
+DFLASH2_METADATA_KEYS: tuple[MetadataKey, ...] = (
+    MetadataKey("general.architecture", T.STRING, "`dflash`"),
+    _shared("general.alignment"), _shared("general.name"),
+    _shared("general.source.huggingface.repository"),
+    _shared("dflash.embedding_length", "transformer_layer_config.hidden_size"),
+    _shared("dflash.block_count", "transformer_layer_config.num_hidden_layers"),
+    _shared("dflash.attention.head_count", "transformer_layer_config.num_attention_heads"),
+    _shared("dflash.attention.head_count_kv", "transformer_layer_config.num_key_value_heads"),
+    _shared("dflash.attention.key_length", "transformer_layer_config.head_dim"),
+    _shared("dflash.feed_forward_length", "transformer_layer_config.intermediate_size"),
+    _shared("dflash.vocab_size", "transformer_layer_config.vocab_size (= draft_vocab_size)"),
+    _shared("dflash.block_size", "block_size (slot 0 the anchor: block_size - 1 drafts)"),
+    _shared("dflash.mask_token_id", "mask_token_id"),
+    _shared("dflash.target_layers", "aux_hidden_state_layer_ids unchanged: HF hidden_states "
+            "indices (0 the embedding); z-lab's target_layer_ids + 1"),
+    _shared("dflash.rope.frequency_base", "transformer_layer_config rope theta"),
+    _shared("dflash.attention.layer_norm_rms_epsilon", "transformer_layer_config.rms_norm_eps"),
+    _shared("dflash.sample_from_anchor", "`false`: slot 0 is the anchor, not drafted"),
+    _shared("dflash.attention.causal", "`false`"),
+    MetadataKey("dflash.attention.sliding_window", T.UINT32,
+                "transformer_layer_config.sliding_window", "sliding"),
+    MetadataKey("dspark.dflash2.layer_types", T.ARRAY,
+                "transformer_layer_config.layer_types (`sliding_attention` / "
+                "`full_attention`, one per layer)", sub_type=T.STRING),
+    MetadataKey("dspark.dflash2.sliding_window_non_causal", T.STRING,
+                "`true` / `false`: `sliding_window_non_causal` (false: the block is causal on "
+                "sliding layers)"),
+    MetadataKey("dflash.conv_kernel_size", T.UINT32, "conv_kernel_size"),
+    MetadataKey("dflash.conv_group_size", T.UINT32, "conv_group_size"),
+    MetadataKey("dflash.selector_rank", T.UINT32, "selector_rank"),
+    MetadataKey("dflash.selector_top_k", T.UINT32, "selector_top_k"),
+    _shared("dflash.target.embed_sha256", "SHA-256 of the target's `model.embed_tokens.weight` "
+            "(speculators never saves one: the runtime binds the target's)"),
+    _shared("dflash.target.lm_head_sha256", "SHA-256 of the target's head (its embedding when "
+            "tied)"),
+    _shared("dflash.source.revision"), _shared("dflash.source.sha256"),
+    MetadataKey("dspark.family", T.STRING, "`qwen3-dflash2`"),
+    _shared("dspark.format_version", "3"),
+    _shared("dspark.converter"),
+)
+
+_A = ASSISTANT_ARCHITECTURE_NAME
+# A Gemma 4 assistant artifact (format version 4): llama.cpp 0c1e570's `gemma4-assistant`
+# keys (its Gemma4AssistantModel converter, conversion/gemma.py:933), ours (dspark.*) for
+# what it has no key for or encodes otherwise (layer types, the RoPE type, drafts per cycle).
+ASSISTANT_METADATA_KEYS: tuple[MetadataKey, ...] = (
+    MetadataKey("general.architecture", T.STRING, f"`{_A}`"),
+    _shared("general.alignment"), _shared("general.name"),
+    _shared("general.source.huggingface.repository"),
+    MetadataKey(f"{_A}.embedding_length", T.UINT32, "text_config.hidden_size (the assistant's)"),
+    MetadataKey(f"{_A}.embedding_length_out", T.UINT32,
+                "backbone_hidden_size (the target's hidden size)"),
+    MetadataKey(f"{_A}.block_count", T.UINT32, "text_config.num_hidden_layers"),
+    MetadataKey(f"{_A}.nextn_predict_layers", T.UINT32, "text_config.num_hidden_layers"),
+    MetadataKey(f"{_A}.attention.shared_kv_layers", T.UINT32,
+                "text_config.num_kv_shared_layers (= the layer count: every layer reads the "
+                "target's KV)"),
+    MetadataKey(f"{_A}.feed_forward_length", T.UINT32, "text_config.intermediate_size"),
+    MetadataKey(f"{_A}.attention.head_count", T.UINT32, "text_config.num_attention_heads"),
+    MetadataKey(f"{_A}.attention.head_count_kv", T.ARRAY, "each layer's KV heads",
+                sub_type=T.UINT32),
+    MetadataKey(f"{_A}.attention.key_length", T.UINT32, "the full layers' head_dim", "full"),
+    MetadataKey(f"{_A}.attention.key_length_swa", T.UINT32, "the sliding layers' head_dim",
+                "sliding"),
+    MetadataKey(f"{_A}.attention.sliding_window", T.UINT32, "text_config.sliding_window",
+                "sliding"),
+    MetadataKey(f"{_A}.attention.layer_norm_rms_epsilon", T.FLOAT32, "text_config.rms_norm_eps"),
+    MetadataKey(f"{_A}.rope.freq_base", T.FLOAT64, "rope_parameters.full_attention.rope_theta",
+                "full"),
+    MetadataKey(f"{_A}.rope.freq_base_swa", T.FLOAT64,
+                "rope_parameters.sliding_attention.rope_theta", "sliding"),
+    MetadataKey(f"{_A}.vocab_size", T.UINT32, "text_config.vocab_size"),
+    MetadataKey(f"{_A}.final_logit_softcapping", T.FLOAT64,
+                "text_config.final_logit_softcapping (recorded; the assistant's logits are "
+                "never softcapped); absent when null", "softcap"),
+    MetadataKey("dspark.assistant.layer_types", T.ARRAY, "text_config.layer_types",
+                sub_type=T.STRING),
+    MetadataKey("dspark.assistant.rope.type", T.STRING,
+                "rope_parameters.full_attention.rope_type (`proportional` or `default`)", "full"),
+    MetadataKey("dspark.assistant.rope.partial_rotary_factor", T.FLOAT64,
+                "rope_parameters.full_attention.partial_rotary_factor (1.0 for `default`)",
+                "full"),
+    MetadataKey("dspark.assistant.hidden_activation", T.STRING, "`gelu_pytorch_tanh`"),
+    MetadataKey("dspark.assistant.num_assistant_tokens", T.UINT32,
+                "drafts per cycle: generation_config.json `num_assistant_tokens` (20 without "
+                "one, transformers' default)"),
+    _shared("dflash.target.embed_sha256", "SHA-256 of the target's `embed_tokens` (the "
+            "embedding the assistant's input reads; its own is `token_embd.weight`, its tied "
+            "head)"),
+    _shared("dflash.source.revision"), _shared("dflash.source.sha256"),
+    MetadataKey("dspark.family", T.STRING, "`gemma4-assistant`"),
+    _shared("dspark.format_version", "4"),
+    _shared("dspark.converter"),
+)
+# Each family's key table, in file order.
+FAMILY_KEYS: dict[str, tuple[MetadataKey, ...]] = {
+    QWEN3.name: METADATA_KEYS, GEMMA4.name: METADATA_KEYS,
+    DFLASH2.name: DFLASH2_METADATA_KEYS, ASSISTANT.name: ASSISTANT_METADATA_KEYS}
+# Every key of the format (one type per name, whichever table holds it).
+KEYS_BY_NAME = {k.key: k for table in (METADATA_KEYS, DFLASH2_METADATA_KEYS,
+                                       ASSISTANT_METADATA_KEYS) for k in table}
+assert all(KEYS_BY_NAME[k.key].type == k.type and KEYS_BY_NAME[k.key].sub_type == k.sub_type
+           for table in FAMILY_KEYS.values() for k in table)
 
 
 @dataclass(frozen=True)
@@ -192,8 +324,95 @@ def _gemma4_values(contract) -> dict[str, object]:
 _FAMILY_VALUES = {QWEN3.name: _qwen3_values, GEMMA4.name: _gemma4_values}
 
 
-def expected_metadata(contract: FeatureContract, prov: Provenance) -> dict[str, object]:
-    """Every key's value, in file order, for a contract and its provenance."""
+def expected_metadata(contract, prov: Provenance) -> dict[str, object]:
+    """Every key's value, in file order, for a contract (of any family) and its provenance:
+    each family's key table (FAMILY_KEYS) and values."""
+    return _FAMILY_METADATA.get(contract.family, _dspark_metadata)(contract, prov)
+
+
+def _provenance_values(prov: Provenance) -> dict[str, object]:
+    return {"general.alignment": ALIGNMENT, "general.name": prov.name,
+            "general.source.huggingface.repository": prov.repository,
+            "dflash.target.embed_sha256": prov.embed_sha256,
+            "dflash.target.lm_head_sha256": prov.lm_head_sha256,
+            "dflash.source.revision": prov.revision, "dflash.source.sha256": prov.source_sha256,
+            "dspark.converter": prov.converter}
+
+
+def _kind_metadata(table: tuple[MetadataKey, ...], values: dict[str, object],
+                   conditions: dict[str, bool], prov: Provenance) -> dict[str, object]:
+    """A kind's values in its table's order, each key present when its condition holds."""
+    applies = {"always": True, "hub": prov.repository is not None,
+               "embed": prov.embed_sha256 is not None,
+               "lm_head": prov.lm_head_sha256 is not None, **conditions}
+    values = {**_provenance_values(prov), **values}
+    return {k.key: values[k.key] for k in table if applies[k.when]}
+
+
+def _dflash2_metadata(contract, prov: Provenance) -> dict[str, object]:
+    g, a = contract.geometry, contract.attention
+    values = {
+        "general.architecture": ARCHITECTURE_NAME,
+        "dflash.embedding_length": g.hidden_size, "dflash.block_count": g.num_draft_layers,
+        "dflash.attention.head_count": g.num_attention_heads,
+        "dflash.attention.head_count_kv": g.num_key_value_heads,
+        "dflash.attention.key_length": g.head_dim,
+        "dflash.feed_forward_length": g.intermediate_size, "dflash.vocab_size": g.vocab_size,
+        "dflash.block_size": contract.block.block_size,
+        "dflash.mask_token_id": contract.block.mask_token_id,
+        "dflash.target_layers": list(contract.taps.hidden_state_indices),
+        "dflash.rope.frequency_base": g.rope_theta,
+        "dflash.attention.layer_norm_rms_epsilon": g.rms_norm_eps,
+        "dflash.sample_from_anchor": _flag(contract.block.sample_from_anchor),
+        "dflash.attention.causal": _flag(a.causal),
+        "dflash.attention.sliding_window": a.sliding_window,
+        "dspark.dflash2.layer_types": list(a.layer_types),
+        "dspark.dflash2.sliding_window_non_causal": _flag(a.sliding_window_non_causal),
+        "dflash.conv_kernel_size": contract.conv.kernel_size,
+        "dflash.conv_group_size": contract.conv.group_size,
+        "dflash.selector_rank": contract.selector.rank,
+        "dflash.selector_top_k": contract.selector.top_k,
+        "dspark.family": contract.family,
+        "dspark.format_version": FORMAT_VERSIONS[contract.family]}
+    return _kind_metadata(DFLASH2_METADATA_KEYS, values,
+                          {"sliding": a.sliding_window is not None}, prov)
+
+
+def _assistant_metadata(contract, prov: Provenance) -> dict[str, object]:
+    g, A = contract.geometry, ASSISTANT_ARCHITECTURE_NAME
+    by_kind = {layer.kind: layer for layer in contract.layers}
+    full, sliding = by_kind.get(gemma4_assistant.FULL), by_kind.get(gemma4_assistant.SLIDING)
+    values = {
+        "general.architecture": A,
+        f"{A}.embedding_length": g.hidden_size,
+        f"{A}.embedding_length_out": g.backbone_hidden_size,
+        f"{A}.block_count": g.num_draft_layers, f"{A}.nextn_predict_layers": g.num_draft_layers,
+        f"{A}.attention.shared_kv_layers": g.num_draft_layers,
+        f"{A}.feed_forward_length": g.intermediate_size,
+        f"{A}.attention.head_count": g.num_attention_heads,
+        f"{A}.attention.head_count_kv": [layer.kv_heads for layer in contract.layers],
+        f"{A}.attention.key_length": full.head_dim if full else None,
+        f"{A}.attention.key_length_swa": sliding.head_dim if sliding else None,
+        f"{A}.attention.sliding_window": contract.sliding_window,
+        f"{A}.attention.layer_norm_rms_epsilon": g.rms_norm_eps,
+        f"{A}.rope.freq_base": full.rope_theta if full else None,
+        f"{A}.rope.freq_base_swa": sliding.rope_theta if sliding else None,
+        f"{A}.vocab_size": g.vocab_size,
+        f"{A}.final_logit_softcapping": contract.final_logit_softcapping,
+        "dspark.assistant.layer_types": contract.layer_types(),
+        "dspark.assistant.rope.type": contract.rope.full_type,
+        "dspark.assistant.rope.partial_rotary_factor": contract.rope.full_partial_rotary_factor,
+        "dspark.assistant.hidden_activation": contract.activation,
+        "dspark.assistant.num_assistant_tokens": contract.num_assistant_tokens,
+        "dspark.family": contract.family,
+        "dspark.format_version": FORMAT_VERSIONS[contract.family]}
+    return _kind_metadata(ASSISTANT_METADATA_KEYS, values,
+                          {"sliding": sliding is not None, "full": full is not None,
+                           "softcap": contract.final_logit_softcapping is not None}, prov)
+
+
+def _dspark_metadata(contract: FeatureContract, prov: Provenance) -> dict[str, object]:
+    """A DSpark family's keys (METADATA_KEYS), Qwen3's and Gemma4's."""
     g = contract.geometry
     values: dict[str, object] = {
         "general.alignment": ALIGNMENT,
@@ -227,6 +446,9 @@ def expected_metadata(contract: FeatureContract, prov: Provenance) -> dict[str, 
         **_FAMILY_VALUES[contract.family](contract),
     }
     return {k.key: values[k.key] for k in METADATA_KEYS if _applies(k, contract, prov)}
+
+
+_FAMILY_METADATA = {DFLASH2.name: _dflash2_metadata, ASSISTANT.name: _assistant_metadata}
 
 
 def as_float32(value: float) -> float:
@@ -400,22 +622,27 @@ _QWEN3_VIEW_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers",
 
 def metadata_family(kv: dict[str, object], *, path: str) -> Family:
     """The family a file's metadata names (types already checked): version 1 is Qwen3 and
-    has no dspark.family; version 2 names its family. Anything else is refused."""
+    has no dspark.family; a later version names its family, whose version it must be.
+    Anything else is refused."""
     version = _get(kv, "dspark.format_version", path)
     name = kv.get("dspark.family")
     families = {f.name: f for f in FAMILIES.values() if f is not QWEN3}
     if version == FORMAT_VERSION and name is None:
         return QWEN3
-    if version == FAMILY_FORMAT_VERSION and name in families:
+    if name in families and FORMAT_VERSIONS[name] == version:
         return families[name]
-    if version not in (FORMAT_VERSION, FAMILY_FORMAT_VERSION):
+    versions = sorted(set(FORMAT_VERSIONS.values()))
+    if version not in versions:
+        shown_versions = ", ".join(str(v) for v in versions[:-1]) + f" or {versions[-1]}"
         raise MetadataError(f"{path}: metadata key 'dspark.format_version': expected "
-                            f"{FORMAT_VERSION} or {FAMILY_FORMAT_VERSION}, found {version}",
+                            f"{shown_versions}, found {version}",
                             path=path, field="dspark.format_version",
-                            expected=[FORMAT_VERSION, FAMILY_FORMAT_VERSION], found=version)
-    want = (f"absent with 'dspark.format_version' {FORMAT_VERSION}" if version == FORMAT_VERSION
-            else f"one of {', '.join(families)} with 'dspark.format_version' "
-                 f"{FAMILY_FORMAT_VERSION}")
+                            expected=versions, found=version)
+    if version == FORMAT_VERSION:
+        want = f"absent with 'dspark.format_version' {FORMAT_VERSION}"
+    else:
+        named = [f for f, v in FORMAT_VERSIONS.items() if v == version and f in families]
+        want = f"{' or '.join(named)} with 'dspark.format_version' {version}"
     raise MetadataError(f"{path}: metadata key 'dspark.family': expected {want}, found "
                         f"{'nothing' if name is None else repr(name)}", path=path, field="dspark.family", expected=want,
                         found="missing" if name is None else name)
@@ -492,6 +719,114 @@ def gemma4_config_view(kv: dict[str, object], *, path: str) -> dict:
     return view
 
 
+def dflash2_config_view(kv: dict[str, object], *, path: str) -> tuple[dict, None]:
+    """The metadata as the speculators DFlash2 config.json it stands for (every field the
+    forward reads), so that contract/dflash2.py's reader rules apply to an artifact."""
+    for key, want in (("dflash.sample_from_anchor", False), ("dflash.attention.causal", False)):
+        if _flag_value(kv, key, path) != want:
+            raise MetadataError(f"{path}: metadata key '{key}': expected 'false' (DFlash2: "
+                                "slot 0 is the anchor, the block attends both ways), found "
+                                "'true'", path=path, field=key, expected="false", found="true")
+    layer_types = list(_get(kv, "dspark.dflash2.layer_types", path))
+    window = kv.get("dflash.attention.sliding_window")
+    layer = {"model_type": dflash2.LAYER_MODEL_TYPE,
+             "hidden_size": _get(kv, "dflash.embedding_length", path),
+             "intermediate_size": _get(kv, "dflash.feed_forward_length", path),
+             "num_hidden_layers": _get(kv, "dflash.block_count", path),
+             "num_attention_heads": _get(kv, "dflash.attention.head_count", path),
+             "num_key_value_heads": _get(kv, "dflash.attention.head_count_kv", path),
+             "head_dim": _get(kv, "dflash.attention.key_length", path),
+             "vocab_size": _get(kv, "dflash.vocab_size", path),
+             "rms_norm_eps": _get(kv, "dflash.attention.layer_norm_rms_epsilon", path),
+             "rope_parameters": {"rope_theta": _get(kv, "dflash.rope.frequency_base", path),
+                                 "rope_type": "default"},
+             "attention_bias": False, "hidden_act": "silu", "layer_types": layer_types,
+             "use_sliding_window": window is not None, "sliding_window": window}
+    if window is None and dflash2.SLIDING in layer_types:
+        raise MetadataError(f"{path}: metadata key 'dflash.attention.sliding_window' is "
+                            "missing (dspark.dflash2.layer_types has sliding_attention layers)",
+                            path=path, field="dflash.attention.sliding_window",
+                            expected="present", found="missing")
+    if window is not None and dflash2.SLIDING not in layer_types:
+        raise MetadataError(f"{path}: metadata key 'dflash.attention.sliding_window' should "
+                            "not be present (no sliding_attention layer)", path=path,
+                            field="dflash.attention.sliding_window", expected="absent",
+                            found=window)
+    return {"architectures": [dflash2.ARCHITECTURE],
+            "speculators_model_type": dflash2.MODEL_TYPE,
+            "aux_hidden_state_layer_ids": list(_get(kv, "dflash.target_layers", path)),
+            "block_size": _get(kv, "dflash.block_size", path),
+            "mask_token_id": _get(kv, "dflash.mask_token_id", path),
+            "sample_from_anchor": False,
+            "sliding_window_non_causal": _flag_value(
+                kv, "dspark.dflash2.sliding_window_non_causal", path),
+            "conv_kernel_size": _get(kv, "dflash.conv_kernel_size", path),
+            "conv_group_size": _get(kv, "dflash.conv_group_size", path),
+            "selector_rank": _get(kv, "dflash.selector_rank", path),
+            "selector_top_k": _get(kv, "dflash.selector_top_k", path),
+            "draft_vocab_size": layer["vocab_size"], "target_hidden_size": None,
+            "transformer_layer_config": layer}, None
+
+
+def assistant_config_view(kv: dict[str, object], *, path: str) -> tuple[dict, dict]:
+    """The metadata as the assistant's config.json (and generation_config.json's drafts per
+    cycle) it stands for, so that contract/gemma4_assistant.py's rules apply to an artifact:
+    each layer's geometry as per_layer_config (transformers 5.19's form)."""
+    A = ASSISTANT_ARCHITECTURE_NAME
+    layer_types = list(_get(kv, "dspark.assistant.layer_types", path))
+    n = _get(kv, f"{A}.block_count", path)
+    for key in (f"{A}.nextn_predict_layers", f"{A}.attention.shared_kv_layers"):
+        if _get(kv, key, path) != n:
+            raise MetadataError(f"{path}: metadata key '{key}': expected {n} (every layer of "
+                                f"{A}.block_count), found {kv[key]}", path=path, field=key,
+                                expected=n, found=kv[key])
+    kv_heads = list(_get(kv, f"{A}.attention.head_count_kv", path))
+    if len(kv_heads) != len(layer_types):
+        raise MetadataError(f"{path}: metadata key '{A}.attention.head_count_kv': expected "
+                            f"{len(layer_types)} values (one per layer), found {len(kv_heads)}",
+                            path=path, field=f"{A}.attention.head_count_kv",
+                            expected=len(layer_types), found=len(kv_heads))
+    dims = {gemma4_assistant.FULL: kv.get(f"{A}.attention.key_length"),
+            gemma4_assistant.SLIDING: kv.get(f"{A}.attention.key_length_swa")}
+    rope: dict = {}
+    if gemma4_assistant.SLIDING in layer_types:
+        rope[gemma4_assistant.SLIDING] = {"rope_type": "default", "rope_theta": _get(
+            kv, f"{A}.rope.freq_base_swa", path)}
+    if gemma4_assistant.FULL in layer_types:
+        full = {"rope_type": _get(kv, "dspark.assistant.rope.type", path),
+                "rope_theta": _get(kv, f"{A}.rope.freq_base", path)}
+        if full["rope_type"] != "default":
+            full["partial_rotary_factor"] = _get(
+                kv, "dspark.assistant.rope.partial_rotary_factor", path)
+        rope[gemma4_assistant.FULL] = full
+    per_layer = {}
+    for i, kind in enumerate(layer_types):
+        if kind not in dims:
+            break           # the contract names the bad layer type
+        key = f"{A}.attention.key_length" + ("" if kind == gemma4_assistant.FULL else "_swa")
+        per_layer[str(i)] = {"head_dim": _get(kv, key, path), "num_key_value_heads": kv_heads[i]}
+    text = {"model_type": gemma4_assistant.TEXT_MODEL_TYPE,
+            "hidden_size": _get(kv, f"{A}.embedding_length", path),
+            "intermediate_size": _get(kv, f"{A}.feed_forward_length", path),
+            "num_hidden_layers": n, "num_kv_shared_layers": n,
+            "num_attention_heads": _get(kv, f"{A}.attention.head_count", path),
+            "head_dim": next((d["head_dim"] for d in per_layer.values()), 2),
+            "num_key_value_heads": kv_heads[0] if kv_heads else 1,
+            "layer_types": layer_types, "rope_parameters": rope,
+            "rms_norm_eps": _get(kv, f"{A}.attention.layer_norm_rms_epsilon", path),
+            "vocab_size": _get(kv, f"{A}.vocab_size", path),
+            "hidden_activation": _get(kv, "dspark.assistant.hidden_activation", path),
+            "sliding_window": kv.get(f"{A}.attention.sliding_window"),
+            "per_layer_config": per_layer,
+            "final_logit_softcapping": kv.get(f"{A}.final_logit_softcapping")}
+    config = {"architectures": [gemma4_assistant.ARCHITECTURE],
+              "model_type": gemma4_assistant.MODEL_TYPE,
+              "backbone_hidden_size": _get(kv, f"{A}.embedding_length_out", path),
+              "tie_word_embeddings": True, "use_ordered_embeddings": False, "text_config": text}
+    generation = {"num_assistant_tokens": _get(kv, "dspark.assistant.num_assistant_tokens", path)}
+    return config, generation
+
+
 def _check_conditional_keys(kv: dict[str, object], path: str) -> None:
     """Keys present only with a Markov or confidence head: a metadata matter, so refused
     as MetadataError before the contract rules see the values."""
@@ -541,14 +876,18 @@ def contract_from_metadata(kv: dict[str, object], *, path: str) -> FeatureContra
     family = metadata_family(kv, path=path)
     label = f"{path} (as config.json)"
     try:
-        view = _CONFIG_VIEWS[family.name](kv, path=path)
-        return family.build_contract(family.parse_config(view, path=label), path=label)
+        view, companion = _CONFIG_VIEWS[family.name](kv, path=path)
+        cfg = family.parse(view, path=label, companion=companion,
+                           companion_path=f"{path} (as {family.companion_file})")
+        return family.build_contract(cfg, path=label)
     except ContractViolation as exc:
         raise _name_metadata_keys(exc, path) from None
 
 
 # The metadata as each family's config.json: one row per family of contract/families.py.
-_CONFIG_VIEWS = {QWEN3.name: metadata_config_view, GEMMA4.name: gemma4_config_view}
+_CONFIG_VIEWS = {QWEN3.name: lambda kv, *, path: (metadata_config_view(kv, path=path), None),
+                 GEMMA4.name: lambda kv, *, path: (gemma4_config_view(kv, path=path), None),
+                 DFLASH2.name: dflash2_config_view, ASSISTANT.name: assistant_config_view}
 
 
 def provenance_from_metadata(kv: dict[str, object], *, path: str) -> Provenance:

@@ -30,9 +30,10 @@ Sha256 = Field(pattern=SHA256_PATTERN)
 
 
 #: The artifact's format version, the one its drafter.gguf's dspark.format_version holds
-#: (artifact/format.FORMAT_VERSIONS: 1 for Qwen3, 2 for a drafter family such as Gemma4);
+#: (artifact/format.FORMAT_VERSIONS: 1 for Qwen3, 2 for a drafter family such as Gemma4,
+#: 3 for DFlash2, 4 for the Gemma 4 assistant);
 #: validate refuses a manifest whose version is not its file's (49).
-FormatVersion = exact_versions(1, 2)
+FormatVersion = exact_versions(1, 2, 3, 4)
 
 
 class _Record(BaseModel):
@@ -118,12 +119,16 @@ class SourceRecord(_Record):
         default=None, description="a speculators-format source: how it was read, its "
         "config.json verbatim (config is then its DeepSpec twin's); absent for DeepSpec's")
 
+    companion: dict | None = Field(
+        default=None, description="the family's companion file, verbatim (the Gemma 4 "
+        "assistant's generation_config.json: its drafts per cycle); absent where none was read")
+
     @model_serializer(mode="wrap")
     def _omit_absent_hub(self, handler):
         # A local source's manifest keeps the bytes it had before Hub sources existed (and a
         # DeepSpec source's, before speculators-format sources).
         data = handler(self)
-        for key in ("hub", "speculators"):
+        for key in ("hub", "speculators", "companion"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
@@ -245,7 +250,8 @@ class Manifest(_Record):
     format: Literal["strata-dspark-artifact"]
     format_version: FormatVersion = Field(
         description="the format version drafter.gguf's dspark.format_version holds: 1 for a "
-        "Qwen3 drafter, 2 for a drafter family (Gemma4); docs/ARTIFACT_FORMAT.md")
+        "Qwen3 drafter, 2 for a drafter family (Gemma4), 3 for DFlash2, 4 for the Gemma 4 "
+        "assistant; docs/ARTIFACT_FORMAT.md")
     converter: ConverterRecord
     source: SourceRecord
     target: TargetRecord | None = Field(description="the target the drafter was checked "

@@ -52,6 +52,11 @@ def _print_inspect(result) -> None:
         return
     out.print(f"  family        {c.family} ({c.architecture})")
     summary = dict(c.summary())
+    if hasattr(c, "headline"):      # a kind other than DSpark: its contract says every line
+        for label, text in summary.items():
+            out.print(f"  {label:<13} {escape(text)}")
+        _print_rows(out, result)
+        return
     out.print(f"  geometry      {escape(summary.pop('geometry'))}")
     out.print(f"  taps          {c.taps.target_layer_ids} of {c.taps.num_target_layers} target layers "
               f"(hidden_states {c.taps.hidden_state_indices}), feature width {c.taps.feature_width}")
@@ -63,6 +68,10 @@ def _print_inspect(result) -> None:
     if c.confidence_head.enabled:
         conf = "with Markov features" if c.confidence_head.with_markov else "without Markov features"
     out.print(f"  confidence    {conf}")
+    _print_rows(out, result)
+
+
+def _print_rows(out, result) -> None:
     table = Table()
     first, second = ("source", "gguf") if result.kind == "checkpoint" else ("gguf", "source")
     for col in (first, second, "dtype", "shape", "expected", "status"):

@@ -32,7 +32,12 @@ class Binding:
     target: Target
     report: ValidationReport       # validate with the target: every check passed
     target_plan: object            # the family runtime's TargetPlan
-    drafter_plan: object           # runtime.weights.DrafterPlan
+    # The drafter's plan, by its kind (KIND_PLANS): runtime.weights.DrafterPlan (DSpark),
+    # runtime.dflash2.DFlash2Plan (DFlash2), runtime.gemma4_assistant.AssistantPlan (the
+    # assistant); each kind's ``load`` takes it (runtime.dflash2.load_drafter(plan, target),
+    # runtime.gemma4_assistant.load_assistant(plan, target)).
+    drafter_plan: object
+    kind: str = "dspark"           # contract/families.Family.kind of the artifact
 
     @property
     def runtime(self):
@@ -74,15 +79,25 @@ def bind(artifact: str | os.PathLike, target: Target, *, progress: Progress | No
     read). A failed check is raised as its own refusal, naming the artifact.
     ``target_plan``: the target's plan from an earlier binding to the same target (eval
     binds several artifacts to one), instead of planning it again."""
-    from dspark_convert.runtime.weights import plan_drafter
+    import importlib
 
     progress = progress or NoProgress()
     artifact = Path(artifact)
     report = validate_artifact(artifact, target=target, progress=progress)
     report.raise_first_error(f"{artifact}: validate: ", path=str(artifact))
+    label = str(artifact / GGUF_FILE)
+    kind = metadata_family(read_metadata(report.gguf, path=label), path=label).kind
+    module, function = KIND_PLANS[kind]
+    plan = getattr(importlib.import_module(module), function)
     return Binding(artifact=artifact, target=target, report=report,
                    target_plan=target_plan or runtime_of(target.family).plan_for(target),
-                   drafter_plan=plan_drafter(artifact, gguf=report.gguf))
+                   drafter_plan=plan(artifact, gguf=report.gguf), kind=kind)
+
+
+# Each drafter kind's plan of an artifact (module, function (artifact, *, gguf)).
+KIND_PLANS = {"dspark": ("dspark_convert.runtime.weights", "plan_drafter"),
+              "dflash2": ("dspark_convert.runtime.dflash2", "plan_drafter"),
+              "mtp": ("dspark_convert.runtime.gemma4_assistant", "plan_assistant")}
 
 
 # Why a command cannot take an artifact of a family that lacks it (contract/families.py's

@@ -44,7 +44,9 @@ from dspark_convert.artifact.format import (
 from dspark_convert.artifact.writer import create_gguf, gguf_header, hash_written, manifest_json, pwrite_all
 from dspark_convert.util.atomic import Output, atomic_directory, check_outputs, fsync_path, refuse_overlap, write_error
 from dspark_convert.contract.dspark import FeatureContract, TensorSpec
-from dspark_convert.errors import (InternalError, NonFiniteTensorError,
+from dspark_convert.contract.dflash2 import source_layout
+from dspark_convert.contract.families import family_named
+from dspark_convert.errors import (InternalError, KindTargetRequiredError, NonFiniteTensorError,
                      SafetensorsFormatError, SourceNotFoundError)
 from dspark_convert.util.paths import check_path
 from dspark_convert.util.hashing import BLOCK, ThreadedFileHash, weights_digest
@@ -120,7 +122,10 @@ class _PassResult:
 def _source_files(source: Source) -> list[Path]:
     files = source.checkpoint.files
     extra = [files.index] if files.index is not None else []
-    return [files.config, *extra, *files.weights]
+    # The family's companion file (the assistant's generation_config.json), read and
+    # hashed with the rest: the contract holds what it said.
+    companion = [source.companion_path] if source.companion_path is not None else []
+    return [files.config, *companion, *extra, *files.weights]
 
 
 def header_bytes(contract: FeatureContract, prov: Provenance, scratch: Path) -> bytes:
@@ -309,6 +314,8 @@ def hash_output(path: Path, slots: dict[str, _Slot], progress: Progress,
 
 def _summary(source: Source) -> str:
     c = source.contract
+    if hasattr(c, "headline"):      # a kind other than DSpark says its own (contract modules)
+        return c.headline()
     markov = "no Markov head" if c.markov_head.rank == 0 else f"{c.markov_head.type} Markov head r={c.markov_head.rank}"
     conf = "no confidence head"
     if c.confidence_head.enabled:
@@ -388,6 +395,14 @@ def convert(source_path: str | os.PathLike, output: str | os.PathLike, *, force:
                                                          sample_from_anchor=sample_from_anchor))
     if opened:
         target = opened[0]                   # opened once, paired below
+    family = family_named(source.contract.family)
+    if family.needs_target and target is None:
+        label = str(source.checkpoint.files.config)
+        raise KindTargetRequiredError(
+            f"{label}: a {family.architecture} ({family.name}) records neither the embedding "
+            "it reads nor what its target must be; convert it with --target (the target "
+            "model)", path=label, field="architectures", expected="--target",
+            found="no target")
     identity = identity or SourceIdentity(name=source.name)
     tensors = source.checkpoint.tensors
     # A wrong target is refused here, before anything is written.
@@ -443,6 +458,17 @@ def _checks(source: Source, records: list[TensorRecord], stripped: list[Stripped
         Check.passed("dtype", "BF16 bytes copied unchanged" if source.dtype == "BF16"
                      else f"{source.dtype} source rounded to BF16 (nearest-even)"),
     ]
+    if source.contract.family == "qwen3-dflash2":
+        layout = source_layout(source.raw_config)
+        checks.insert(1, Check.passed(
+            "source.format", f"{layout}'s DFlash2 layout"
+            + (" (a flat Qwen3 config with dflash_config), read as speculators': aux ids = "
+               "target_layer_ids + 1" if layout == "z-lab" else
+               " (speculators_model_type dflash2)") + "; embedding and head: the target's"))
+    if source.companion is not None:
+        checks.insert(1, Check.passed(
+            "source.companion", f"{source.companion_path.name}: read for the contract "
+            "(recorded verbatim as source.companion)"))
     spec = source.speculators
     if spec is not None:
         r = spec.reading
@@ -480,7 +506,8 @@ def _manifest(source: Source, identity: SourceIdentity, passed: _PassResult, pro
                               sha256=passed.file_sha256[p.name]) for p in _source_files(source)],
             weights_sha256=prov.source_sha256, dtype=source.dtype,
             rounded_to_bf16=source.dtype != "BF16", stripped=stripped,
-            config=source.raw_config, hub=hub, speculators=_speculators_record(source)),
+            config=source.raw_config, hub=hub, speculators=_speculators_record(source),
+            companion=source.companion),
         target=target,
         contract=source.contract,
         artifact=ArtifactRecord(file=GGUF_FILE, size=size, sha256=gguf_sha, tensors=records),

@@ -24,8 +24,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from dspark_convert import CONVERTER_NAME
+from gguf.constants import GGUFValueType
+
 from dspark_convert.artifact.format import (
     ALIGNMENT,
+    KEYS_BY_NAME,
     GGUF_FILE,
     LEGACY_MANIFEST_VERSIONS,
     LOCAL_REVISION,
@@ -211,7 +214,8 @@ class Checks:
 
 
 def _same_value(key: str, want: object, got: object) -> bool:
-    if key == "dflash.attention.layer_norm_rms_epsilon" and isinstance(want, float):
+    spec = KEYS_BY_NAME.get(key)
+    if spec is not None and spec.type == GGUFValueType.FLOAT32 and isinstance(want, float):
         return isinstance(got, float) and as_float32(want) == got
     return type(want) is type(got) and want == got
 
@@ -430,7 +434,9 @@ def _check_manifest_record(manifest: Manifest, kv: dict, engines: dict[str, Engi
     label_cfg = f"{MANIFEST_FILE} source.config"
     try:
         family = family_of(manifest.source.config, path=label_cfg)
-        source_cfg = family.parse_config(manifest.source.config, path=label_cfg)
+        source_cfg = family.parse(manifest.source.config, path=label_cfg,
+                                  companion=manifest.source.companion,
+                                  companion_path=f"{MANIFEST_FILE} source.companion")
         rebuilt = family.build_contract(source_cfg, path=label_cfg)
     except ContractViolation as exc:
         raise ManifestMismatchError(f"{exc.message} (the manifest's source.config no longer passes "
@@ -459,7 +465,7 @@ def _check_manifest_record(manifest: Manifest, kv: dict, engines: dict[str, Engi
         if record.source != want:
             raise _mismatch(f"artifact.tensors[{i}].source", record.source, want,
                             f"the contract maps {record.name} from")
-    _check_source_dtype(manifest, source_cfg, label_cfg)
+    _check_source_dtype(manifest, source_cfg, label_cfg, family)
     for i, stripped in enumerate(manifest.source.stripped):
         spec = contract.tensor(stripped.name)
         if spec is None or spec.gguf_name is not None:
@@ -587,12 +593,12 @@ def _check_quantized_against_file(manifest: Manifest, gguf: GGUFFile, scan: _Sca
                             "max_abs is 0, so the relative RMS error is")
 
 
-def _check_source_dtype(manifest: Manifest, cfg, label_cfg: str) -> None:
+def _check_source_dtype(manifest: Manifest, cfg, label_cfg: str, family=QWEN3) -> None:
     src = manifest.source
     if src.rounded_to_bf16 != (src.dtype != "BF16"):
         raise _mismatch("source.rounded_to_bf16", src.rounded_to_bf16, src.dtype != "BF16",
                         f"a {src.dtype} source is rounded to BF16 exactly when it is not BF16:")
-    declared = config_dtype(cfg, path=label_cfg)
+    declared = family.config_dtype(cfg, path=label_cfg)
     if declared is not None and declared != src.dtype:
         raise _mismatch("source.dtype", src.dtype, declared, "source.config declares the dtype")
 
@@ -615,10 +621,34 @@ def _check_hub_record(manifest: Manifest) -> None:
                             "source.hub.files records")
 
 
+def _check_kind_target_geometry(manifest: Manifest) -> None:
+    """A DFlash2 or assistant artifact's target record against its contract: the hidden
+    size (an assistant's backbone_hidden_size) and vocabulary the pairing checked equal, the
+    embedding (and head) recorded of [vocab_size, that hidden size]."""
+    cfg, c = manifest.target.config, manifest.contract
+    g = c.geometry
+    hidden = getattr(g, "backbone_hidden_size", g.hidden_size)
+    for field, got, want in (("hidden_size", cfg.hidden_size, hidden),
+                             ("vocab_size", cfg.vocab_size, g.vocab_size)):
+        if got != want:
+            raise _mismatch(f"target.config.{field}", got, want,
+                            "the pairing checked it equal to the contract's")
+    roles = {t.role: t for t in manifest.target.tensors}
+    if set(roles) != {"embedding", "head"}:
+        raise _mismatch("target.tensors", sorted(roles), ["embedding", "head"], "a target records")
+    for role, t in roles.items():
+        if t.shape != [g.vocab_size, hidden]:
+            raise _mismatch(f"target.tensors[{role}].shape", t.shape, [g.vocab_size, hidden],
+                            "the contract's [vocab_size, the target's hidden size] is")
+
+
 def _check_target_geometry(manifest: Manifest) -> None:
     """The target's config record against the contract: the pairing checked them equal."""
     from dspark_convert.target.model import target_reader
 
+    if family_named(manifest.contract.family).kind != "dspark":
+        _check_kind_target_geometry(manifest)
+        return
     cfg, g, taps = manifest.target.config, manifest.contract.geometry, manifest.contract.taps
     # The record's rope_theta / rms_norm_eps are what the drafter copied, as its family's
     # target reader names them (a Gemma4 contract's theta is its full-attention RoPE's).

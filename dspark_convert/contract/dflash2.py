@@ -21,10 +21,13 @@ DFlash2ConfigError (150) line naming config.json and the field.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from dspark_convert.contract.dspark import MAX_BLOCK_SIZE, MAX_DRAFT_LAYERS, MAX_TARGET_TAPS
+from dspark_convert.contract.dspark import (CONFIG_DTYPE_NAMES, MAX_BLOCK_SIZE, MAX_DRAFT_LAYERS,
+                                           MAX_TARGET_TAPS, TensorSpec, contract_with_tensors)
+from dspark_convert.contract.tensor_table import DFLASH2_TENSOR_RULES
 from dspark_convert.contract.qwen3 import (ConfigErrors, Qwen3Config, check_heads_divide,
                                           check_positive, check_positive_eps, rope_theta)
 from dspark_convert.errors import DFlash2ConfigError
@@ -302,3 +305,226 @@ def _check_block(cfg: DFlash2Config, path: str) -> None:
                       cfg.conv_group_size)
     _in_range(path, "selector_rank", cfg.selector_rank, 1)
     _in_range(path, "selector_top_k", cfg.selector_top_k, 1, V)
+
+
+# --- z-lab's layout read as speculators' ----------------------------------------------------
+
+def zlab_as_speculators(raw: dict, *, path: str) -> dict:
+    """A z-lab DFlash2 config.json (``is_zlab_config``) as the speculators config.json it
+    stands for (speculators/convert/dflash/converter.py:117-126 maps it so): the flat Qwen3
+    fields become ``transformer_layer_config``, ``dflash_config``'s fields the top level,
+    ``target_layer_ids`` + 1 the ``aux_hidden_state_layer_ids`` (HF hidden_states indices).
+    What speculators' DFlash2 does not compute is refused (150): unary logits scaled
+    (``output_multiplier`` other than 1) or softcapped (``final_logit_softcapping`` not
+    null), causal block attention (``is_causal`` / ``dflash_config.causal`` true)."""
+    dc = raw[ZLAB_CONFIG_KEY]
+    for field in ("block_size", "conv_group_size", "conv_kernel_size", "selector_rank",
+                  "selector_top_k", "mask_token_id"):
+        value = dc.get(field)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _refuse(path, f"{ZLAB_CONFIG_KEY}.{field}", "an integer", value)
+    ids = dc.get("target_layer_ids")
+    if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                          for i in ids)):
+        raise _refuse(path, f"{ZLAB_CONFIG_KEY}.target_layer_ids", "a list of integers "
+                      "(target layer ids; speculators' aux ids are these + 1)", ids)
+    multiplier = dc.get("output_multiplier")
+    if multiplier is not None and multiplier != 1:
+        raise _refuse(path, f"{ZLAB_CONFIG_KEY}.output_multiplier", "null or 1", multiplier,
+                      f" ({ZLAB_ONLY_FIELDS['output_multiplier']} in z-lab and llama.cpp; "
+                      "speculators' DFlash2, which the runtime computes, has no such field)")
+    softcap = dc.get("final_logit_softcapping")
+    if softcap is not None:
+        raise _refuse(path, f"{ZLAB_CONFIG_KEY}.final_logit_softcapping", "null", softcap,
+                      f" ({ZLAB_ONLY_FIELDS['final_logit_softcapping']} in z-lab and llama.cpp; "
+                      "speculators' DFlash2, which the runtime computes, has no such field)")
+    for field, value in (("is_causal", raw.get("is_causal")),
+                         (f"{ZLAB_CONFIG_KEY}.causal", dc.get("causal"))):
+        if value not in (None, False):
+            raise _refuse(path, field, "false or absent", value,
+                          " (DFlash2's block attention is bidirectional)")
+    skip = {ZLAB_CONFIG_KEY, "architectures", "is_causal", "num_target_layers", "auto_map",
+            "transformers_version", "dtype", "torch_dtype"}
+    layer = {k: v for k, v in raw.items() if k not in skip}
+    out = {"architectures": raw.get("architectures"), "speculators_model_type": MODEL_TYPE,
+           "aux_hidden_state_layer_ids": [i + ZLAB_LAYER_ID_SHIFT for i in ids],
+           "block_size": dc["block_size"], "mask_token_id": dc["mask_token_id"],
+           "sample_from_anchor": False, "sliding_window_non_causal": True,
+           "conv_kernel_size": dc["conv_kernel_size"], "conv_group_size": dc["conv_group_size"],
+           "selector_rank": dc["selector_rank"], "selector_top_k": dc["selector_top_k"],
+           "draft_vocab_size": raw.get("vocab_size"), "target_hidden_size": None,
+           "transformer_layer_config": layer}
+    for field in ("dtype", "torch_dtype"):
+        if field in raw:
+            out[field] = raw[field]
+    return out
+
+
+def parse_any_config(raw: object, *, path: str = CONFIG_FILE) -> DFlash2Config:
+    """config.json in either layout: speculators' (``parse_config``), or z-lab's read as
+    speculators' (``zlab_as_speculators``). The artifact's contract is the same for both."""
+    if is_zlab_config(raw):
+        raw = zlab_as_speculators(raw, path=path)
+    return parse_config(raw, path=path)
+
+
+def source_layout(raw: object) -> str:
+    """Which layout a config.json is in: 'z-lab' or 'speculators'."""
+    return "z-lab" if is_zlab_config(raw) else "speculators"
+
+
+# --- the artifact's contract --------------------------------------------------------------
+# What a DFlash2 artifact holds (docs/ARTIFACT_FORMAT.md, "DFlash2"): every field the
+# forward reads, from the config (either layout), and the tensor table
+# (contract/tensor_table.DFLASH2_TENSOR_RULES). Rebuilt from drafter.gguf's metadata alone
+# by validate (artifact/format.py's view of the metadata as a speculators config.json).
+
+FAMILY = "qwen3-dflash2"
+
+
+class _Contract(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class DFlash2Geometry(_Contract):
+    hidden_size: int
+    intermediate_size: int
+    num_draft_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+
+
+class DFlash2Taps(_Contract):
+    """The target hidden states fc reads, as speculators numbers them: HF hidden_states
+    indices (0 the embedding output, num_hidden_layers the final norm's output)."""
+    hidden_state_indices: list[int]
+    feature_width: int                 # m * hidden_size, fc's input width
+
+
+class DFlash2Block(_Contract):
+    block_size: int
+    mask_token_id: int
+    sample_from_anchor: Literal[False]     # slot 0 is the anchor, B - 1 drafts
+    drafts_per_block: int
+
+
+class DFlash2Attention(_Contract):
+    layer_types: list[Literal["sliding_attention", "full_attention"]]
+    sliding_window: int | None             # the sliding layers' window; None without one
+    sliding_window_non_causal: bool        # false: the block is causal on sliding layers
+    causal: Literal[False]                 # the block attends both ways (full layers)
+    bias: Literal[False]
+
+
+class DFlash2Conv(_Contract):
+    kernel_size: int
+    group_size: int
+    num_groups: int                        # G = hidden_size / group_size
+
+
+class DFlash2Selector(_Contract):
+    rank: int
+    top_k: int
+
+
+class DFlash2Contract(_Contract):
+    family: Literal["qwen3-dflash2"]
+    architecture: Literal["DFlash2DraftModel"]
+    geometry: DFlash2Geometry
+    taps: DFlash2Taps
+    block: DFlash2Block
+    attention: DFlash2Attention
+    conv: DFlash2Conv
+    selector: DFlash2Selector
+    tensors: list[TensorSpec]
+
+    def symbols(self) -> dict[str, int]:
+        g = self.geometry
+        return {"H": g.hidden_size, "I": g.intermediate_size, "V": g.vocab_size,
+                "nh": g.num_attention_heads, "nkv": g.num_key_value_heads, "d": g.head_dim,
+                "m": len(self.taps.hidden_state_indices), "R": self.selector.rank,
+                "k": self.conv.kernel_size, "G": self.conv.num_groups}
+
+    def rule_applies(self, when: str) -> bool:
+        return when == "always"
+
+    def tensor(self, source_name: str) -> TensorSpec | None:
+        return next((t for t in self.tensors if t.source_name == source_name), None)
+
+    @property
+    def written_tensors(self) -> list[TensorSpec]:
+        return [t for t in self.tensors if t.gguf_name is not None]
+
+    def headline(self) -> str:
+        g, b, c, s = self.geometry, self.block, self.conv, self.selector
+        return (f"{self.architecture}: {g.num_draft_layers} draft layers "
+                f"({', '.join(self.attention.layer_types)}), H={g.hidden_size}, hidden states "
+                f"{self.taps.hidden_state_indices}, block {b.block_size} ({b.drafts_per_block} "
+                f"drafts), conv k={c.kernel_size} g={c.group_size}, selector R={s.rank} "
+                f"top_k={s.top_k}")
+
+    def summary(self) -> list[tuple[str, str]]:
+        g, a = self.geometry, self.attention
+        window = "" if a.sliding_window is None else f", window {a.sliding_window}"
+        b = self.block
+        return [("geometry", f"H={g.hidden_size} I={g.intermediate_size} layers="
+                             f"{g.num_draft_layers} heads={g.num_attention_heads}/"
+                             f"{g.num_key_value_heads}x{g.head_dim} V={g.vocab_size} "
+                             f"eps={g.rms_norm_eps:g} theta={g.rope_theta:g}"),
+                ("taps", f"hidden_states {self.taps.hidden_state_indices} (HF indices, 0 the "
+                         f"embedding), feature width {self.taps.feature_width}"),
+                ("block", f"size {b.block_size}, mask token {b.mask_token_id}, slot 0 the "
+                          f"anchor: {b.drafts_per_block} drafts"),
+                ("attention", f"{', '.join(a.layer_types)}{window}; block "
+                              + ("non-causal on every layer" if a.sliding_window_non_causal
+                                 else "causal on sliding layers") + ", no bias"),
+                ("conv", f"two-tap grouped dynamic conv around each sublayer: kernel "
+                         f"{self.conv.kernel_size}, group {self.conv.group_size} "
+                         f"({self.conv.num_groups} groups)"),
+                ("selector", f"rank {self.selector.rank}, top_k {self.selector.top_k}; "
+                             "greedy walk from the anchor"),
+                ("embedding/head", "the target's (never saved by speculators)")]
+
+
+def build_contract(cfg: DFlash2Config, *, path: str = CONFIG_FILE) -> DFlash2Contract:
+    """The artifact's contract of a checked config (parse_config / parse_any_config)."""
+    layer = cfg.layer
+    parts = dict(
+        family=FAMILY, architecture=ARCHITECTURE,
+        geometry=DFlash2Geometry(
+            hidden_size=cfg.hidden_size, intermediate_size=layer.intermediate_size,
+            num_draft_layers=layer.num_hidden_layers,
+            num_attention_heads=layer.num_attention_heads,
+            num_key_value_heads=layer.num_key_value_heads, head_dim=layer.head_dim,
+            vocab_size=cfg.vocab_size, rms_norm_eps=layer.rms_norm_eps,
+            rope_theta=cfg.rope_theta()),
+        taps=DFlash2Taps(hidden_state_indices=list(cfg.aux_hidden_state_layer_ids),
+                         feature_width=len(cfg.aux_hidden_state_layer_ids) * cfg.hidden_size),
+        block=DFlash2Block(block_size=cfg.block_size, mask_token_id=cfg.mask_token_id,
+                           sample_from_anchor=False, drafts_per_block=cfg.drafts_per_block),
+        attention=DFlash2Attention(
+            layer_types=list(layer.layer_types),
+            sliding_window=layer.sliding_window if SLIDING in layer.layer_types else None,
+            sliding_window_non_causal=cfg.sliding_window_non_causal, causal=False, bias=False),
+        conv=DFlash2Conv(kernel_size=cfg.conv_kernel_size, group_size=cfg.conv_group_size,
+                         num_groups=cfg.num_groups),
+        selector=DFlash2Selector(rank=cfg.selector_rank, top_k=cfg.selector_top_k))
+    return _with_tensors(parts)
+
+
+def _with_tensors(parts: dict) -> DFlash2Contract:
+    return contract_with_tensors(parts, model=DFlash2Contract, table=DFLASH2_TENSOR_RULES)
+
+
+def config_dtype(cfg: DFlash2Config, *, path: str) -> str | None:
+    """The tensor dtype config.json declares (its top-level ``dtype``), if any."""
+    name = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    if name is None:
+        return None
+    if name not in CONFIG_DTYPE_NAMES:
+        raise _refuse(path, "dtype", f"one of {', '.join(CONFIG_DTYPE_NAMES)}", name)
+    return CONFIG_DTYPE_NAMES[name]

@@ -11,19 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from dspark_convert.contract import dspark, gemma4
+from dspark_convert.contract import dflash2, dspark, gemma4, gemma4_assistant
 from dspark_convert.contract.inventory import check_head_tensors
-from dspark_convert.contract.tensor_table import GEMMA4_TENSOR_RULES, TENSOR_RULES, TensorRule
+from dspark_convert.contract.tensor_table import (ASSISTANT_TENSOR_RULES, DFLASH2_TENSOR_RULES,
+                                                  GEMMA4_TENSOR_RULES, TENSOR_RULES, TensorRule)
 from dspark_convert.errors import UnsupportedArchitectureError
 
 
 # A contract of any family, told apart by its ``family`` field (manifest.json, inspect).
-AnyContract = Annotated[Union[dspark.FeatureContract, gemma4.Gemma4Contract],
+AnyContract = Annotated[Union[dspark.FeatureContract, gemma4.Gemma4Contract,
+                              dflash2.DFlash2Contract, gemma4_assistant.AssistantContract],
                         Field(discriminator="family")]
+
+# The kinds of drafter (what eval and export tell apart, never by family name): DSpark /
+# DFlash block drafters with DeepSpec's heads, speculators' DFlash2 (conv + candidate
+# selector), and the MTP assistant over the target's KV (the Gemma 4 assistant).
+Kind = Literal["dspark", "dflash2", "mtp"]
 
 
 def _no_more_checks(_contract, _names: set[str], *, path: str) -> None:
@@ -50,6 +57,26 @@ class Family:
     # The reference runtime's module for this family (runtime/qwen3.py says what it
     # provides: plan_for, Target, Drafter), if it runs the family.
     runtime: str | None = None
+    # The kind of drafter (Kind): what eval and export tell apart.
+    kind: Kind = "dspark"
+    # A second JSON file of the checkpoint the config reader reads beside config.json, when
+    # present (the assistant's generation_config.json: its drafts per cycle); recorded in
+    # manifest.json verbatim (source.companion) and hashed with the source's files.
+    companion_file: str | None = None
+    # The source dtype config.json declares, if any: (cfg, *, path) -> "BF16" | ... | None.
+    config_dtype: Callable[..., str | None] = dspark.config_dtype
+    # Whether convert needs --target (the drafter records neither the embedding nor what
+    # its pairing checks): a DSpark checkpoint in DeepSpec's format does not.
+    needs_target: bool = False
+
+    def parse(self, raw: object, *, path: str, companion: object = None,
+              companion_path: str | None = None):
+        """config.json (and the companion file's parsed JSON, for a family with one) as
+        the family's config model."""
+        if self.companion_file is None:
+            return self.parse_config(raw, path=path)
+        return self.parse_config(raw, path=path, companion=companion,
+                                 companion_path=companion_path or self.companion_file)
 
 
 QWEN3 = Family(name=dspark.FAMILY, architecture=dspark.ARCHITECTURE,
@@ -74,7 +101,30 @@ GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
                 artifact_commands=frozenset({"quantize", "smoke", "eval"}),
                 runtime="dspark_convert.runtime.gemma4")
 
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (QWEN3, GEMMA4)}
+DFLASH2 = Family(name=dflash2.FAMILY, architecture=dflash2.ARCHITECTURE,
+                 # speculators' layout or z-lab's (contract/dflash2.py): one contract.
+                 parse_config=dflash2.parse_any_config,
+                 build_contract=dflash2.build_contract,
+                 tensor_rules=DFLASH2_TENSOR_RULES, check_tensors=_no_more_checks,
+                 target_model_types=("qwen3",), target_reader="dspark_convert.target.qwen3",
+                 artifact_commands=frozenset({"smoke", "eval", "export"}),
+                 runtime="dspark_convert.runtime.dflash2", kind="dflash2",
+                 config_dtype=dflash2.config_dtype, needs_target=True)
+
+ASSISTANT = Family(name=gemma4_assistant.FAMILY, architecture=gemma4_assistant.ARCHITECTURE,
+                   parse_config=gemma4_assistant.parse_config,
+                   build_contract=gemma4_assistant.build_contract,
+                   tensor_rules=ASSISTANT_TENSOR_RULES, check_tensors=_no_more_checks,
+                   target_model_types=("gemma4_unified",),
+                   target_reader="dspark_convert.target.gemma4",
+                   artifact_commands=frozenset({"smoke", "eval", "export"}),
+                   runtime="dspark_convert.runtime.gemma4_assistant", kind="mtp",
+                   companion_file=gemma4_assistant.GENERATION_CONFIG,
+                   config_dtype=gemma4_assistant.config_dtype, needs_target=True)
+
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (QWEN3, GEMMA4, DFLASH2, ASSISTANT)}
+# Architectures a family's module knows but does not read: refused by name (14).
+NOT_READ: dict[str, str] = dict(gemma4_assistant.OTHER_ARCHITECTURES)
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES.values()}
 
 
@@ -88,6 +138,10 @@ def family_of(raw: object, *, path: str) -> Family:
         return QWEN3
     if len(archs) == 1 and archs[0] in FAMILIES:
         return FAMILIES[archs[0]]
+    if len(archs) == 1 and archs[0] in NOT_READ:
+        raise UnsupportedArchitectureError(
+            f"{path}: field 'architectures': {archs[0]} is {NOT_READ[archs[0]]}", path=path,
+            field="architectures", expected=[[a] for a in FAMILIES], found=archs)
     known = " or ".join(f"['{a}']" for a in FAMILIES)
     raise UnsupportedArchitectureError(
         f"{path}: field 'architectures': expected {known}, found {archs}", path=path,

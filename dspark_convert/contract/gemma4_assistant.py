@@ -27,10 +27,12 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from dspark_convert.contract.dspark import MAX_DRAFT_LAYERS
+from dspark_convert.contract.dspark import CONFIG_DTYPE_NAMES, MAX_DRAFT_LAYERS, TensorSpec
+from dspark_convert.contract.tensor_table import ASSISTANT_TENSOR_RULES, eval_dim, pretty_dim
 from dspark_convert.contract.gemma4 import ACTIVATION, Gemma4RopeEntry, full_rope
 from dspark_convert.contract.qwen3 import ConfigErrors
 from dspark_convert.errors import AssistantConfigError
@@ -337,3 +339,187 @@ def tensor_shapes(spec: AssistantSpec) -> dict[str, tuple[int, ...]]:
             p + "mlp.gate_proj.weight": (I, h), p + "mlp.up_proj.weight": (I, h),
             p + "mlp.down_proj.weight": (h, I)})
     return shapes
+
+
+# --- the artifact's contract --------------------------------------------------------------
+# What a Gemma 4 assistant artifact holds (docs/ARTIFACT_FORMAT.md, "The Gemma 4
+# assistant"): every field the forward reads, resolved per layer, the drafts per cycle
+# generation_config.json names, and the tensor table
+# (contract/tensor_table.ASSISTANT_TENSOR_RULES). Rebuilt from drafter.gguf's metadata alone
+# by validate (artifact/format.py's view of the metadata as this config.json).
+
+FAMILY = "gemma4-assistant"
+# transformers 5.19's other assistant class (configuration_gemma4_assistant.py, text_config
+# gemma4_text): the same model code, but this reader and the runtime's target are
+# gemma4_unified's; refused by name (14) rather than read as the unified one.
+OTHER_ARCHITECTURES = {
+    "Gemma4AssistantForCausalLM":
+        "a gemma4_assistant (text_config gemma4_text, for gemma4 targets such as "
+        "gemma-4-E2B-it); the contract and the reference runtime read the gemma4_unified "
+        "assistant only (Gemma4UnifiedAssistantForCausalLM)"}
+
+
+class _Contract(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class AssistantLayerRecord(_Contract):
+    kind: Literal["sliding_attention", "full_attention"]   # the target KV it reads
+    head_dim: int
+    kv_heads: int
+    rope_theta: float
+    rotated_pairs: int           # RoPE pairs that rotate (head_dim / 2: every one)
+
+
+class AssistantGeometry(_Contract):
+    hidden_size: int                     # the assistant's own (h)
+    backbone_hidden_size: int            # the target's (Hb): pre_projection reads 2·Hb
+    intermediate_size: int
+    num_draft_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    rms_norm_eps: float
+
+
+class AssistantRope(_Contract):
+    full_type: Literal["proportional", "default"] | None   # None: no full layer
+    full_partial_rotary_factor: float | None
+
+
+class AssistantContract(_Contract):
+    family: Literal["gemma4-assistant"]
+    architecture: Literal["Gemma4UnifiedAssistantForCausalLM"]
+    geometry: AssistantGeometry
+    layers: list[AssistantLayerRecord]
+    sliding_window: int | None
+    rope: AssistantRope
+    activation: Literal["gelu_pytorch_tanh"]
+    final_logit_softcapping: float | None    # recorded, never applied (no softcap)
+    num_assistant_tokens: int                # drafts per cycle (generation_config.json)
+    tensors: list[TensorSpec]
+
+    def tensor(self, source_name: str) -> TensorSpec | None:
+        return next((t for t in self.tensors if t.source_name == source_name), None)
+
+    @property
+    def written_tensors(self) -> list[TensorSpec]:
+        return [t for t in self.tensors if t.gguf_name is not None]
+
+    def layer_types(self) -> list[str]:
+        return [layer.kind for layer in self.layers]
+
+    def headline(self) -> str:
+        g = self.geometry
+        return (f"{self.architecture}: {g.num_draft_layers} KV-shared layers "
+                f"({', '.join(self.layer_types())}), h={g.hidden_size}, backbone "
+                f"{g.backbone_hidden_size}, {self.num_assistant_tokens} drafts per cycle")
+
+    def summary(self) -> list[tuple[str, str]]:
+        g = self.geometry
+        per_kind = {layer.kind: layer for layer in self.layers}
+        kinds = "; ".join(f"{k}: {v.kv_heads} KV heads x {v.head_dim}, theta {v.rope_theta:g}, "
+                          f"{v.rotated_pairs} of {v.head_dim // 2} pairs rotate"
+                          for k, v in per_kind.items())
+        softcap = ("none" if self.final_logit_softcapping is None
+                   else f"{self.final_logit_softcapping:g} (recorded, not applied)")
+        return [("geometry", f"h={g.hidden_size} Hb={g.backbone_hidden_size} "
+                             f"I={g.intermediate_size} layers={g.num_draft_layers} "
+                             f"heads={g.num_attention_heads} V={g.vocab_size} "
+                             f"eps={g.rms_norm_eps:g}"),
+                ("attention", f"every layer reads the target's KV of its type (no k/v "
+                              f"projections), scale 1.0; {kinds}"
+                              + ("" if self.sliding_window is None
+                                 else f"; sliding window {self.sliding_window}")),
+                ("blocks", f"{self.activation}, 4 norms and a layer scalar per layer; "
+                           f"logits: the tied head, softcap {softcap}"),
+                ("cycle", f"{self.num_assistant_tokens} drafts per cycle, every step at the "
+                          "anchor's position")]
+
+
+def _expand(spec: AssistantSpec) -> list[TensorSpec]:
+    """The tensor table for this assistant: per-layer rules with the layer's head dim."""
+    t = spec.text
+    base = {"H": t.hidden_size, "I": t.intermediate_size, "V": t.vocab_size,
+            "nh": t.num_attention_heads, "Hb": spec.backbone_hidden_size}
+    out = []
+
+    def add(rule, source: str, gguf: str, values: dict) -> None:
+        shape = [eval_dim(e, values) for e in rule.shape]
+        out.append(TensorSpec(source_name=source, gguf_name=gguf, shape=shape,
+                              gguf_shape=shape[::-1],
+                              shape_expr=[pretty_dim(e) for e in rule.shape], kind=rule.kind,
+                              required=True))
+
+    for rule in ASSISTANT_TENSOR_RULES:
+        if not rule.per_layer:
+            add(rule, rule.source, rule.gguf, base)
+    for i, layer in enumerate(spec.layers):
+        for rule in ASSISTANT_TENSOR_RULES:
+            if rule.per_layer:
+                add(rule, rule.source.format(i=i), rule.gguf.format(i=i),
+                    {**base, "dl": layer.head_dim})
+    return out
+
+
+def _check_one_geometry_per_kind(spec: AssistantSpec, path: str) -> None:
+    """Layers of one type read the same target layer's KV, so they have its one geometry:
+    a second geometry for a type is refused (152)."""
+    seen: dict[str, tuple[int, AssistantLayer]] = {}
+    for i, layer in enumerate(spec.layers):
+        first = seen.setdefault(layer.kind, (i, layer))
+        j, other = first
+        if (layer.head_dim, layer.kv_heads, layer.rope_theta, layer.rotated_pairs) != \
+                (other.head_dim, other.kv_heads, other.rope_theta, other.rotated_pairs):
+            raise _refuse(path, f"text_config.per_layer_config.{i}",
+                          f"layer {j}'s geometry (head_dim {other.head_dim}, "
+                          f"{other.kv_heads} KV heads)",
+                          f"head_dim {layer.head_dim}, {layer.kv_heads} KV heads",
+                          f"layers of one type ({layer.kind}) read the same target KV")
+
+
+def build_contract(spec: AssistantSpec, *, path: str = CONFIG) -> AssistantContract:
+    """The artifact's contract of a checked assistant (assistant_spec)."""
+    _check_one_geometry_per_kind(spec, path)
+    t = spec.text
+    full = t.rope_parameters.get(FULL) if FULL in t.layer_types else None
+    full_type = full.get("rope_type") if isinstance(full, dict) else None
+    factor = None
+    if full_type is not None:
+        factor = float(full.get("partial_rotary_factor", 1.0)) if full_type != "default" else 1.0
+    layers = [AssistantLayerRecord(kind=layer.kind, head_dim=layer.head_dim,
+                                   kv_heads=layer.kv_heads, rope_theta=layer.rope_theta,
+                                   rotated_pairs=(layer.rotated_pairs
+                                                  if layer.rotated_pairs is not None
+                                                  else layer.head_dim // 2))
+              for layer in spec.layers]
+    return AssistantContract(
+        family=FAMILY, architecture=ARCHITECTURE,
+        geometry=AssistantGeometry(
+            hidden_size=t.hidden_size, backbone_hidden_size=spec.backbone_hidden_size,
+            intermediate_size=t.intermediate_size, num_draft_layers=t.num_hidden_layers,
+            num_attention_heads=t.num_attention_heads, vocab_size=t.vocab_size,
+            rms_norm_eps=t.rms_norm_eps),
+        layers=layers,
+        sliding_window=t.sliding_window if SLIDING in t.layer_types else None,
+        rope=AssistantRope(full_type=full_type, full_partial_rotary_factor=factor),
+        activation=ACTIVATION, final_logit_softcapping=t.final_logit_softcapping,
+        num_assistant_tokens=spec.num_assistant_tokens, tensors=_expand(spec))
+
+
+def parse_config(raw: object, *, path: str = CONFIG, companion: object = None,
+                 companion_path: str = GENERATION_CONFIG) -> AssistantSpec:
+    """config.json (and generation_config.json's drafts per cycle, ``companion``, when the
+    checkpoint has one) as the runtime computes with it."""
+    tokens = (DEFAULT_ASSISTANT_TOKENS if companion is None
+              else assistant_tokens(companion, path=companion_path))
+    return assistant_spec(raw, path=path, num_assistant_tokens=tokens)
+
+
+def config_dtype(spec: AssistantSpec, *, path: str) -> str | None:
+    """The tensor dtype config.json declares (its top-level ``dtype``), if any."""
+    name = getattr(spec.config, "dtype", None) or getattr(spec.config, "torch_dtype", None)
+    if name is None:
+        return None
+    if name not in CONFIG_DTYPE_NAMES:
+        raise _refuse(path, "dtype", f"one of {', '.join(CONFIG_DTYPE_NAMES)}", name)
+    return CONFIG_DTYPE_NAMES[name]

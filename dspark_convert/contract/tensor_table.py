@@ -26,13 +26,22 @@ SYMBOLS: dict[str, str] = {
     "m": "len(target_layer_ids), the number of target feature taps",
     "r": "markov_rank",
     "rc": "markov_rank if confidence_head_with_markov else 0",
+    # DFlash2 (speculators' DFlash2DraftModel; docs/REFERENCE.md "DFlash2")
+    "R": "selector_rank (DFlash2)",
+    "k": "conv_kernel_size (DFlash2)",
+    "G": "hidden_size / conv_group_size (DFlash2: the conv's channel groups)",
+    # The Gemma 4 assistant (docs/REFERENCE.md "The Gemma 4 assistant")
+    "Hb": "backbone_hidden_size, the target's hidden size (assistant)",
+    "dl": "the layer's head_dim, by its layer type (assistant)",
 }
 
 # Which heads a tensor belongs to. "embedding": optional in the source, hashed, never written.
 # "v_proj": a Gemma4 drafter's value projection, present only without attention_k_eq_v.
 Condition = Literal["always", "embedding", "markov", "gated", "rnn", "confidence", "v_proj"]
 # "scalar": a Gemma4 layer's layer_scalar [1], which multiplies the residual stream.
-Kind = Literal["matrix", "norm", "bias", "embedding", "scalar"]
+# "conv": a DFlash2 conv's base kernel [2, k, H]; "codebook": a DFlash2 selector codebook
+# [V, R] (a plain parameter, indexed by token id).
+Kind = Literal["matrix", "norm", "bias", "embedding", "scalar", "conv", "codebook"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,74 @@ GEMMA4_TENSOR_RULES: tuple[TensorRule, ...] = _FRONT + (
     _layer("pre_feedforward_layernorm.weight", "ffn_norm.weight", ("H",), "norm"),
     _layer("post_feedforward_layernorm.weight", "post_ffw_norm.weight", ("H",), "norm"),
 ) + _HEADS
+
+# The DFlash2DraftModel table (speculators 0.9.0, models/dflash2/model_definitions.py:130-135,
+# 261-263; dflash/core.py:122-130): speculators saves neither the embedding nor the head
+# (the target's, as load_verifier_weights rebuilds them), so no rule names them. GGUF
+# names are llama.cpp 0c1e570's for a DFlash2 drafter (its DFlashModel converter,
+# conversion/qwen.py:664, and src/models/dflash.cpp): the conv bases have no ``.weight``
+# suffix there, the selector's tensors are ``selector_*.weight``. The order is speculators'
+# own: the globals, then each layer's tensors.
+DFLASH2_TENSOR_RULES: tuple[TensorRule, ...] = (
+    TensorRule("fc.weight", "fc.weight", ("H", "m*H"), "matrix"),
+    TensorRule("hidden_norm.weight", "enc.output_norm.weight", ("H",), "norm"),
+    TensorRule("norm.weight", "output_norm.weight", ("H",), "norm"),
+    TensorRule("candidate_selector.predecessor_codebook", "selector_predecessor.weight",
+               ("V", "R"), "codebook"),
+    TensorRule("candidate_selector.successor_codebook", "selector_successor.weight",
+               ("V", "R"), "codebook"),
+    TensorRule("candidate_selector.hidden_projection.weight", "selector_hidden.weight",
+               ("R", "H"), "matrix"),
+    _layer("input_layernorm.weight", "attn_norm.weight", ("H",), "norm"),
+    _layer("post_attention_layernorm.weight", "ffn_norm.weight", ("H",), "norm"),
+    _layer("self_attn.q_proj.weight", "attn_q.weight", ("nh*d", "H"), "matrix"),
+    _layer("self_attn.k_proj.weight", "attn_k.weight", ("nkv*d", "H"), "matrix"),
+    _layer("self_attn.v_proj.weight", "attn_v.weight", ("nkv*d", "H"), "matrix"),
+    _layer("self_attn.o_proj.weight", "attn_output.weight", ("H", "nh*d"), "matrix"),
+    _layer("self_attn.q_norm.weight", "attn_q_norm.weight", ("d",), "norm"),
+    _layer("self_attn.k_norm.weight", "attn_k_norm.weight", ("d",), "norm"),
+    _layer("mlp.gate_proj.weight", "ffn_gate.weight", ("I", "H"), "matrix"),
+    _layer("mlp.up_proj.weight", "ffn_up.weight", ("I", "H"), "matrix"),
+    _layer("mlp.down_proj.weight", "ffn_down.weight", ("H", "I"), "matrix"),
+    TensorRule("layers.{i}.attention_conv.base_kernel", "blk.{i}.attn_conv_base",
+               ("2", "k", "H"), "conv"),
+    _layer("attention_conv.kernel_projection.weight", "attn_conv_proj.weight",
+           ("2*k*G", "H"), "matrix"),
+    TensorRule("layers.{i}.mlp_conv.base_kernel", "blk.{i}.ffn_conv_base", ("2", "k", "H"),
+               "conv"),
+    _layer("mlp_conv.kernel_projection.weight", "ffn_conv_proj.weight", ("2*k*G", "H"),
+           "matrix"),
+)
+
+
+def _assistant_layer(source: str, gguf: str, shape: tuple[str, ...], kind: Kind) -> TensorRule:
+    return TensorRule(f"model.layers.{{i}}.{source}", f"blk.{{i}}.{gguf}", shape, kind)
+
+
+# The Gemma4UnifiedAssistantForCausalLM table (transformers 5.19,
+# modeling_gemma4_unified_assistant.py; contract/gemma4_assistant.tensor_shapes): no layer
+# has k/v projections (each reads the target's KV), a layer's head dim is its layer type's
+# (``dl``). The assistant's own embedding is its tied output head: written (token_embd, as
+# llama.cpp 0c1e570's Gemma4AssistantModel converter writes it, conversion/gemma.py:933),
+# never stripped. GGUF names are that converter's.
+ASSISTANT_TENSOR_RULES: tuple[TensorRule, ...] = (
+    TensorRule("model.embed_tokens.weight", "token_embd.weight", ("V", "H"), "embedding"),
+    TensorRule("model.norm.weight", "output_norm.weight", ("H",), "norm"),
+    TensorRule("pre_projection.weight", "nextn.pre_projection.weight", ("H", "2*Hb"), "matrix"),
+    TensorRule("post_projection.weight", "nextn.post_projection.weight", ("Hb", "H"), "matrix"),
+    _assistant_layer("input_layernorm.weight", "attn_norm.weight", ("H",), "norm"),
+    _assistant_layer("post_attention_layernorm.weight", "post_attention_norm.weight", ("H",),
+                     "norm"),
+    _assistant_layer("pre_feedforward_layernorm.weight", "ffn_norm.weight", ("H",), "norm"),
+    _assistant_layer("post_feedforward_layernorm.weight", "post_ffw_norm.weight", ("H",), "norm"),
+    _assistant_layer("layer_scalar", "layer_output_scale.weight", ("1",), "scalar"),
+    _assistant_layer("self_attn.q_proj.weight", "attn_q.weight", ("nh*dl", "H"), "matrix"),
+    _assistant_layer("self_attn.q_norm.weight", "attn_q_norm.weight", ("dl",), "norm"),
+    _assistant_layer("self_attn.o_proj.weight", "attn_output.weight", ("H", "nh*dl"), "matrix"),
+    _assistant_layer("mlp.gate_proj.weight", "ffn_gate.weight", ("I", "H"), "matrix"),
+    _assistant_layer("mlp.up_proj.weight", "ffn_up.weight", ("I", "H"), "matrix"),
+    _assistant_layer("mlp.down_proj.weight", "ffn_down.weight", ("H", "I"), "matrix"),
+)
 
 # GGUF names Strata refuses outright: the embedding and head are bound from the target.
 FORBIDDEN_GGUF_NAMES: tuple[str, ...] = ("token_embd.weight", "output.weight")

@@ -1,9 +1,16 @@
 """speculators' DFlash2 drafter in the reference runtime (docs/REFERENCE.md, "DFlash2").
 
 Read from its speculators checkpoint directory (config.json through contract/dflash2.py,
-model.safetensors through formats/safetensors.py; no speculators or transformers import),
-bound to a Qwen3 target (runtime/qwen3.py) whose embedding and head it uses, as
-speculators' ``load_verifier_weights`` rebuilds them from the verifier.
+model.safetensors through formats/safetensors.py; no speculators or transformers import) or
+from a DFlash2 artifact (`dspark convert DIR --target T`: drafter.gguf, whose metadata is
+read back as the speculators config it stands for; runtime/artifact_plan.py), bound to a
+Qwen3 target (runtime/qwen3.py) whose embedding and head it uses, as speculators'
+``load_verifier_weights`` rebuilds them from the verifier.
+
+Loading, for other commands: ``plan_drafter(path)`` (a source or artifact directory; no
+tensor byte read) and ``load_drafter(plan_or_path, target)`` (the drafter bound to a loaded
+``runtime.qwen3.Qwen3Target``); ``commands/binding.bind(artifact, target)`` validates an
+artifact against its target first and its ``drafter_plan`` is this module's plan.
 
 The backbone is DFlash's (runtime/drafter.py: the same context cells ``hidden_norm(fc(taps))``
 projected by each layer's k_proj / k_norm / RoPE and v_proj at the context positions, the
@@ -36,8 +43,11 @@ from pathlib import Path
 
 import torch
 
-from dspark_convert.contract.dflash2 import (NEVER_SAVED, DFlash2Config, read_config,
-                                            tensor_shapes)
+from dspark_convert.artifact.format import dflash2_config_view
+from dspark_convert.contract.dflash2 import FAMILY as DFLASH2_FAMILY
+from dspark_convert.contract.dflash2 import (NEVER_SAVED, DFlash2Config, parse_config,
+                                            read_config, tensor_shapes)
+from dspark_convert.runtime.artifact_plan import artifact_truncated, is_artifact, open_artifact
 from dspark_convert.errors import DFlash2RunError
 from dspark_convert.formats.safetensors import read_checkpoint
 from dspark_convert.runtime.drafter import DRAFTER_LOGITS, DSparkDrafter
@@ -55,11 +65,13 @@ SELECTOR_SCORES = "the drafter's selector scores"
 
 @dataclass(frozen=True)
 class DFlash2Plan(StoredModel):
-    """A DFlash2 checkpoint checked from config.json and its safetensors headers (no tensor
-    byte read): where each tensor is, in tensor_shapes' order."""
+    """A DFlash2 checkpoint checked from config.json and its safetensors headers, or a
+    DFlash2 artifact from its drafter.gguf header (no tensor byte read): where each tensor
+    is, by speculators' names, in tensor_shapes' order."""
 
     directory: Path
     config: DFlash2Config
+    from_artifact: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,11 +80,21 @@ class DFlash2Weights:
     tensors: dict[str, torch.Tensor]      # by speculators' names, compute dtype, on device
 
 
-def plan_drafter(directory: str | os.PathLike) -> DFlash2Plan:
-    """config.json (150 when it is not a DFlash2 config the runtime computes) and the
-    headers: every tensor of the table present, of its shape and a float dtype the loader
-    reads (20, 22, 23), none other (21: speculators never saves the embedding or the head)."""
+def plan_drafter(directory: str | os.PathLike, *, gguf=None) -> DFlash2Plan:
+    """A source checkpoint: config.json (150 when it is not a DFlash2 config the runtime
+    computes) and the headers: every tensor of the table present, of its shape and a float
+    dtype the loader reads (20, 22, 23), none other (21: speculators never saves the
+    embedding or the head). An artifact directory (drafter.gguf, `dspark convert`'s): its
+    metadata read back as the speculators config it stands for, its tensors checked against
+    the contract (runtime/artifact_plan.py; 156 for an artifact of another kind); ``gguf``:
+    the file as validate parsed it."""
     directory = Path(directory)
+    if is_artifact(directory):
+        opened = open_artifact(directory, DFLASH2_FAMILY, gguf=gguf)
+        view, _ = dflash2_config_view(opened.metadata, path=str(opened.path))
+        cfg = parse_config(view, path=f"{opened.path} (as config.json)")
+        return DFlash2Plan(directory=directory, config=cfg, tensors=opened.tensors,
+                           from_artifact=True)
     cfg = read_config(directory)
     entries = read_checkpoint(directory).tensors
     tensors = source_tensors(
@@ -86,7 +108,8 @@ def plan_drafter(directory: str | os.PathLike) -> DFlash2Plan:
 def load_weights(plan: DFlash2Plan, *, device: torch.device,
                  dtype: torch.dtype) -> DFlash2Weights:
     """Every tensor of the plan, once, in ``dtype`` on ``device``."""
-    with TensorLoader(device=device, dtype=dtype, truncated=source_truncated) as loader:
+    truncated = artifact_truncated if plan.from_artifact else source_truncated
+    with TensorLoader(device=device, dtype=dtype, truncated=truncated) as loader:
         tensors = {name: loader.load(spec) for name, spec in plan.tensors.items()}
     return DFlash2Weights(config=plan.config, tensors=tensors)
 
@@ -111,11 +134,15 @@ def check_target(cfg: DFlash2Config, target_config, *, path: str) -> None:
                 expected=theirs, found=mine)
 
 
-def load_drafter(directory: str | os.PathLike, target) -> DFlash2Drafter:
-    """The drafter of ``directory`` bound to ``target`` (runtime/qwen3.Qwen3Target): checked
-    against it before any tensor byte is read, loaded in the target's dtype and device."""
-    plan = plan_drafter(directory)
-    check_target(plan.config, target.config, path=str(plan.directory / "config.json"))
+def load_drafter(plan_or_path: DFlash2Plan | str | os.PathLike, target) -> DFlash2Drafter:
+    """The drafter bound to ``target`` (runtime/qwen3.Qwen3Target): a plan (plan_drafter's,
+    or commands/binding.Binding.drafter_plan), or a source checkpoint or artifact directory
+    planned here; checked against the target before any tensor byte is read, loaded in the
+    target's dtype and device."""
+    plan = (plan_or_path if isinstance(plan_or_path, DFlash2Plan)
+            else plan_drafter(plan_or_path))
+    where = plan.directory / ("drafter.gguf" if plan.from_artifact else "config.json")
+    check_target(plan.config, target.config, path=str(where))
     weights = load_weights(plan, device=target.device, dtype=target.dtype)
     return DFlash2Drafter(weights, embed=target.embed, lm_head=target.lm_head,
                           device=target.device)

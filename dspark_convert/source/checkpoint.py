@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_convert.contract.families import Family, family_named, family_of
+from dspark_convert.contract.families import FAMILIES, Family, family_named, family_of
 from dspark_convert.contract.inventory import check_inventory
 from dspark_convert.contract import speculators
-from dspark_convert.contract.dspark import DSparkConfig, FeatureContract, config_dtype
+from dspark_convert.contract.dspark import DSparkConfig, FeatureContract
 from dspark_convert.errors import (ConfigError, ContractViolation, DSparkError,
                                    SampleFromAnchorOptionError, SourceNotFoundError,
                                    SpeculatorsTargetError)
@@ -58,6 +58,10 @@ class Source:
     checkpoint: Checkpoint
     dtype: str                  # the common source dtype: BF16, F16 or F32
     speculators: SpeculatorsSource | None = field(default=None)
+    # The family's companion file (contract/families.py: the assistant's
+    # generation_config.json), parsed, and its path; None where there is none.
+    companion: dict | None = field(default=None)
+    companion_path: Path | None = field(default=None)
 
     @property
     def name(self) -> str:
@@ -112,6 +116,16 @@ def read_source(directory: Path, options: SpeculatorsOptions | None = None
                           field=exc.where, expected="verbatim JSON", found=exc.why) from None
     label = str(config_path)
     spec = None
+    # A family of its own reader (speculators' DFlash2 included): no DeepSpec twin.
+    own = _own_family(raw)
+    if own is not None:
+        companion = read_companion(directory, own)
+        cfg = own.parse(raw, path=label, companion=companion,
+                        companion_path=str(directory / own.companion_file)
+                        if own.companion_file else None)
+        contract = own.build_contract(cfg, path=label)
+        check_storable(contract, path=label)
+        return raw, own, cfg, contract, spec
     if speculators.is_speculators_config(raw):
         layers = options.target_layers()
         if layers is None:
@@ -146,6 +160,35 @@ def read_source(directory: Path, options: SpeculatorsOptions | None = None
     return raw, family, cfg, contract, spec
 
 
+def _own_family(raw: object) -> Family | None:
+    """The family config.json's ``architectures`` names when it is one whose reader reads
+    the checkpoint as it is (kind other than DSpark: DFlash2, the assistant), else None."""
+    archs = raw.get("architectures") if isinstance(raw, dict) else None
+    if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str):
+        family = FAMILIES.get(archs[0])
+        if family is not None and family.kind != "dspark":
+            return family
+    return None
+
+
+def read_companion(directory: Path, family: Family) -> dict | None:
+    """The family's companion file of ``directory`` (strict JSON), or None when the family
+    has none or the checkpoint lacks it (the reader's default applies then)."""
+    if family.companion_file is None:
+        return None
+    path = directory / family.companion_file
+    if not path.is_file():
+        return None
+    raw = read_json_strict(path, error=ConfigError, label=str(path))
+    try:
+        check_verbatim(raw)
+    except NotVerbatimError as exc:
+        raise ConfigError(f"{path}: field '{exc.where}': {exc.why}; expected JSON that "
+                          "manifest.json can keep verbatim", path=str(path),
+                          field=exc.where, expected="verbatim JSON", found=exc.why) from None
+    return raw
+
+
 def load_config(directory: Path) -> tuple[dict, DSparkConfig, FeatureContract]:
     """read_contract's config and contract: (raw, config, contract)."""
     raw, _family, cfg, contract = read_contract(directory)
@@ -158,9 +201,11 @@ def check_checkpoint_inventory(checkpoint: Checkpoint, cfg: DSparkConfig,
     the index or weights file; returns the common source dtype."""
     label = str(checkpoint.files.index or checkpoint.files.weights[0])
     tensors = {name: (entry.dtype, list(entry.shape)) for name, entry in checkpoint.tensors.items()}
-    family_named(contract.family).check_tensors(contract, set(tensors), path=label)
+    family = family_named(contract.family)
+    family.check_tensors(contract, set(tensors), path=label)
     return check_inventory(contract, tensors, path=label,
-                           expected_dtype=config_dtype(cfg, path=str(checkpoint.files.config)))
+                           expected_dtype=family.config_dtype(
+                               cfg, path=str(checkpoint.files.config)))
 
 
 def open_source(path: str | os.PathLike, options: SpeculatorsOptions | None = None) -> Source:
@@ -181,5 +226,9 @@ def open_source(path: str | os.PathLike, options: SpeculatorsOptions | None = No
         if problem is not None:
             raise problem
     dtype = check_checkpoint_inventory(checkpoint, cfg, contract)
+    family = family_named(contract.family)
+    companion = read_companion(directory, family)
     return Source(directory=directory, raw_config=raw, config=cfg, contract=contract,
-                  checkpoint=checkpoint, dtype=dtype, speculators=spec)
+                  checkpoint=checkpoint, dtype=dtype, speculators=spec, companion=companion,
+                  companion_path=None if companion is None
+                  else directory / family.companion_file)

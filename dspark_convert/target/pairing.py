@@ -37,6 +37,8 @@ from dspark_convert.artifact.format import CONFIG_FIELD_KEYS, as_float32
 from dspark_convert.contract.dspark import FeatureContract, tap_problem
 from dspark_convert.contract.families import family_named, target_family_of
 from dspark_convert.errors import (
+    AssistantTargetError,
+    DFlash2TargetError,
     EmbeddingIdentityError,
     MaskTokenCollisionError,
     TargetGeometryError,
@@ -222,7 +224,10 @@ def check_tokenizer(drafter: Drafter, target: Target,
         detail = f"{rec.vocab_size} tokens fill the {rows} embedding rows"
     checks.append(Check.passed("target.tokenizer_vocab", detail))
 
-    mask = drafter.contract.block.mask_token_id
+    block = getattr(drafter.contract, "block", None)
+    if block is None:       # a drafter without a mask token (the Gemma 4 assistant)
+        return checks + _check_fingerprint(drafter, target, recorded)
+    mask = block.mask_token_id
     kind, content = tok.classify(mask)
     field = drafter.field("mask_token_id")
     if kind in ("ordinary", "added"):
@@ -242,6 +247,15 @@ def check_tokenizer(drafter: Drafter, target: Target,
         f"the special token {content!r}" if kind == "special"
         else "a padding row: no token of the tokenizer")))
 
+    return checks + _check_fingerprint(drafter, target, recorded)
+
+
+def _check_fingerprint(drafter: Drafter, target: Target,
+                       recorded: TokenizerRecord | None) -> list[Check]:
+    """The tokenizer against the fingerprint an artifact recorded (None: recorded now)."""
+    rec = target.tokenizer.record
+    where = f"target {target.directory / rec.file}"
+    checks = []
     if recorded is not None:
         diff = fingerprint_difference(recorded, rec)
         if diff is not None:
@@ -267,8 +281,163 @@ def _shown(value: object) -> str:
 
 def check_compatibility(drafter: Drafter, target: Target,
                         recorded: TokenizerRecord | None = None) -> list[Check]:
-    """Geometry and tokenizer checks; no tensor byte is read."""
-    return check_geometry(drafter, target) + check_tokenizer(drafter, target, recorded)
+    """Geometry and tokenizer checks, by the drafter's kind; no tensor byte is read."""
+    geometry = _KIND_GEOMETRY.get(drafter.contract.family, check_geometry)
+    return geometry(drafter, target) + check_tokenizer(drafter, target, recorded)
+
+
+# --- the DFlash2 and Gemma 4 assistant kinds ----------------------------------------------------
+
+def _target_model_type(drafter: Drafter, target: Target, error) -> Check:
+    family = family_named(drafter.contract.family)
+    where = f"target {target.checkpoint.files.config}"
+    model_type = target.raw_config.get("model_type")
+    if model_type not in family.target_model_types:
+        raise error(f"{where}: model_type {model_type!r}; the drafter "
+                    f"({drafter.contract.architecture}) pairs with a "
+                    f"{' / '.join(family.target_model_types)} target", path=where,
+                    field="model_type", expected=list(family.target_model_types),
+                    found=model_type)
+    return Check.passed("target.family", f"{model_type} "
+                        f"({', '.join(target.config.architectures)})")
+
+
+def check_dflash2_geometry(drafter: Drafter, target: Target) -> list[Check]:
+    """A DFlash2 drafter against a Qwen3 target (DFlash2TargetError, 154): fc reads m x H
+    features of the target's hidden size, the selector's codebooks and the target's head
+    index one vocabulary, every tapped hidden state is one the target has (speculators'
+    aux ids are HF hidden_states indices: 0 the embedding, num_hidden_layers the last)."""
+    c, tcfg = drafter.contract, target.config
+    where = f"target {target.checkpoint.files.config}"
+    field = target.read.field
+    checks = [_target_model_type(drafter, target, DFlash2TargetError)]
+    for name, mine, theirs in (("hidden_size", c.geometry.hidden_size, tcfg.hidden_size),
+                               ("vocab_size", c.geometry.vocab_size, tcfg.vocab_size)):
+        if mine != theirs:
+            raise DFlash2TargetError(
+                f"{where}: {field(name)} is {theirs}; the drafter expects {mine} "
+                f"({drafter.field(name)})", path=where, field=field(name), expected=mine,
+                found=theirs)
+        checks.append(Check.passed(f"target.{name}", f"{mine} on both sides"))
+    n = tcfg.num_hidden_layers
+    for pos, index in enumerate(c.taps.hidden_state_indices):
+        if not 0 <= index <= n:
+            name = ("dflash.target_layers" if drafter.from_metadata
+                    else "aux_hidden_state_layer_ids")
+            raise DFlash2TargetError(
+                f"{drafter.label} {name}[{pos}] is {index}; the target has {n} layers "
+                f"({where} {field('num_hidden_layers')}), so its hidden states are indices "
+                f"0..{n} (0 the embedding)", path=drafter.label, field=f"{name}[{pos}]",
+                expected=f"0..{n}", found=index)
+    checks.append(Check.passed(
+        "target.layers", f"hidden states {c.taps.hidden_state_indices} of the target's {n + 1} "
+        f"(HF hidden_states indices: 0 the embedding, {n} the final norm's output)"))
+    return checks
+
+
+def target_kv_geometry(raw: dict) -> list[tuple[str, int, int, float]]:
+    """Each layer of a gemma4_unified target as the assistant's KV sharing reads it: (layer
+    type, head_dim, KV heads, RoPE theta), by transformers' rule (runtime/gemma4.py's:
+    full layers global_head_dim and, under attention_k_eq_v, num_global_key_value_heads;
+    sliding ones head_dim and num_key_value_heads). Malformed fields give what they hold."""
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    out = []
+    for kind in text.get("layer_types") or []:
+        full = kind == "full_attention"
+        kv = (text.get("num_global_key_value_heads") if full and text.get("attention_k_eq_v")
+              else text.get("num_key_value_heads"))
+        d = text.get("global_head_dim") if full else text.get("head_dim")
+        entry = rope.get(kind) if isinstance(rope.get(kind), dict) else {}
+        out.append((kind, d, kv, entry.get("rope_theta")))
+    return out
+
+
+def check_assistant_geometry(drafter: Drafter, target: Target) -> list[Check]:
+    """A Gemma 4 assistant against a gemma4_unified target (AssistantTargetError, 153):
+    backbone_hidden_size is the target's hidden size, one vocabulary, and each layer type
+    maps onto the target layer whose KV it reads (the target's last layer of that type,
+    runtime/gemma4_assistant.shared_layers' rule) of the same head_dim, KV heads and RoPE
+    theta."""
+    c, tcfg = drafter.contract, target.config
+    where = f"target {target.checkpoint.files.config}"
+    field = target.read.field
+    checks = [_target_model_type(drafter, target, AssistantTargetError)]
+    for name, ours, mine, theirs in (
+            ("hidden_size", "backbone_hidden_size", c.geometry.backbone_hidden_size,
+             tcfg.hidden_size),
+            ("vocab_size", "text_config.vocab_size", c.geometry.vocab_size, tcfg.vocab_size)):
+        if mine != theirs:
+            raise AssistantTargetError(
+                f"{where}: {field(name)} is {theirs}; the assistant expects {mine} "
+                f"({drafter.label} {ours})", path=where, field=field(name), expected=mine,
+                found=theirs)
+        checks.append(Check.passed(f"target.{name}", f"{mine} on both sides"
+                                   + (" (backbone_hidden_size)" if name == "hidden_size" else "")))
+    layers = target_kv_geometry(target.raw_config)
+    kinds = [k for k, _d, _kv, _t in layers]
+    read = {}
+    for i, layer in enumerate(c.layers):
+        if layer.kind not in kinds:
+            raise AssistantTargetError(
+                f"{drafter.label} layer {i} is {layer.kind}: the target ({where}) has no "
+                f"{layer.kind} layer whose KV it could read (its layers: "
+                f"{sorted(set(kinds))})", path=drafter.label, field=f"layer_types[{i}]",
+                expected=sorted(set(kinds)), found=layer.kind)
+        index = len(kinds) - 1 - kinds[::-1].index(layer.kind)
+        _k, d, kv, theta = layers[index]
+        if (layer.head_dim, layer.kv_heads, layer.rope_theta) != (d, kv, theta):
+            raise AssistantTargetError(
+                f"{drafter.label} layer {i} ({layer.kind}): head_dim {layer.head_dim}, "
+                f"{layer.kv_heads} KV heads, RoPE theta {layer.rope_theta:g}; the target's "
+                f"layer {index} whose KV it reads has head_dim {d}, {kv} KV heads, theta "
+                f"{theta} ({where})", path=drafter.label, field=f"layer_types[{i}]",
+                expected=[d, kv, theta], found=[layer.head_dim, layer.kv_heads,
+                                               layer.rope_theta])
+        read[layer.kind] = index
+    checks.append(Check.passed("target.shared_kv", "; ".join(
+        f"{kind} layers read the target's layer {index}" for kind, index in read.items())
+        + ", of the same head_dim, KV heads and RoPE theta"))
+    return checks
+
+
+def check_assistant_identity(drafter: Drafter, target: Target,
+                             target_tensors: list[TargetTensorRecord],
+                             recorded_embed: str | None,
+                             own_head: tuple[list[int], str | None] | None) -> list[Check]:
+    """The assistant's input embedding is the target's (its SHA-256 recorded, compared with
+    the one an artifact recorded); its output head is its own tied embedding
+    (token_embd.weight), compared with the target's embedding as data: another shape
+    ([V, h] against [V, Hb]) or, of one shape, another SHA-256 says it is its own."""
+    theirs = next(t for t in target_tensors if t.role == "embedding")
+    checks = []
+    if recorded_embed is not None and recorded_embed != theirs.sha256:
+        raise EmbeddingIdentityError(
+            f"{drafter.field('embed_tokens.weight')} SHA-256 is {_short(recorded_embed)}; the "
+            f"target's {theirs.name} is {_short(theirs.sha256)}: not the embedding this "
+            "assistant was converted against", path=drafter.label, tensor="embed_tokens.weight",
+            expected=theirs.sha256, found=recorded_embed)
+    checks.append(Check.passed("target.identity.embedding",
+                               f"the assistant's input embedding is the target's {theirs.name} "
+                               f"(SHA-256 {_short(theirs.sha256)})"))
+    if own_head is not None:
+        shape, sha = own_head
+        if shape != theirs.shape:
+            same = (f"its own tied embedding {shape}, not the target's {theirs.shape}: "
+                    "kept in the artifact as token_embd.weight")
+        elif sha is None:
+            same = f"its own tied embedding {shape}, the target's shape; kept as token_embd.weight"
+        else:
+            same = ("its own tied embedding, " + ("equal to" if sha == theirs.sha256 else
+                                                  "other data than") +
+                    f" the target's (SHA-256 {_short(sha)}); kept as token_embd.weight")
+        checks.append(Check.passed("target.identity.head", f"the assistant's head is {same}"))
+    return checks
+
+
+# Each kind's geometry checks (the DSpark families': check_geometry).
+_KIND_GEOMETRY = {"qwen3-dflash2": check_dflash2_geometry,
+                  "gemma4-assistant": check_assistant_geometry}
 
 
 # --- identity ----------------------------------------------------------------------------------
@@ -366,6 +535,13 @@ class SourcePairing:
 
     def finish(self, tensor_sha256: dict[str, str], progress: Progress | None = None) -> TargetRecord:
         entries = self.source.checkpoint.tensors
+        if self.source.contract.family == "gemma4-assistant":
+            own = entries.get("model.embed_tokens.weight")
+            drafter = Drafter(label=f"drafter {self.source.checkpoint.files.config}",
+                              contract=self.source.contract)
+            identity = check_assistant_identity(drafter, self.target, self.tensors, None,
+                                                (list(own.shape), None) if own else None)
+            return target_record(self.target, self.tensors, self.checks + identity)
         ours = {n: (entries[n].dtype, tensor_sha256[n]) for n in DRAFTER_TENSOR_ROLES if n in entries}
         weights = self.source.checkpoint.files.index or self.source.checkpoint.files.weights[0]
         drafter = Drafter(label=f"drafter {weights}", contract=self.source.contract)
@@ -402,6 +578,16 @@ def pair_artifact(contract: FeatureContract, kv: dict[str, object], manifest: Ma
     recorded = manifest.target.tokenizer if manifest is not None and manifest.target else None
     checks = check_compatibility(drafter, target, recorded)
     tensors = hash_target_tensors(target, progress)
+    if contract.family == "gemma4-assistant":
+        embed = kv.get(_METADATA_NAMES["embed_tokens.weight"])
+        head = None
+        if manifest is not None:
+            record = next((t for t in manifest.artifact.tensors
+                           if t.name == "token_embd.weight"), None)
+            head = None if record is None else (record.shape[::-1], record.sha256)
+        return checks + check_assistant_identity(drafter, target, tensors,
+                                                 embed if isinstance(embed, str) else None,
+                                                 head)
     # The dtype each recorded hash was taken in: the drafter's own copy's (source.stripped),
     # else the target's, whose hash was recorded in the drafter's place.
     dtypes = {s.name: s.dtype for s in manifest.source.stripped} if manifest is not None else {}
