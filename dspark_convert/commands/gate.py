@@ -22,7 +22,9 @@ the library function its command runs (nothing re-implemented, nothing in a subp
    for a drafter that requires dspark-mlx (``[defaults] dspark_mlx``, or the interpreter
    `make dspark-mlx` installs), judged as llama.cpp's;
 10. ``regression``: ``min_tau``, and against ``--baseline`` (a previous gate's gate.json)
-   ``max_tau_drop`` and ``max_acceptance_drop`` at any draft position.
+   ``max_tau_drop``, ``max_acceptance_drop`` at any draft position and
+   ``max_depth_acceptance_drop`` at any draft position within any context depth
+   (evaluation/depth.py buckets; the stage names the position and the depth).
 
 A failed stage fails its drafter and skips the stages that need it; the other drafters go
 on. Everything is written into OUT_DIR atomically (util/atomic.py): the artifacts, every
@@ -77,6 +79,7 @@ from dspark_convert.errors import (
     SourceNotFoundError,
     StrataRuleError,
 )
+from dspark_convert.evaluation.depth import acceptance_by_depth, run_steps
 from dspark_convert.evaluation.proposals import NEAR_TIE
 from dspark_convert.util.json_out import dumps
 from dspark_convert.util.atomic import (
@@ -396,9 +399,12 @@ class _EntryRun:
             run = next((r for r in report.runs if r.kind == "drafter" and r.artifact == name
                         and r.confidence_threshold == 0.0), None)
             if run is not None and run.acceptance is not None:
+                block = len(run.acceptance.acceptance_by_position)
                 measured[name] = Measured(tau=run.acceptance.tau,
                                           acceptance_by_position=run.acceptance.acceptance_by_position,
-                                          lossless=run.lossless)
+                                          lossless=run.lossless,
+                                          acceptance_by_depth=acceptance_by_depth(
+                                              run_steps(run), block))
         self.measurement = Measurement(
             prompt_set_sha256=report.prompt_set.sha256, prompts=report.prompt_set.count,
             max_new_tokens=e.max_new_tokens, dtype=report.settings.dtype,
@@ -602,7 +608,8 @@ def regression(entry: Entry, measurement: Measurement, baseline: GateReport | No
             else:
                 checked.append(f"{name} tau {m.tau:.3f} >= {entry.min_tau:g}")
     before = baseline.entry(entry.name) if baseline is not None else None
-    limits = entry.max_tau_drop is not None or entry.max_acceptance_drop is not None
+    limits = (entry.max_tau_drop is not None or entry.max_acceptance_drop is not None
+              or entry.max_depth_acceptance_drop is not None)
     note = None
     if baseline is None:
         note = "no --baseline" if limits else None
@@ -635,6 +642,15 @@ def regression(entry: Entry, measurement: Measurement, baseline: GateReport | No
                 else:
                     checked.append(f"{name} acceptance by position within "
                                    f"{entry.max_acceptance_drop:g} of the baseline")
+            if entry.max_depth_acceptance_drop is not None:
+                problem = depth_regression(name, b, m, entry.max_depth_acceptance_drop)
+                if problem is not None:
+                    problems.append(problem)
+                elif b.acceptance_by_depth is None or m.acceptance_by_depth is None:
+                    checked.append(f"{name}: acceptance by depth not in the baseline")
+                else:
+                    checked.append(f"{name} acceptance by position at each depth within "
+                                   f"{entry.max_depth_acceptance_drop:g} of the baseline")
     if problems:
         raise AcceptanceRegressionError(_first_of(problems), field="regression",
                                         found=len(problems))
@@ -643,6 +659,26 @@ def regression(entry: Entry, measurement: Measurement, baseline: GateReport | No
                     (note + "; measured, nothing to compare") if note
                     else "no min_tau, no --baseline: nothing to check")
     return "; ".join(checked + ([note] if note else [])), []
+
+
+def depth_regression(name: str, before, now, tolerance: float) -> str | None:
+    """The first drop of the acceptance at a draft position within a context depth
+    (evaluation/depth.py buckets) beyond ``tolerance`` against the baseline, in words; None
+    when none (or either side has no table). A position is compared where both measured
+    a step reaching it at that depth; a depth the baseline did not reach is not compared."""
+    if before.acceptance_by_depth is None or now.acceptance_by_depth is None:
+        return None
+    ours = {r.depth: r for r in now.acceptance_by_depth}
+    for b in before.acceptance_by_depth:
+        n = ours.get(b.depth)
+        if n is None:
+            continue
+        for k, (rb, rn) in enumerate(zip(b.rates(), n.rates())):
+            if rb is not None and rn is not None and rb - rn > tolerance + _EPS:
+                return (f"{name}: at context depth {b.depth} tokens the acceptance at draft "
+                        f"position {k} is {rn:.3f}, {rb - rn:.3f} below the baseline's "
+                        f"{rb:.3f}; max_depth_acceptance_drop is {tolerance:g}")
+    return None
 
 
 def _first_of(problems: list[str]) -> str:

@@ -122,6 +122,11 @@ class Drafter(_Strict):
                                        description="the largest drop of tau against --baseline")
     max_acceptance_drop: float | None = Field(None, ge=0, le=1, allow_inf_nan=False, description=(
         "the largest drop of the acceptance rate at any draft position against --baseline"))
+    max_depth_acceptance_drop: float | None = Field(None, ge=0, le=1, allow_inf_nan=False,
+                                                    description=(
+        "the largest drop of the acceptance rate at any draft position within any context "
+        "depth (tokens before the anchor: 0-63, 64-255, 256-1023, 1024+) against --baseline; "
+        "a drop beyond it fails the regression stage naming the position and the depth"))
     target_gguf: str | None = Field(None, min_length=1, description=(
         "the target as llama.cpp runs it (its converter's GGUF): with `llama.cpp` in "
         "require and [defaults] llama_cpp, the llama.cpp stage runs the exported drafter "
@@ -206,6 +211,7 @@ class Entry:
     target_gguf: Path | None
     sample_from_anchor: bool | None = None
     dspark_mlx: Path | None = None        # None: the interpreter `make dspark-mlx` installs
+    max_depth_acceptance_drop: float | None = None
 
 
 @dataclass(frozen=True)
@@ -445,6 +451,7 @@ def load_policy(path: str | os.PathLike) -> LoadedPolicy:
             sha256=e.sha256, changed_because=e.changed_because, require=tuple(e.require),
             quantize=tuple(e.quantize), min_tau=e.min_tau, max_tau_drop=e.max_tau_drop,
             max_acceptance_drop=e.max_acceptance_drop,
+            max_depth_acceptance_drop=e.max_depth_acceptance_drop,
             prompts=_relative(base, prompts) if prompts is not None else None,
             max_new_tokens=e.max_new_tokens if e.max_new_tokens is not None else d.max_new_tokens,
             device=d.device, dtype=d.dtype, strict=d.strict,

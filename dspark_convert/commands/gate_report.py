@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from dspark_convert.errors import GateBaselineError
+from dspark_convert.evaluation.depth import DepthRow
 from dspark_convert.evaluation.options import MAX_NEW_TOKENS_LIMIT
 from dspark_convert.util.json_out import dumps
 from dspark_convert.util.models import VersionOne, validated
@@ -108,6 +109,9 @@ class Measured(_Model):
         "the mean acceptance length (accepted + 1 per verify step: at least 1)"))
     acceptance_by_position: list[Rate | None]
     lossless: bool | None
+    # By context depth (evaluation/depth.py): per bucket, the steps reaching each draft
+    # position and those accepting it. None in a report written before it was measured.
+    acceptance_by_depth: list[DepthRow] | None = None
 
 
 class Measurement(_Model):
