@@ -25,7 +25,9 @@ from dspark_convert.util.json_out import dumps
 @app.command("serve-bench")
 def serve_bench(
     artifacts: Annotated[list[Path], typer.Argument(
-        metavar="ARTIFACT", help="Artifact directories written by `dspark convert`.")],
+        metavar="ARTIFACT", help="Artifact directories written by `dspark convert`, or a DFlash2 "
+        "or Gemma 4 assistant checkpoint directory as it is (served under full only, one "
+        "request at a time: not packed).")],
     target: Annotated[str, typer.Option(
         "--target", help="The target model directory (Qwen3 or Gemma 4: HF safetensors, "
         "tokenizer.json), or org/name@<40-hex commit> on the Hub.")],
