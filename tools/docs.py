@@ -175,7 +175,19 @@ def speculators_keys_table() -> str:
     return "\n".join(rows)
 
 
+def misreadings_table() -> str:
+    """`dspark conform --diagnose`'s misreadings (evaluation/misreadings.MISREADINGS)."""
+    from dspark_convert.evaluation.misreadings import MISREADINGS
+
+    rows = ["| id | what the engine does | seen | fix | families |", "|---|---|---|---|---|"]
+    for m in MISREADINGS:
+        rows.append(f"| `{m.id}` | {_cell(m.what)} | {_cell(m.seen)} | {_cell(m.fix)} | "
+                    f"{', '.join(m.families)} |")
+    return "\n".join(rows)
+
+
 SECTIONS = {
+    "docs/CONFORMANCE.md": {"misreadings": misreadings_table},
     "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table,
                                 "gemma4-tensors": lambda: tensor_table(GEMMA4_TENSOR_RULES),
                                 "dflash2-metadata": lambda: metadata_table(DFLASH2_METADATA_KEYS),
