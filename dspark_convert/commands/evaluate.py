@@ -1,12 +1,15 @@
-"""`dspark eval`: the target alone, DFlash and DSpark drafters on the same prompts.
+"""`dspark eval`: the target alone and drafters of every kind on the same prompts.
 
 ``run_eval`` checks every input first (options, the prompt set, every artifact through
-``validate`` and its binding to the target), then runs, all on the same prompts, device
-and settings:
+``validate`` and its binding to the target, or a DFlash2 / Gemma 4 assistant checkpoint
+directory through its kind's plan), then runs, all on the same prompts, device and settings:
 
-1. the target alone at each temperature (the baseline: the runtime's ``target_greedy`` at
-   temperature 0, one token per forward; at T > 0 its own sampling from softmax(z/T));
-2. each artifact at each temperature with the confidence cutoff off (threshold 0);
+1. the target alone at each temperature (the baseline: one token per forward, its argmax
+   at temperature 0 as the runtime's ``target_greedy``; at T > 0 its own sampling from
+   softmax(z/T));
+2. each drafter at each temperature with the confidence cutoff off (threshold 0), by its
+   kind's loop (commands/evaluate_kinds.py KINDS: DSpark and DFlash artifacts, DFlash2,
+   the Gemma 4 assistant); each run records its ``method``;
 3. each artifact with a confidence head at each threshold > 0, at each temperature.
 
 Every run computes in one dtype (``dtype``: the target and every drafter loaded once in
@@ -21,7 +24,9 @@ the same seed gives the same report (times and memory aside: ``report.comparable
 Before the timed runs each model generates a few tokens once, untimed (warm-up).
 
 A combination that cannot run is listed in ``not_run`` with the reason (CUDA not
-available, no confidence head, too few prompts to calibrate); none is dropped. Ctrl-C
+available, no confidence head, DFlash2 above temperature 0 with its loop's own refusal, too
+few prompts to calibrate, a kind or a checkpoint directory an engine does not run); none is
+dropped. Ctrl-C
 raises ``EvalInterrupted``, a KeyboardInterrupt carrying the partial report
 (``complete`` false; the runs that finished, the rest in ``not_run``), for the caller to
 write before it exits.
