@@ -59,6 +59,8 @@ def run_case(case_dir: Path, outputs: Path, run) -> dict:
         out_parent.mkdir()
         out = out_parent / "a" / "art"   # a missing parent too: it must not be created
         args = ["convert", str(inp), "-o", str(out), "-q", "--json"]
+        if record.get("target"):      # the kinds converted against a target (DFlash2, MTP)
+            args += ["--target", str(make_corpus.ROOT / record["target"])]
     else:
         out_parent, out = None, None
         args = ["validate", str(inp), "--strict", "--json"]

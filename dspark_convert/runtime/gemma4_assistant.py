@@ -1,5 +1,11 @@
 """The Gemma 4 assistant (MTP drafter) in the reference runtime, and its decoding loop.
 
+Loading, for other commands: ``plan_assistant(path)`` takes a source checkpoint directory or
+a `dspark convert` artifact directory (no tensor byte read); ``load_assistant(plan_or_path,
+target)`` binds it to a loaded ``runtime.gemma4.Gemma4Target``;
+``commands/binding.bind(artifact, target)`` validates an artifact against its target first,
+and its ``drafter_plan`` is this module's plan.
+
 What transformers 5.19 computes (docs/REFERENCE.md, "The Gemma 4 assistant", has the
 upstream file:line of each point):
 
@@ -46,8 +52,12 @@ from typing import Literal
 
 import torch
 
+from dspark_convert.artifact.format import assistant_config_view
+from dspark_convert.contract.gemma4_assistant import FAMILY as ASSISTANT_FAMILY
 from dspark_convert.contract.gemma4_assistant import (FULL, SLIDING, AssistantSpec,
                                                       read_assistant_spec, tensor_shapes)
+from dspark_convert.contract.gemma4_assistant import parse_config as parse_assistant_config
+from dspark_convert.runtime.artifact_plan import artifact_truncated, is_artifact, open_artifact
 from dspark_convert.errors import AssistantTargetError
 from dspark_convert.formats.safetensors import read_checkpoint
 from dspark_convert.runtime.gemma4 import Gemma4Target, gemma_norm, layer_rest
@@ -68,14 +78,29 @@ ASSISTANT_LOGITS = "the assistant's logits"
 @dataclass(frozen=True)
 class AssistantPlan(StoredModel):
     """An assistant directory checked from config.json and the safetensors headers (every
-    tensor present, of its shape, nothing else); no tensor byte read."""
+    tensor present, of its shape, nothing else), or an assistant artifact from its
+    drafter.gguf header; no tensor byte read."""
 
     directory: Path
     spec: AssistantSpec
+    from_artifact: bool = False
 
 
-def plan_assistant(directory: str | os.PathLike) -> AssistantPlan:
+def plan_assistant(directory: str | os.PathLike, *, gguf=None) -> AssistantPlan:
+    """A source checkpoint (config.json, generation_config.json when present, the
+    safetensors headers), or an artifact directory (`dspark convert`'s drafter.gguf: its
+    metadata read back as the config.json and drafts per cycle it stands for, its tensors
+    checked against the contract; runtime/artifact_plan.py, 156 for another kind's
+    artifact); ``gguf``: the file as validate parsed it."""
     directory = Path(directory)
+    if is_artifact(directory):
+        opened = open_artifact(directory, ASSISTANT_FAMILY, gguf=gguf)
+        view, generation = assistant_config_view(opened.metadata, path=str(opened.path))
+        spec = parse_assistant_config(view, path=f"{opened.path} (as config.json)",
+                                      companion=generation,
+                                      companion_path=f"{opened.path} (as generation_config.json)")
+        return AssistantPlan(directory=directory, spec=spec, tensors=opened.tensors,
+                             from_artifact=True)
     spec = read_assistant_spec(directory)
     checkpoint = read_checkpoint(directory)
     tensors = source_tensors(
@@ -84,6 +109,17 @@ def plan_assistant(directory: str | os.PathLike) -> AssistantPlan:
                                 f"reads (no k/v projections, the head tied to "
                                 f"model.embed_tokens.weight)")
     return AssistantPlan(directory=directory, spec=spec, tensors=tensors)
+
+
+def load_assistant(plan_or_path: AssistantPlan | str | os.PathLike,
+                   target: Gemma4Target) -> Gemma4Assistant:
+    """The assistant bound to ``target`` (runtime/gemma4.Gemma4Target): a plan
+    (plan_assistant's, or commands/binding.Binding.drafter_plan), or a source checkpoint or
+    artifact directory planned here; checked against the target (153) before any tensor
+    byte is read, loaded in the target's dtype and device."""
+    plan = (plan_or_path if isinstance(plan_or_path, AssistantPlan)
+            else plan_assistant(plan_or_path))
+    return Gemma4Assistant(plan.directory, target, plan=plan)
 
 
 def shared_layers(spec: AssistantSpec, target: Gemma4Target) -> dict[str, int]:
@@ -181,7 +217,8 @@ class Gemma4Assistant:
         self.target = target
         self.kv_layers = shared_layers(spec, target)
         self.device, self.dtype = target.device, target.dtype
-        with TensorLoader(device=self.device, dtype=self.dtype, truncated=source_truncated) as loader:
+        truncated = artifact_truncated if plan.from_artifact else source_truncated
+        with TensorLoader(device=self.device, dtype=self.dtype, truncated=truncated) as loader:
             self.w = {name: loader.load(t) for name, t in plan.tensors.items()}
         self.eps = spec.text.rms_norm_eps
         self.window = spec.text.sliding_window

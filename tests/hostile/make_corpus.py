@@ -47,6 +47,9 @@ class Case:
     error: type[errors.DSparkError]
     about: str
     build: Callable[[Path, Corpus], None]    # writes the case's input/ directory
+    # The target the command is run against (--target), relative to the repository; the
+    # DFlash2 and Gemma 4 assistant kinds are converted against one.
+    target: str | None = None
 
 
 class Corpus:
@@ -1076,11 +1079,136 @@ CASES += [
 ]
 
 
+# --- the DFlash2 and Gemma 4 assistant kinds (convert --target) -----------------------------
+
+DFLASH2 = GOLDEN / "reference" / "dflash2" / "draft"
+ASSISTANT = GOLDEN / "reference" / "gemma4_assistant" / "assistant"
+QWEN3_TARGET = "golden/reference/target"
+GEMMA4_TARGET = "golden/reference/gemma4/target"
+
+
+def _zlab(config: dict) -> dict:
+    """A speculators DFlash2 config.json rewritten in z-lab's layout (what llama.cpp's
+    converter reads): the layer config flat, the DFlash2 fields in dflash_config, target
+    layer ids = aux ids - 1."""
+    flat = dict(config["transformer_layer_config"])
+    flat.update(architectures=config["architectures"], dtype=config.get("dtype"),
+                is_causal=False, num_target_layers=6)
+    flat["dflash_config"] = {
+        "block_size": config["block_size"], "conv_group_size": config["conv_group_size"],
+        "conv_kernel_size": config["conv_kernel_size"], "selector_rank": config["selector_rank"],
+        "selector_top_k": config["selector_top_k"], "mask_token_id": config["mask_token_id"],
+        "target_layer_ids": [i - 1 for i in config["aux_hidden_state_layer_ids"]],
+        "output_multiplier": 1.0, "final_logit_softcapping": None}
+    return flat
+
+
+def _zlab_with(field: str, value: object) -> Callable[[dict], dict]:
+    def edit(config: dict) -> None:
+        z = _zlab(config)
+        z["dflash_config"][field] = value
+        config.clear()
+        config.update(z)
+    return edit
+
+
+def _assistant_backbone(hb: int) -> Callable[[Path, Corpus], None]:
+    """An assistant whose backbone_hidden_size is ``hb`` (its projections of that width):
+    a well-formed assistant for another target."""
+    def build(inp: Path, corpus: Corpus) -> None:
+        import torch
+
+        def widths(tensors: dict) -> None:
+            h = tensors["model.norm.weight"].shape[0]
+            tensors["pre_projection.weight"] = torch.zeros(h, 2 * hb, dtype=torch.bfloat16)
+            tensors["post_projection.weight"] = torch.zeros(hb, h, dtype=torch.bfloat16)
+        edit_tensors(widths, ASSISTANT)(inp, corpus)
+        config = json.loads((inp / "config.json").read_text())
+        config["backbone_hidden_size"] = hb
+        (inp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return build
+
+
+def _generation(field: str, value: object) -> Callable[[Path, Corpus], None]:
+    def build(inp: Path, _c: Corpus) -> None:
+        copy_source(inp, ASSISTANT)
+        path = inp / "generation_config.json"
+        generation = json.loads(path.read_text())
+        generation[field] = value
+        path.write_text(json.dumps(generation, indent=2) + "\n")
+    return build
+
+
+def _drop_tensor(name: str) -> Callable[[dict], None]:
+    return lambda tensors: tensors.pop(name)
+
+
+CASES += [
+    Case("dflash2-missing-conv-tensor", "safetensors", "convert", E.MissingTensorError,
+         "a DFlash2 drafter without layers.0.attention_conv.base_kernel",
+         edit_tensors(_drop_tensor("layers.0.attention_conv.base_kernel"), DFLASH2),
+         QWEN3_TARGET),
+    Case("dflash2-nan-codebook", "safetensors", "convert", E.NonFiniteTensorError,
+         "a NaN in a DFlash2 selector's successor codebook",
+         edit_tensors(poke("candidate_selector.successor_codebook", 5, float("nan")), DFLASH2),
+         QWEN3_TARGET),
+    Case("dflash2-selector-top-k-over-vocab", "config", "convert", E.DFlash2ConfigError,
+         "DFlash2 selector_top_k 513 over a vocabulary of 512",
+         set_field("selector_top_k", 513, DFLASH2), QWEN3_TARGET),
+    Case("dflash2-group-not-dividing", "config", "convert", E.DFlash2ConfigError,
+         "DFlash2 conv_group_size 24 does not divide hidden_size 64",
+         set_field("conv_group_size", 24, DFLASH2), QWEN3_TARGET),
+    Case("dflash2-zlab-softcap", "config", "convert", E.DFlash2ConfigError,
+         "a z-lab-layout DFlash2 config whose unary logits are softcapped (20.0)",
+         edit_config(_zlab_with("final_logit_softcapping", 20.0), DFLASH2), QWEN3_TARGET),
+    Case("dflash2-zlab-taps-not-ints", "config", "convert", E.DFlash2ConfigError,
+         "a z-lab-layout DFlash2 config whose target_layer_ids are strings",
+         edit_config(_zlab_with("target_layer_ids", ["0", "2"]), DFLASH2), QWEN3_TARGET),
+    Case("dflash2-tap-beyond-target", "config", "convert", E.DFlash2TargetError,
+         "aux_hidden_state_layer_ids [1, 3, 7] on a target of 6 layers (indices 0..6)",
+         set_field("aux_hidden_state_layer_ids", [1, 3, 7], DFLASH2), QWEN3_TARGET),
+    Case("dflash2-gemma4-target", "config", "convert", E.DFlash2TargetError,
+         "a DFlash2 drafter converted against a gemma4_unified target",
+         edit_config(lambda c: None, DFLASH2), GEMMA4_TARGET),
+    Case("dflash2-without-target", "config", "convert", E.KindTargetRequiredError,
+         "a DFlash2 drafter converted without --target", edit_config(lambda c: None, DFLASH2)),
+    Case("assistant-backbone-mismatch", "config", "convert", E.AssistantTargetError,
+         "an assistant for a backbone of hidden size 48 against a target of 64",
+         _assistant_backbone(48), GEMMA4_TARGET),
+    Case("assistant-wrong-layer-type", "config", "convert", E.AssistantConfigError,
+         "layer 1 declared sliding_attention with the full layer's geometry (two geometries "
+         "for one KV type)",
+         edit_config(lambda c: c["text_config"].__setitem__(
+             "layer_types", ["sliding_attention", "sliding_attention"]), ASSISTANT),
+         GEMMA4_TARGET),
+    Case("assistant-qwen3-target", "config", "convert", E.AssistantTargetError,
+         "a Gemma 4 assistant converted against a Qwen3 target",
+         edit_config(lambda c: None, ASSISTANT), QWEN3_TARGET),
+    Case("assistant-other-class", "config", "convert", E.UnsupportedArchitectureError,
+         "architectures Gemma4AssistantForCausalLM (the gemma4_text assistant)",
+         set_field("architectures", ["Gemma4AssistantForCausalLM"], ASSISTANT), GEMMA4_TARGET),
+    Case("assistant-zero-drafts", "config", "convert", E.AssistantConfigError,
+         "generation_config.json num_assistant_tokens 0",
+         _generation("num_assistant_tokens", 0), GEMMA4_TARGET),
+    Case("assistant-without-target", "config", "convert", E.KindTargetRequiredError,
+         "a Gemma 4 assistant converted without --target",
+         edit_config(lambda c: None, ASSISTANT)),
+    Case("assistant-missing-q-norm", "safetensors", "convert", E.MissingTensorError,
+         "an assistant without model.layers.1.self_attn.q_norm.weight",
+         edit_tensors(_drop_tensor("model.layers.1.self_attn.q_norm.weight"), ASSISTANT),
+         GEMMA4_TARGET),
+]
+
+
 # --- building -------------------------------------------------------------------------------
 
 def case_record(case: Case) -> dict:
-    return {"name": case.name, "group": case.group, "command": case.command,
-            "error": case.error.__name__, "exit_code": case.error.exit_code, "about": case.about}
+    record = {"name": case.name, "group": case.group, "command": case.command,
+              "error": case.error.__name__, "exit_code": case.error.exit_code,
+              "about": case.about}
+    if case.target is not None:
+        record["target"] = case.target
+    return record
 
 
 def build_corpus(out: Path, names: list[str] | None = None) -> list[Path]:
