@@ -258,3 +258,25 @@ def test_cli_eval_refuses_a_dflash2_checkpoint_with_a_gemma4_target(tmp_path):
                    "-o", str(tmp_path / "out"))
     assert_refused(proc, E.DFlash2TargetError, ["qwen3-dspark"])
     assert not (tmp_path / "out").exists()
+
+
+def test_converted_dflash2_and_assistant_artifacts_run_as_their_checkpoints(tmp_path):
+    """`dspark convert` of each checkpoint (bind gives the kind's plan) and the checkpoint
+    directory itself: the same kind, the same drafts and outputs, cycle for cycle."""
+    from dspark_convert.commands.convert import convert
+    from dspark_convert.commands.evaluate import run_eval
+
+    for source, target, prompts in ((DFLASH2, GOLDEN_TARGET, _prompts(tmp_path / "p.jsonl")),
+                                    (ASSISTANT, GEMMA4_TARGET, GEMMA4 / "prompts.jsonl")):
+        artifact = tmp_path / f"{source.name}-artifact"
+        convert(source, artifact, target=target)
+        report = run_eval([source, artifact], target, prompts, thresholds=[],
+                          max_new_tokens=NEW_TOKENS, device="cpu")
+        ours, theirs = (report.run("drafter", a.name, 0.0, 0.0) for a in report.artifacts)
+        assert ours.method == theirs.method and ours.method in ("dflash2", "mtp")
+        assert [(c.proposed, c.accepted) for p in ours.prompts for c in p.cycles] == \
+            [(c.proposed, c.accepted) for p in theirs.prompts for c in p.cycles]
+        assert ours.lossless is True and theirs.lossless is True
+        arts = {a.name: a for a in report.artifacts}
+        assert arts[artifact.name].weights_file is None        # a drafter.gguf's SHA-256
+        assert arts[source.name].weights_file == "model.safetensors"
