@@ -741,22 +741,33 @@ def _never_runs(art: _Artifact, threshold: float, temperature: float = 0.0) -> s
     return never_runs(art.kind, temperature, threshold, art.has_confidence)
 
 
-# The kinds each engine of --engine runs (from converted artifacts); the rest are not run.
-ENGINE_KINDS = {"llama.cpp": frozenset({"dspark", "dflash", "dflash2", "mtp"}),
+# The kinds eval hands each engine of --engine: DSpark-family artifacts, which
+# commands/evaluate_engine.run_engine and commands/evaluate_dspark_mlx.run_dspark_mlx run;
+# llama.cpp takes more once run_engine's module names them (its RUN_ENGINE_KINDS).
+ENGINE_KINDS = {"llama.cpp": frozenset({"dspark", "dflash"}),
                 "dspark-mlx": frozenset({"dspark", "dflash"})}
 
 
+def engine_kinds(engine: str) -> frozenset[str]:
+    """The drafter kinds eval hands ``engine`` (ENGINE_KINDS, or for llama.cpp what
+    commands/evaluate_engine declares it runs)."""
+    if engine == "llama.cpp":
+        from dspark_convert.commands import evaluate_engine
+
+        return frozenset(getattr(evaluate_engine, "RUN_ENGINE_KINDS", ENGINE_KINDS[engine]))
+    return ENGINE_KINDS.get(engine, frozenset())
+
+
 def _engine_arts(engine: str, arts: list[_Artifact]) -> tuple[list[_Artifact], list[NotRun]]:
-    """The artifacts ``engine`` is handed, and a not-run entry for each other: a checkpoint
-    run from its source directory (an engine runs what `dspark export` writes from an
-    artifact), or a kind the engine does not run."""
+    """The artifacts ``engine`` is handed, and a not-run entry, with the reason, for each
+    drafter of a kind eval does not hand it."""
     taken, refused = [], []
+    kinds = engine_kinds(engine)
     for a in arts:
-        if a.source:
-            reason = (f"{engine} runs what `dspark export` writes from an artifact; this is a "
-                      f"{KINDS[a.kind].label} checkpoint directory: convert it first")
-        elif a.kind not in ENGINE_KINDS.get(engine, frozenset()):
-            reason = f"{engine} does not run {KINDS[a.kind].label} drafters"
+        if a.kind not in kinds:
+            runs = " and ".join(KINDS[k].label for k in KINDS if k in kinds)
+            reason = (f"eval's {engine} runs take {runs} drafters; a {KINDS[a.kind].label} "
+                      f"drafter is not one of them")
         else:
             taken.append(a)
             continue
