@@ -171,6 +171,7 @@ def test_serve_bench_full_on_dflash2_is_the_target_alone(tmp_path):
     ServeBenchReport.model_validate(report.model_dump(mode="json"))
     art = report.artifacts[0]
     assert (art.method, art.packed, art.confidence_head) == ("dflash2", False, False)
+    assert art.weights_file == "model.safetensors"
     runs = [r for r in report.runs if r.artifact is not None]
     assert [(r.policy, r.concurrency) for r in runs] == [("full", 1), ("full", 2)]
     for r in runs:
@@ -280,3 +281,20 @@ def test_converted_dflash2_and_assistant_artifacts_run_as_their_checkpoints(tmp_
         arts = {a.name: a for a in report.artifacts}
         assert arts[artifact.name].weights_file is None        # a drafter.gguf's SHA-256
         assert arts[source.name].weights_file == "model.safetensors"
+
+
+def test_engines_are_handed_the_kinds_they_run(paired_artifacts):
+    """--engine: eval hands an engine the DSpark-family artifacts its run function takes;
+    a DFlash2 drafter is listed as not run for it, with the reason."""
+    from dspark_convert.commands.binding import open_run_target
+    from dspark_convert.commands.evaluate import _engine_arts, artifact_names, bind_artifacts
+
+    paths = [DFLASH2, paired_artifacts["vanilla_conf_markov"]]
+    arts, _, _ = bind_artifacts(paths, artifact_names(paths), open_run_target(GOLDEN_TARGET),
+                                None)
+    assert [a.kind for a in arts] == ["dflash2", "dspark"]
+    taken, refused = _engine_arts("dspark-mlx", arts)
+    assert [a.kind for a in taken] == ["dspark"]
+    [entry] = refused
+    assert (entry.engine, entry.method, entry.artifact) == ("dspark-mlx", "dflash2", "draft")
+    assert "DFlash2 drafter is not one of them" in entry.reason

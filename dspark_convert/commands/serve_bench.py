@@ -104,6 +104,13 @@ def _check_temperatures(temperature: float, arts) -> None:
         KINDS[art.kind].check_temperature(temperature)
 
 
+def _weights_file(art) -> str | None:
+    """For a checkpoint run from its source directory, the file its SHA-256 is of."""
+    if not art.source:
+        return None
+    return ", ".join(sorted({Path(t.file).name for t in art.plan.tensors.values()}))
+
+
 def report_failure(report: ServeBenchReport, out: str | os.PathLike) -> LosslessnessError | None:
     """At temperature 0 in float32, a request whose output differs from the target alone
     at the same concurrency is a lossless bug: LosslessnessError (74) naming the first.
@@ -296,7 +303,7 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
         artifacts=[ServeArtifact(name=a.name, path=shown(a.path), drafter_gguf_sha256=a.sha256,
                                  block_size=a.block_size, confidence_head=a.has_confidence,
                                  calibration=a.applied, method=a.kind,
-                                 packed=KINDS[a.kind].packed)
+                                 weights_file=_weights_file(a), packed=KINDS[a.kind].packed)
                    for a in c.arts],
         cost_table=table, runs=list(done.runs),
         lossless=(all(checks) if checks else None) if temperature == 0.0 else None)

@@ -118,6 +118,10 @@ class ServeArtifact(BaseModel):
     method: Literal["dspark", "dflash", "dflash2", "mtp"] | None = Field(
         default=None, description="The drafter's kind; null in a report written before "
         "serve-bench ran kinds other than DSpark and DFlash artifacts.")
+    weights_file: str | None = Field(
+        default=None, description="A checkpoint run from its source directory (DFlash2, the "
+        "Gemma 4 assistant): the weights file drafter_gguf_sha256 is the SHA-256 of; null "
+        "for an artifact (its drafter.gguf).")
     packed: bool = Field(
         default=True, description="true: its requests were packed into each step's batched "
         "drafter pass and verify (runtime/serving.serve); false (DFlash2, the Gemma 4 "
@@ -225,8 +229,8 @@ def render_markdown(report: ServeBenchReport, *, plots: list[str]) -> str:
     for art in report.artifacts:
         out += [f"## {md_cell(art.name)}", "",
                 f"{md_cell(art.path)}: block size {art.block_size}, confidence head "
-                f"{'yes' if art.confidence_head else 'no'}, drafter.gguf "
-                f"{art.drafter_gguf_sha256[:16]}…"
+                f"{'yes' if art.confidence_head else 'no'}, "
+                f"{md_cell(art.weights_file or 'drafter.gguf')} {art.drafter_gguf_sha256[:16]}…"
                 + (f"; confidences calibrated by {md_cell(art.calibration.path)} (T "
                    f"{', '.join(f'{t:g}' for t in art.calibration.temperatures)})"
                    if art.calibration is not None else "")
