@@ -492,7 +492,7 @@ def run_kind_llama_cpp(bin_dir: str | os.PathLike, target_gguf: str | os.PathLik
             for index, text in enumerate(prompts):
                 key = str(index)
                 alone = L.run_target(bins, target_path, text, vocab=vocab,
-                                     max_new_tokens=max_new_tokens,
+                                     max_new_tokens=max_new_tokens, special=True,
                                      what=f"the target alone, prompt {key}")
                 ids = tuple(alone.prompt_ids)
                 run = L.run_speculative(bins, target_path, exported.output, kind=engine_kind,
@@ -500,10 +500,14 @@ def run_kind_llama_cpp(bin_dir: str | os.PathLike, target_gguf: str | os.PathLik
                                         max_new_tokens=max_new_tokens, n_max=n_max,
                                         what=f"{kind} with {exported.spec_type}, prompt {key}")
                 cycles = len(run.drafts)
+                acceptance = tuple(d.accepted + 1 for d in run.drafts if d.tokens)
+                # A run that ended before -n ended at its last target token.
+                stop = run.drafts[-1].next_token if alone.ended and run.drafts else None
                 if kind == "dflash2":
                     run, first = L.resolve_unlogged(
                         run, ids, vocab,
-                        lambda c, a: S.dflash2_drafts(target, drafter, c, a, window=window))
+                        lambda c, a: S.dflash2_drafts(target, drafter, c, a, window=window),
+                        stop=stop)
                     checked = len(run.drafts) + (first is not None)
                     equal = len(run.drafts)
                 else:
@@ -519,17 +523,24 @@ def run_kind_llama_cpp(bin_dir: str | os.PathLike, target_gguf: str | os.PathLik
                             equal += 1
                         elif first is None:
                             first = d.call
-                # llama-speculative-simple prints the prompt and every token it made, a few
-                # past -n at most (its last verification accepts a whole draft): lossless
-                # when that text continues the target alone's exactly.
+                # llama-speculative-simple prints the prompt and every token it made (control
+                # tokens as their text, as the target alone is run: special), a few past -n
+                # at most (its last verification accepts a whole draft): lossless when that
+                # text continues the target alone's exactly.
+                # A run that ended at an end-of-generation token: the target alone prints
+                # it (special), the speculative run does not.
                 printed = run.text.strip(b"\n")
                 echoed = vocab.text(ids, special=True)
-                lossless = (printed.startswith(echoed)
-                            and printed[len(echoed):].startswith(alone.text))
+                want = alone.text
+                if alone.ended and stop is not None and want.endswith(vocab.special[stop]):
+                    want = want[:len(want) - len(vocab.special[stop])]
+                rest = printed[len(echoed):]
+                lossless = printed.startswith(echoed) and (rest == want if alone.ended
+                                                           else rest.startswith(want))
                 runs.append(KindPromptRun(
                     id=key, prompt_tokens=len(ids), cycles=cycles, drafts_checked=checked,
                     drafts_equal=equal, first_difference=first,
-                    acceptance_lengths=tuple(d.accepted + 1 for d in run.drafts if d.tokens),
+                    acceptance_lengths=acceptance,
                     lossless=lossless))
                 progress.advance(1)
         finally:

@@ -848,12 +848,13 @@ def _run_on_prompt(binary: Path, prompt_text: str, args: Callable[[Path], list[s
 
 
 def completion_args(target_gguf: Path, prompt_file: Path, *, max_new_tokens: int,
-                    threads: int = 1) -> list[str]:
+                    threads: int = 1, special: bool = False) -> list[str]:
     """llama-completion's arguments (without -v: its debug lines echo the prompt and the
-    generated pieces once more, and nothing the eval reads is among them)."""
+    generated pieces once more, and nothing the eval reads is among them). ``special``:
+    control tokens printed as their text (-sp), as llama-speculative-simple prints them."""
     return ["-m", str(target_gguf), "-f", str(prompt_file), "-n", str(max_new_tokens), "--temp",
             "0", "-no-cnv", "--no-display-prompt", "--verbose-prompt", "-t", str(threads),
-            *PROMPT_ARGS, *LOG_ARGS]
+            *(["-sp"] if special else []), *PROMPT_ARGS, *LOG_ARGS]
 
 
 def speculative_args(target_gguf: Path, draft_gguf: Path, prompt_file: Path, *, spec_type: str,
@@ -878,12 +879,13 @@ class TargetRun:
 
 def run_target(bins: Binaries, target_gguf: Path, prompt_text: str, *, vocab: Vocabulary,
                max_new_tokens: int, threads: int = 1, timeout: float = TIMEOUT_SECONDS,
-               what: str = "the target alone") -> TargetRun:
-    """llama-completion on the target alone, greedy. ``what`` names the run in a message."""
+               what: str = "the target alone", special: bool = False) -> TargetRun:
+    """llama-completion on the target alone, greedy. ``what`` names the run in a message;
+    ``special``: its text with control tokens as their text (completion_args)."""
     done = _run_on_prompt(
         bins.completion, prompt_text,
         lambda prompt: completion_args(target_gguf, prompt, max_new_tokens=max_new_tokens,
-                                       threads=threads),
+                                       threads=threads, special=special),
         what, lambda log: _read_completion(log, prompt=prompt_text, vocab=vocab,
                                            max_new_tokens=max_new_tokens),
         vocab=vocab, max_new_tokens=max_new_tokens, n_max=0, timeout=timeout)
@@ -956,15 +958,17 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
 
 
 def resolve_unlogged(run: SpeculativeRun, prompt_ids, vocab: Vocabulary,
-                     propose: Callable[[tuple[int, ...], int], list[int]]
-                     ) -> tuple[SpeculativeRun, int | None]:
+                     propose: Callable[[tuple[int, ...], int], list[int]], *,
+                     stop: int | None = None) -> tuple[SpeculativeRun, int | None]:
     """A run of an UNLOGGED_KINDS drafter with its accepted drafts' ids filled in, checked
     as far as llama.cpp shows them. Its log names each cycle's anchor, accepted count and
     target token, never a drafted token; its stdout is the text of every committed token.
     For each cycle in order, ``propose(context, anchor)`` (the reference runtime's drafts for
     the same committed context) must spell, in its first A tokens, exactly the bytes
     llama.cpp printed for its A accepted drafts, and its token A (when A < the draft's
-    length) must not be the target's token, which llama.cpp's was not either. The first
+    length) must not be the target's token, which llama.cpp's was not either, except for
+    ``stop``, the end-of-generation token that ended the run: llama.cpp's verification
+    ends at it and names it the target's token whether it was drafted or not. The first
     cycle where that fails is returned (its call number; None: every cycle agreed) and
     ends the resolution: later contexts would be unknown. A rejected llama.cpp token stays
     UNLOGGED (no output shows it)."""
@@ -982,9 +986,14 @@ def resolve_unlogged(run: SpeculativeRun, prompt_ids, vocab: Vocabulary,
         context = tuple(committed)
         mine = list(propose(context, d.anchor))[:len(d.tokens)] if d.tokens else []
         accepted = tuple(mine[:d.accepted])
-        spelled = vocab.text(accepted) + vocab.pieces[d.next_token]
+        # llama-speculative-simple prints each token with special=true (control tokens as
+        # their text: examples/speculative-simple/speculative-simple.cpp).
+        # The end-of-generation token that ends the run is not printed.
+        ends = d is run.drafts[-1] and d.next_token == stop
+        spelled = (vocab.text(accepted, special=True)
+                   + (b"" if ends else vocab.special[d.next_token]))
         agrees = (len(accepted) == d.accepted and text.startswith(spelled, cursor)
-                  and (d.accepted == len(d.tokens) or mine[d.accepted] != d.next_token))
+                  and (d.accepted == len(d.tokens) or mine[d.accepted] != d.next_token or ends))
         if not agrees:
             first_difference = d.call
             break
