@@ -699,7 +699,7 @@ def _outputs(output, sources: list[tuple[Path, str]], force: bool) -> Path:
     return out
 
 
-def _file_type(types: set[str]) -> int:
+def _file_type_of(types: set[str]) -> int:
     matrices = types - {"F32"} or {"F32"}
     return _FTYPES[sorted(matrices)[0]]
 
@@ -763,7 +763,7 @@ def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
     values = {
         "name": plan.directory.name or "dflash2", "rope_theta": cfg.rope_theta(),
         "target:context_length": target_kv.get(f"{D.TARGET_ARCHITECTURE}.context_length"),
-        "file_type": _file_type({t[2] for t in tensors}),
+        "file_type": _file_type_of({t[2] for t in tensors}),
         "sliding_window": layer.sliding_window, "sliding_pattern": sliding,
     }
 
@@ -878,7 +878,7 @@ def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
         "sliding_theta": sliding.rope_theta if sliding else full.rope_theta,
         "eps": t.rms_norm_eps, "full_head_dim": (full or sliding).head_dim,
         "sliding_head_dim": (sliding or full).head_dim,
-        "file_type": _file_type({x[2] for x in tensors if x[0] != S.ROPE_FREQS}),
+        "file_type": _file_type_of({x[2] for x in tensors if x[0] != S.ROPE_FREQS}),
         "window": t.sliding_window or 0,
         "pattern": [layer.kind == S.SLIDING for layer in spec.layers], "backbone": Hb,
     }
