@@ -18,6 +18,7 @@ from conftest import GOLDEN
 from dspark_convert import errors as E
 from dspark_convert.artifact.format import (DFLASH2_METADATA_KEYS, FORMAT_VERSIONS,
                                             as_float32, contract_from_metadata, read_metadata)
+from dspark_convert.artifact.engines import reports_for_gguf
 from dspark_convert.commands.binding import bind, open_run_target
 from dspark_convert.commands.convert import convert
 from dspark_convert.commands.validate import validate_artifact
@@ -232,3 +233,33 @@ def test_the_assistants_loader_refuses_a_dflash2_artifact(artifact):
     with pytest.raises(E.ArtifactKindError) as exc:
         plan_assistant(artifact)
     assert "qwen3-dflash2" in exc.value.message and exc.value.exit_code == 156
+
+
+def test_a_zlab_config_for_a_target_of_other_depth_is_refused(zlab_source, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(zlab_source, src)
+    config = json.loads((src / "config.json").read_text())
+    config["num_target_layers"] = 36
+    (src / "config.json").write_text(json.dumps(config))
+    proc = run_cli("convert", str(src), "--target", str(TARGET), "-o", str(tmp_path / "out"))
+    assert_refused(proc, E.DFlash2TargetError, ["num_target_layers", "36"])
+
+
+def test_the_engines_say_what_they_make_of_it(artifact):
+    """Strata's loader refuses DFlash2 where its own code does (the anchor layout, the
+    selector, the extension tensors); llama.cpp's DFlash2 facts (ENGINES.md): keys its
+    converter adds are missing here, its window and its default draft length differ."""
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    reports = reports_for_gguf(read_gguf(artifact / "drafter.gguf"))
+    strata = [r.rule for r in reports["strata.open"].refusals]
+    assert strata[:3] == ["strata.open/sample_from_anchor", "strata.open/dflash2_selector",
+                          "strata.open/extension_tensor"]
+    llama = [r.rule for r in reports["llama.cpp"].refusals]
+    assert "llama.cpp/key.dflash.context_length" in llama
+    assert {"llama.cpp/dflash2.sliding_window", "llama.cpp/dflash2.draft_length"} <= set(llama)
+    # the artifact holds llama.cpp's own tap convention: no misread of the taps
+    assert "llama.cpp/target_layers_convention" not in llama
+    assert "llama.cpp/dflash2.selector" not in llama      # 64 >= 6 x 7, 64 % 16 == 0
+    # nothing made for these engines: every verdict is information, never a failure
+    assert all(c["status"] == "info" for c in manifest["checks"]
+               if c["name"].startswith("engine."))

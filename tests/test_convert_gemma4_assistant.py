@@ -17,6 +17,7 @@ from gguf import GGUFValueType as VT
 from dspark_convert import errors as E
 from dspark_convert.artifact.format import (ASSISTANT_METADATA_KEYS, FORMAT_VERSIONS,
                                             as_float32, contract_from_metadata, read_metadata)
+from dspark_convert.artifact.engines import reports_for_gguf
 from dspark_convert.commands.binding import bind, open_run_target
 from dspark_convert.commands.convert import convert
 from dspark_convert.commands.validate import validate_artifact
@@ -178,3 +179,13 @@ def test_the_dflash2_loader_refuses_an_assistant_artifact(artifact):
 
     with pytest.raises(E.ArtifactKindError):
         plan_drafter(artifact)
+
+
+def test_the_engines_say_what_they_make_of_it(artifact):
+    reports = reports_for_gguf(read_gguf(artifact / "drafter.gguf"))
+    assert [r.rule for r in reports["strata.open"].refusals] == ["strata.open/assistant"]
+    llama = [r.rule for r in reports["llama.cpp"].refusals]
+    assert llama[:2] == ["llama.cpp/assistant.context_length", "llama.cpp/assistant.tokenizer"]
+    assert "llama.cpp/assistant.sliding_window" in llama
+    assert "llama.cpp/assistant.hidden_size" not in llama     # h 32, Hb 64
+    assert not any(r.startswith("llama.cpp/architecture") for r in llama)

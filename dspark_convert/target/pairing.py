@@ -560,8 +560,24 @@ def pair_source(source: Source, target: Target | str | os.PathLike,
                       model_type=model_type if isinstance(model_type := source.raw_config.get(
                           "model_type"), str) else None)
     checks = check_compatibility(drafter, target)
+    _check_zlab_target_layers(source, target)
     return SourcePairing(source=source, target=target, checks=checks,
                          tensors=hash_target_tensors(target, progress))
+
+
+def _check_zlab_target_layers(source: Source, target: Target) -> None:
+    """z-lab's DFlash2 config records its target's layer count (``num_target_layers``),
+    which speculators' layout and the artifact do not: checked against the target (154)."""
+    if source.contract.family != "qwen3-dflash2":
+        return
+    claimed = source.raw_config.get("num_target_layers")
+    n = target.config.num_hidden_layers
+    if claimed is not None and claimed != n:
+        where = f"target {target.checkpoint.files.config}"
+        raise DFlash2TargetError(
+            f"{where}: {target.read.field('num_hidden_layers')} is {n}; the drafter expects "
+            f"{claimed} (drafter {source.checkpoint.files.config} num_target_layers, z-lab's "
+            "layout)", path=where, field="num_hidden_layers", expected=claimed, found=n)
 
 
 # --- an artifact being validated ---------------------------------------------------------------
