@@ -1,8 +1,12 @@
-"""The GGUF metadata of a Strata DSpark artifact (format versions 1 and 2), as data.
+"""The GGUF metadata of an artifact (format versions 1 to 4), as data.
 
-``METADATA_KEYS`` lists every key, its exact GGUF type, when it is present and what it
-holds. The writer emits keys in this order from ``expected_metadata``; the validator checks
-a file against the same function; the docs are generated from the table.
+``METADATA_KEYS`` lists every key of a DSpark family's artifact (versions 1 and 2),
+``DFLASH2_METADATA_KEYS`` a DFlash2 one's (3) and ``ASSISTANT_METADATA_KEYS`` a Gemma 4
+assistant's (4): each key's exact GGUF type, when it is present and what it holds
+(``FAMILY_KEYS``: each family's table). The writer emits keys in their table's order from
+``expected_metadata``; the validator checks a file against the same function and rebuilds
+the contract from the metadata read back as the config.json it stands for (one view per
+family, ``_CONFIG_VIEWS``); the docs are generated from the tables.
 """
 
 from __future__ import annotations

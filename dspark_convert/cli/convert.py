@@ -56,7 +56,9 @@ def convert(
     """Convert a checkpoint (a directory, or a Hub source org/name@<commit>) into
     OUTPUT/drafter.gguf + OUTPUT/manifest.json. DeepSpec's checkpoints, and speculators'
     format (a DSpark or DFlash drafter speculators saved; it needs --target:
-    docs/SPECULATORS.md)."""
+    docs/SPECULATORS.md); a DFlash2 drafter (speculators' or z-lab's layout) and a Gemma 4
+    assistant (Gemma4UnifiedAssistantForCausalLM), each with --target
+    (docs/ARTIFACT_FORMAT.md, "Drafter kinds")."""
 
     def body() -> int:
         from dspark_convert.cli.progress import RichProgress

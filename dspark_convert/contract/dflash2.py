@@ -9,6 +9,13 @@ module name without a ``model.`` prefix, and neither the embedding nor the head 
 the verifier by ``load_verifier_weights``, dflash/core.py:171). docs/REFERENCE.md ("DFlash2")
 has the forward these fields drive.
 
+z-lab's layout of the same drafter (a flat Qwen3 config with ``dflash_config``, what
+llama.cpp's converter reads) is read by ``parse_any_config`` as the speculators config it
+stands for (``zlab_as_speculators``: `dspark convert` takes both); the runtime's own reader
+of a source directory (``read_config``) takes speculators' layout only. ``build_contract``
+makes the artifact's contract (``DFlash2Contract``, docs/ARTIFACT_FORMAT.md "Drafter kinds:
+DFlash2") of either.
+
 ``DFlash2Config`` is one strict frozen model of every field the forward reads, each
 required: speculators' schema has defaults for most of them, but its ``save_pretrained``
 writes them all, and a config without ``sample_from_anchor`` is read differently by
