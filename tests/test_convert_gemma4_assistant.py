@@ -189,3 +189,23 @@ def test_the_engines_say_what_they_make_of_it(artifact):
     assert "llama.cpp/assistant.sliding_window" in llama
     assert "llama.cpp/assistant.hidden_size" not in llama     # h 32, Hb 64
     assert not any(r.startswith("llama.cpp/architecture") for r in llama)
+
+
+def test_a_hostile_layer_count_is_refused_before_it_costs(artifact, tmp_path):
+    """100,000 layer types and a block count of 2^31: the contract's bound (152), at once."""
+    import time
+
+    art = tmp_path / "art"
+    shutil.copytree(artifact, art)
+    n = 100_000
+    rewrite_gguf(artifact / "drafter.gguf", art / "drafter.gguf", set_keys={
+        "dspark.assistant.layer_types": (["full_attention"] * n, VT.ARRAY, VT.STRING),
+        "gemma4-assistant.attention.head_count_kv": ([1] * n, VT.ARRAY, VT.UINT32),
+        "gemma4-assistant.block_count": (2**31, VT.UINT32, None),
+        "gemma4-assistant.nextn_predict_layers": (2**31, VT.UINT32, None),
+        "gemma4-assistant.attention.shared_kv_layers": (2**31, VT.UINT32, None)})
+    start = time.monotonic()
+    first = validate_artifact(art).first_failure
+    assert (first.name, first.error) == ("gguf.metadata", "AssistantConfigError")
+    assert "num_hidden_layers" in first.detail
+    assert time.monotonic() - start < 30

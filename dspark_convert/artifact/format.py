@@ -804,7 +804,8 @@ def assistant_config_view(kv: dict[str, object], *, path: str) -> tuple[dict, di
                 kv, "dspark.assistant.rope.partial_rotary_factor", path)
         rope[gemma4_assistant.FULL] = full
     per_layer = {}
-    for i, kind in enumerate(layer_types):
+    # Built only within the bound the contract checks first (a hostile layer count).
+    for i, kind in enumerate(layer_types if len(layer_types) <= MAX_DRAFT_LAYERS else []):
         if kind not in dims:
             break           # the contract names the bad layer type
         key = f"{A}.attention.key_length" + ("" if kind == gemma4_assistant.FULL else "_swa")
