@@ -2,10 +2,12 @@
 (commands/export_speculators_dflash2.py), and speculators 0.9.0 as the oracle of the
 reference runtime's DFlash2 drafter (tools/dflash2_oracle.py; docs/SPECULATORS.md, "DFlash2").
 
-- The export of golden/reference/dflash2/draft (speculators' own save_pretrained output) is
-  that directory again: model.safetensors byte for byte, config.json field by field but for
-  three fields, each for its reason (``auto_map``, ``transformers_version``, the verifier's
-  ``name_or_path``); an F32 copy of the drafter exports to the same BF16 bytes; refusals
+- Round trip: golden/reference/dflash2/draft (speculators' own save_pretrained output)
+  converted against its target, then exported, is that directory again: model.safetensors
+  byte for byte, config.json field by field but for three fields, each for its reason
+  (``auto_map``, ``transformers_version``, the verifier's ``name_or_path``); the checkpoint
+  exported directly gives the same bytes; the export converts back to the artifact's
+  tensors and contract; an F32 copy of the drafter exports to the same BF16 bytes; refusals
   write nothing.
 - With speculators (its own environment; a skip without it, a failure under CI=true, slow):
   ``from_pretrained`` loads the export with no missing, unexpected or mismatched key, and
@@ -13,18 +15,20 @@ reference runtime's DFlash2 drafter (tools/dflash2_oracle.py; docs/SPECULATORS.m
   ``transformers_version``); speculators' ``_backbone_forward`` with one anchor and its
   ``CandidateSelector.select`` walk, on 8 contexts (the 3 prompts, the 3 runs' whole outputs,
   80 and 150 tokens: the last two longer than the sliding layer's window of 64), give the
-  reference runtime's block hidden, unary logits, selector projection and scores within
-  ATOL, and the same candidates, chosen indices and drafts. Measured (float32, one thread):
-  at most 8.3e-7 on the block hidden (scale up to 2.5), 3.8e-6 on the unary logits (up to
-  19), 3.6e-7 on the projection, 3.8e-6 on the scores (up to 17): the order of float32 sums.
-  ATOL 2e-5 is 5x that; the runtime with the sliding layer made full (its window ignored)
-  moves the two long contexts' logits far past it and leaves the short ones within it.
+  reference runtime's (loaded from the artifact) block hidden, unary logits, selector
+  projection and scores within ATOL, and the same candidates, chosen indices and drafts.
+  Measured (float32, one thread): at most 8.3e-7 on the block hidden (scale up to 2.5),
+  3.8e-6 on the unary logits (up to 19), 3.6e-7 on the projection, 3.8e-6 on the scores (up
+  to 17): the order of float32 sums. ATOL 2e-5 is 5x that; the runtime with the sliding
+  layer made full (its window ignored) moves the two long contexts' logits by 0.77 and 0.97
+  and leaves the short ones within ATOL.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -35,10 +39,12 @@ from support.cli import assert_refused, run_cli
 from support.edited import edited_copy
 from support.paths import GOLDEN, GOLDEN_TARGET
 from support.tools import load_tool
+from dspark_convert.commands.convert import convert
 from dspark_convert.commands.export_speculators import export_speculators
 from dspark_convert.commands.export_speculators_dflash2 import check_target, write_config
 from dspark_convert.contract.dflash2 import read_config
-from dspark_convert.errors import DFlash2TargetError, ExportOptionError, OutputExistsError
+from dspark_convert.errors import (DFlash2TargetError, ExportArtifactError, ExportOptionError,
+                                   OutputExistsError)
 from dspark_convert.target.model import open_target
 
 oracle = load_tool("tools/dflash2_oracle.py")
@@ -75,8 +81,14 @@ def _differing(a: dict, b: dict) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    return export_speculators(DRAFT, TARGET, tmp_path_factory.mktemp("dflash2") / "export")
+def artifact(tmp_path_factory):
+    """golden/reference/dflash2/draft converted against its target."""
+    return convert(DRAFT, tmp_path_factory.mktemp("dflash2") / "artifact", target=TARGET).output
+
+
+@pytest.fixture(scope="module")
+def exported(artifact):
+    return export_speculators(artifact, TARGET, artifact.parent / "export")
 
 
 # --- the export --------------------------------------------------------------------------------
@@ -95,8 +107,9 @@ def test_the_export_is_speculators_own_directory_again(exported):
     # Written as transformers writes a config: sorted keys, two-space indent, a newline.
     assert (out / "config.json").read_text() == json.dumps(ours, indent=2, sort_keys=True) + "\n"
     assert exported.tensors == 36 and exported.verifier == TARGET
-    assert [c.name for c in exported.checks] == ["target.dflash2", "export.tensors",
-                                                 "export.config"]
+    names = [c.name for c in exported.checks]
+    assert names[-2:] == ["export.tensors", "export.config"]
+    assert {"target.hidden_size", "target.layers", "target.identity.embedding"} <= set(names)
     assert all(c.status == "passed" for c in exported.checks)
     # The export reads back as the drafter it came from.
     assert read_config(out).model_dump(exclude={"speculators_config"}) == \
@@ -104,11 +117,25 @@ def test_the_export_is_speculators_own_directory_again(exported):
                                                "transformers_version"})
 
 
-def test_byte_reproducible(exported, tmp_path):
-    again = export_speculators(DRAFT, TARGET, tmp_path / "again")
+def test_byte_reproducible_from_the_artifact_or_the_checkpoint(artifact, exported, tmp_path):
+    """The same bytes again, and from the checkpoint the artifact was converted from."""
+    again = export_speculators(artifact, TARGET, tmp_path / "again")
+    direct = export_speculators(DRAFT, TARGET, tmp_path / "direct")
     for name in ("config.json", "model.safetensors"):
         assert (again.output / name).read_bytes() == (exported.output / name).read_bytes()
-    assert again.files == exported.files
+        assert (direct.output / name).read_bytes() == (exported.output / name).read_bytes()
+    assert again.files == exported.files == direct.files
+    assert exported.artifact_sha256 == \
+        json.loads((artifact / "manifest.json").read_text())["artifact"]["sha256"]
+    assert direct.checks[0].name == "target.dflash2"
+
+
+def test_converts_back_to_the_artifacts_tensors(artifact, exported, tmp_path):
+    back = convert(exported.output, tmp_path / "back", target=TARGET).output
+    original = json.loads((artifact / "manifest.json").read_text())
+    again = json.loads((back / "manifest.json").read_text())
+    assert again["artifact"]["tensors"] == original["artifact"]["tensors"]
+    assert again["contract"] == original["contract"]
 
 
 def test_an_f32_drafter_exports_to_the_same_bf16_bytes(exported, tmp_path):
@@ -125,17 +152,18 @@ def test_an_f32_drafter_exports_to_the_same_bf16_bytes(exported, tmp_path):
     assert "rounded to BF16" in result.checks[1].detail
 
 
-def test_the_cli_writes_it_and_refuses_without_a_target(tmp_path):
+def test_the_cli_writes_it_and_refuses_without_a_target(artifact, tmp_path):
     out = tmp_path / "cli"
-    proc = run_cli("export", str(DRAFT), "--engine", "speculators", "--target", TARGET,
+    proc = run_cli("export", str(artifact), "--engine", "speculators", "--target", TARGET,
                    "-o", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["verifier"] == TARGET and report["tensors"] == 36
     assert report["drafter"].startswith("DFlash2DraftModel")
-    proc = run_cli("export", str(DRAFT), "--engine", "speculators", "-o", str(tmp_path / "x"))
+    proc = run_cli("export", str(artifact), "--engine", "speculators", "-o",
+                   str(tmp_path / "x"))
     assert_refused(proc, ExportOptionError, ("--target",))
-    proc = run_cli("export", str(DRAFT), "--engine", "speculators", "--target", TARGET,
+    proc = run_cli("export", str(artifact), "--engine", "speculators", "--target", TARGET,
                    "-o", str(out))
     assert_refused(proc, OutputExistsError)
     assert not (tmp_path / "x").exists()
@@ -163,6 +191,24 @@ def test_a_target_that_is_not_the_drafters_is_refused_writing_nothing(tmp_path):
             check_target(wrong, target, path="config.json")
 
 
+def test_an_artifact_is_validated_with_the_target_first(artifact, tmp_path):
+    """154 for a target it does not pair with; 100 for an artifact that does not validate
+    (here: manifest.json's source.config, which the export writes, edited)."""
+    gemma = GOLDEN / "reference" / "gemma4" / "target"
+    proc = run_cli("export", str(artifact), "--engine", "speculators", "--target", str(gemma),
+                   "-o", str(tmp_path / "out"))
+    assert_refused(proc, DFlash2TargetError, ("gemma4_unified", "qwen3"))
+    edited = tmp_path / "edited"
+    shutil.copytree(artifact, edited)
+    manifest = json.loads((edited / "manifest.json").read_text())
+    manifest["source"]["config"]["selector_top_k"] = 5
+    (edited / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    proc = run_cli("export", str(edited), "--engine", "speculators", "--target", TARGET,
+                   "-o", str(tmp_path / "out"))
+    assert_refused(proc, ExportArtifactError, ("source.config", "top_k"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_speculative_tokens_follow_the_layout():
     """speculators' rule: B - 1 drafts when slot 0 is the anchor (DFlash2's layout)."""
     cfg = read_config(DRAFT)
@@ -176,11 +222,12 @@ def test_speculative_tokens_follow_the_layout():
 # --- speculators as the oracle ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def ran(exported, tmp_path_factory):
-    """speculators' report and stages for every context, the runtime's proposals."""
+def ran(artifact, exported, tmp_path_factory):
+    """speculators' report and stages for every context (from the export), the runtime's
+    proposals (from the artifact)."""
     python = spec_env.python()
     tokens = oracle.context_tokens(REFERENCE)
-    inputs, proposals = oracle.our_blocks(DRAFT, TARGET, tokens)
+    inputs, proposals = oracle.our_blocks(artifact, TARGET, tokens)
     report, theirs = oracle.run_speculators(str(python), str(exported.output), inputs,
                                             str(tmp_path_factory.mktemp("oracle")))
     return report, theirs, inputs, proposals, tokens
@@ -213,7 +260,7 @@ def test_speculators_computes_the_runtimes_blocks(ran):
 
 
 @pytest.mark.slow
-def test_the_long_contexts_see_the_sliding_window(ran):
+def test_the_long_contexts_see_the_sliding_window(artifact, ran):
     """The runtime with its sliding layer made full attends to the whole context: the same
     blocks where the context fits the window, far past ATOL where it does not."""
     _, theirs, inputs, _, tokens = ran
@@ -221,7 +268,7 @@ def test_the_long_contexts_see_the_sliding_window(ran):
     from dspark_convert.runtime.qwen3 import Qwen3Target
 
     target = Qwen3Target(TARGET, device=torch.device("cpu"))
-    drafter = load_drafter(DRAFT, target)
+    drafter = load_drafter(artifact, target)
     cfg = drafter.config
     drafter.config = cfg.model_copy(update={"transformer_layer_config": cfg.layer.model_copy(
         update={"layer_types": ["full_attention"] * cfg.layer.num_hidden_layers})})

@@ -3,15 +3,19 @@
 docs/REFERENCE.md, "DFlash2", describes), called by commands/export_speculators.py for a
 DFlash2 drafter.
 
-- The drafter is read as the reference runtime reads it (``runtime.dflash2.plan_drafter``:
-  config.json through contract/dflash2.py, every tensor of the table by its header, none
-  other; no tensor byte), then checked against the target it names as its verifier: a Qwen3
-  model with the hidden size fc reads, the vocabulary the selector's codebooks index and every
-  tapped hidden state (DFlash2TargetError, 154), as speculators' ``load_verifier_weights``
-  takes the embedding and the head from it.
+- The drafter is read as the reference runtime reads it (``runtime.dflash2.plan_drafter``,
+  no tensor byte): a DFlash2 artifact (`dspark convert`'s), validated with the target first
+  as every checkpoint export does (the pairing 60-68 and 154, else 100), its config the
+  ``source.config`` manifest.json records (which must build the manifest's contract) and its
+  tensors checked against manifest.json's hashes as they are copied; or a DFlash2
+  checkpoint directory (config.json through contract/dflash2.py, every tensor of the table
+  by its header, none other), checked against the target here (``check_target``, 154). The
+  target is the verifier the export records: speculators' ``load_verifier_weights`` takes the
+  embedding and the head from it.
 - ``config.json``: every field ``DFlash2SpeculatorConfig`` writes (``write_config``): the
   drafter's own (block, taps, mask, layout, convolutions, selector, vocabulary, the Qwen3
-  ``transformer_layer_config`` as the drafter's config holds it), ``dtype`` bfloat16,
+  ``transformer_layer_config`` as the drafter's config states it; a z-lab config as the
+  speculators config it stands for), ``dtype`` bfloat16,
   ``speculators_config`` (algorithm ``dflash2``, the greedy proposal with B - 1 speculative
   tokens, the target as verifier: its Hub repo id or the directory as given, and its
   architectures), ``speculators_version`` 0.9.0, ``tie_word_embeddings`` false; written as
@@ -27,7 +31,8 @@ DFlash2 drafter.
   From a BF16 drafter it is therefore the same bytes as a speculators-saved source.
 - One sequential write inside util/atomic.atomic_directory (export_deepspec.write_checkpoint);
   the directory is read back by ``plan_drafter`` and must be the same drafter (every field
-  the forward reads, every tensor's shape) before the rename. Nothing is written on a
+  the forward reads, every tensor's shape) before the rename. From the artifact of a
+  speculators checkpoint, both files are what exporting that checkpoint directly writes. Nothing is written on a
   refusal; the same inputs give the same bytes.
 """
 
@@ -38,17 +43,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_convert.artifact.manifest import FileRecord
+from dspark_convert.artifact.format import GGUF_FILE, MANIFEST_FILE, metadata_family, read_metadata
+from dspark_convert.artifact.manifest import FileRecord, Manifest
 from dspark_convert.checks import Check
 from dspark_convert.commands.export_deepspec import (
     CONFIG_FILE,
     PlannedTensor,
     safetensors_header,
+    validated_for_export,
     write_checkpoint,
 )
 from dspark_convert.contract import dflash2 as D
 from dspark_convert.contract import speculators as S
-from dspark_convert.errors import DFlash2ConfigError, DFlash2TargetError, DSparkError
+from dspark_convert.errors import (DFlash2ConfigError, DFlash2TargetError, DSparkError,
+                                   ExportArtifactError)
+from dspark_convert.formats.gguf_reader import read_gguf
 from dspark_convert.util.atomic import Output, check_outputs
 from dspark_convert.util.hashing import sha256_file
 from dspark_convert.util.progress import NoProgress, Progress
@@ -81,12 +90,18 @@ class SpeculatorsDFlash2Result:
 
 
 def is_dflash2(path: str | os.PathLike) -> bool:
-    """Whether ``path`` holds a DFlash2 drafter: a directory whose config.json is a
+    """Whether ``path`` holds a DFlash2 drafter: an artifact whose drafter.gguf names the
+    DFlash2 family (its header alone read), or a checkpoint directory whose config.json is a
     speculators DFlash2 config (``speculators_model_type`` ``dflash2``). Anything else, an
-    unreadable config included, is left to the export that reads it to name."""
+    unreadable file included, is left to the export that reads it to name."""
+    path = Path(path)
     try:
-        raw = read_json_strict(Path(path) / CONFIG_FILE, error=DFlash2ConfigError)
-    except DSparkError:
+        if (path / GGUF_FILE).is_file():
+            label = str(path / GGUF_FILE)
+            kv = read_metadata(read_gguf(path / GGUF_FILE), path=label)
+            return metadata_family(kv, path=label).name == D.FAMILY
+        raw = read_json_strict(path / CONFIG_FILE, error=DFlash2ConfigError)
+    except (DSparkError, OSError):
         return False
     return isinstance(raw, dict) and raw.get("speculators_model_type") == D.MODEL_TYPE
 
@@ -138,6 +153,30 @@ def forward_fields(cfg: D.DFlash2Config) -> dict:
     out = cfg.model_dump(mode="json", exclude=set(cfg.model_extra or ()))
     out["transformer_layer_config"] = layer_config(cfg)
     return out
+
+
+def source_config(manifest: Manifest, *, path: str) -> D.DFlash2Config:
+    """An artifact's drafter config: the config.json its manifest records (``source.config``,
+    speculators' or z-lab's layout, read as convert read it), which must build the contract
+    the manifest records (validate proved that one drafter.gguf's): the export writes its
+    fields as the source stated them (every layer field, ``rms_norm_eps`` as written, not
+    the metadata's FLOAT32)."""
+    label = f"{path} (source.config)"
+    try:
+        cfg = D.parse_any_config(manifest.source.config, path=label)
+        same = D.build_contract(cfg, path=label) == manifest.contract
+    except DSparkError as exc:
+        raise ExportArtifactError(
+            f"{path}: field 'source.config': {exc.message}; expected the DFlash2 config the "
+            "artifact was converted from", path=path, field="source.config",
+            expected="a DFlash2 config", found="refused") from None
+    if not same:
+        raise ExportArtifactError(
+            f"{path}: field 'source.config': its DFlash2 contract is not the one manifest.json "
+            "records (which drafter.gguf holds); expected the config the artifact was "
+            "converted from", path=path, field="source.config",
+            expected="the contract's config", found="another drafter's")
+    return cfg
 
 
 # --- the target -------------------------------------------------------------------------------
@@ -199,9 +238,12 @@ class _ReadBack:
     contract: tuple
 
 
+def _shapes(plan: DFlash2Plan) -> tuple:
+    return tuple((n, tuple(t.shape)) for n, t in sorted(plan.tensors.items()))
+
+
 def _drafter_of(plan: DFlash2Plan) -> tuple:
-    return (forward_fields(plan.config),
-            tuple((n, tuple(t.shape)) for n, t in sorted(plan.tensors.items())))
+    return forward_fields(plan.config), _shapes(plan)
 
 
 def describe(cfg: D.DFlash2Config) -> str:
@@ -230,38 +272,54 @@ def export_speculators_dflash2(drafter: str | os.PathLike, target: str | os.Path
              (target.directory, "the target model") if isinstance(target, Target)
              else target_read(target)]
     [out] = check_outputs([Output(output, "the output")], reads, force=force)
-    plan = plan_drafter(drafter)                 # 150 and the headers' 20-23, no byte read
-    config_path = str(plan.directory / CONFIG_FILE)
-    opened = target if isinstance(target, Target) else open_target(target, progress=progress)
-    pairing = check_target(plan.config, opened, path=config_path)
-    # export_speculators.verifier_of's rule: the Hub repo id, or the directory as given.
+    if (drafter / GGUF_FILE).is_file():
+        # An artifact: validated with the target first (the pairing 60-68 and 154, else 100),
+        # its tensors checked against manifest.json's hashes as they are copied.
+        opened = target if isinstance(target, Target) else open_target(target,
+                                                                       progress=progress)
+        report = validated_for_export(drafter, opened, progress)
+        manifest, _bytes = report.manifest
+        plan = plan_drafter(drafter, gguf=report.gguf)
+        config_path = str(drafter / MANIFEST_FILE)
+        cfg = source_config(manifest, path=config_path)
+        pairing = tuple(c for c in report.checks if c.name.startswith("target"))
+        recorded = {t.source: t.sha256 for t in manifest.artifact.tensors}
+        drafter_sha = report.gguf_sha256
+    else:
+        plan = plan_drafter(drafter)                 # 150 and the headers' 20-23, no byte read
+        cfg, config_path = plan.config, str(plan.directory / CONFIG_FILE)
+        opened = target if isinstance(target, Target) else open_target(target,
+                                                                       progress=progress)
+        pairing = (check_target(cfg, opened, path=config_path),)
+        recorded = drafter_sha = None
     verifier = opened.repo if opened.repo is not None else opened.spec
     architectures = list(opened.config.architectures)
-    config = S.config_bytes(write_config(plan.config, verifier_name=verifier,
+    config = S.config_bytes(write_config(cfg, verifier_name=verifier,
                                          verifier_architectures=architectures))
-    tensors = planned_tensors(plan)
+    tensors = planned_tensors(plan, recorded)
     written = write_checkpoint(
         out, force=force, progress=progress, config=config,
         header=safetensors_header([(t.name, t.shape, t.nbytes) for t in tensors],
                                   HEADER_METADATA),
         plan=tensors, engine=ENGINE, source="the same DFlash2 drafter",
         read_back=lambda tmp: _ReadBack(_drafter_of(plan_drafter(tmp))),
-        contract=_drafter_of(plan), manifest_path=Path(config_path))
+        contract=(forward_fields(cfg), _shapes(plan)), manifest_path=Path(config_path))
     bf16 = all(t.source_dtype == "BF16" for t in tensors)
-    checks = (pairing,
+    checks = (*pairing,
               Check.passed("export.tensors", f"{len(tensors)} BF16 tensors under speculators' "
                            "names" + (", each bit-exact" if bf16 else ", rounded to BF16 from "
                                       "the stored F32/F16") + "; no embedding, head, verifier "
                            "head or norm: speculators loads the verifier's"),
               Check.passed("export.config", f"{CONFIG_FILE}: speculators {S.SPECULATORS_VERSION} "
                            f"{D.MODEL_TYPE}, sample_from_anchor "
-                           f"{str(plan.config.sample_from_anchor).lower()}, "
-                           f"{speculative_tokens(plan.config)} speculative tokens, verifier "
+                           f"{str(cfg.sample_from_anchor).lower()}, "
+                           f"{speculative_tokens(cfg)} speculative tokens, verifier "
                            f"{verifier!r} ({', '.join(architectures)}); read back as the same "
                            "drafter"))
-    weights = {t.path for t in tensors}
-    source_sha = sha256_file(next(iter(weights))) if len(weights) == 1 else ""
+    if drafter_sha is None:           # a checkpoint: its weights file, if it is one
+        weights = {t.path for t in tensors}
+        drafter_sha = sha256_file(next(iter(weights))) if len(weights) == 1 else ""
     return SpeculatorsDFlash2Result(
-        output=out.absolute(), engine=ENGINE, drafter=describe(plan.config),
-        files=tuple(written.values()), tensors=len(tensors), artifact_sha256=source_sha,
+        output=out.absolute(), engine=ENGINE, drafter=describe(cfg),
+        files=tuple(written.values()), tensors=len(tensors), artifact_sha256=drafter_sha,
         verifier=verifier, checks=checks)
