@@ -170,7 +170,7 @@ def test_serve_bench_full_on_dflash2_is_the_target_alone(tmp_path):
     report = outcome.report
     ServeBenchReport.model_validate(report.model_dump(mode="json"))
     art = report.artifacts[0]
-    assert (art.method, art.packed, art.confidence_head) == ("dflash2", False, False)
+    assert (art.method, art.packed, art.confidence_head) == ("dflash2", True, False)
     assert art.weights_file == "model.safetensors"
     runs = [r for r in report.runs if r.artifact is not None]
     assert [(r.policy, r.concurrency) for r in runs] == [("full", 1), ("full", 2)]
@@ -180,9 +180,13 @@ def test_serve_bench_full_on_dflash2_is_the_target_alone(tmp_path):
         assert r.token_latency_p50_seconds is not None and r.peak_memory_bytes > 0
         assert len(r.acceptance_by_position) == art.block_size - 1
     assert report.lossless is True
-    # Each verify step is one request's cycle (not packed).
-    ours = [lines for name, lines in outcome.decisions.items() if name.startswith("decisions/draft.")]
-    assert len(ours) == 2 and all(len(line.requests) == 1 for lines in ours for line in lines)
+    # Packed: at concurrency 2 a verify step carries both requests' blocks (B - 1 drafts
+    # at most each), as the batch-1 loop drafts them.
+    c1, c2 = (outcome.decisions[f"decisions/draft.full.c{c}.jsonl"] for c in (1, 2))
+    assert all(len(line.requests) == 1 for line in c1)
+    assert max(len(line.requests) for line in c2) == 2
+    assert all(r.length <= 7 for line in c2 for r in line.requests)
+    assert len(c2) < len(c1)
 
 
 def test_serve_bench_refuses_what_dflash2_cannot_run(tmp_path):
@@ -198,13 +202,22 @@ def test_serve_bench_refuses_what_dflash2_cannot_run(tmp_path):
 
 
 def test_serve_bench_full_on_the_assistant(tmp_path):
+    """Not packed: each request alone through assisted_generate, one verify step per
+    cycle, the outputs the target alone's."""
     from dspark_convert.commands.serve_bench import run_serve_bench
 
-    report = run_serve_bench([ASSISTANT], GEMMA4_TARGET, GEMMA4 / "prompts.jsonl",
-                             concurrencies="2", policies=["full"], max_new_tokens=NEW_TOKENS,
-                             device="cpu").report
+    outcome = run_serve_bench([ASSISTANT], GEMMA4_TARGET, GEMMA4 / "prompts.jsonl",
+                              concurrencies="2", policies=["full"], max_new_tokens=NEW_TOKENS,
+                              device="cpu")
+    report = outcome.report
     run = next(r for r in report.runs if r.artifact is not None)
-    assert report.artifacts[0].method == "mtp" and run.lossless is True
+    assert (report.artifacts[0].method, report.artifacts[0].packed) == ("mtp", False)
+    assert run.lossless is True and run.verify_steps > 0 and run.accepted_per_step > 1
+    lines = outcome.decisions["decisions/assistant.full.c2.jsonl"]
+    assert all(len(line.requests) == 1 for line in lines) and len(lines) == run.verify_steps
+    with pytest.raises(E.SchedulingPolicyError, match="assistant"):
+        run_serve_bench([ASSISTANT], GEMMA4_TARGET, GEMMA4 / "prompts.jsonl",
+                        concurrencies="1", policies=["dspark"], max_new_tokens=4, device="cpu")
 
 
 # --- the README's commands --------------------------------------------------------------

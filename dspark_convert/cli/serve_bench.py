@@ -26,8 +26,8 @@ from dspark_convert.util.json_out import dumps
 def serve_bench(
     artifacts: Annotated[list[Path], typer.Argument(
         metavar="ARTIFACT", help="Artifact directories written by `dspark convert`, or a DFlash2 "
-        "or Gemma 4 assistant checkpoint directory as it is (served under full only, one "
-        "request at a time: not packed).")],
+        "or Gemma 4 assistant checkpoint directory as it is (both under full only; the "
+        "assistant served one request at a time: not packed).")],
     target: Annotated[str, typer.Option(
         "--target", help="The target model directory (Qwen3 or Gemma 4: HF safetensors, "
         "tokenizer.json), or org/name@<40-hex commit> on the Hub.")],

@@ -97,8 +97,9 @@ class DrafterKind:
     # (temperature) -> None, or the loop's own refusal of that temperature raised (serve-bench
     # refuses before anything loads what eval lists as not run).
     check_temperature: Callable[[float], None]
-    # Whether `serve-bench` packs its requests (runtime/serving.serve) or serves them one
-    # at a time with the batch-1 loop (runtime/serving.serve_one_by_one).
+    # Whether `serve-bench` packs its requests (runtime/serving.serve: DSpark, DFlash,
+    # DFlash2) or serves them one at a time with the batch-1 loop
+    # (runtime/serving.serve_one_by_one: the Gemma 4 assistant).
     packed: bool
     # The most drafts one cycle proposes, from the plan (acceptance by position's width).
     positions: Callable[[object], int]
@@ -242,7 +243,7 @@ KINDS: dict[str, DrafterKind] = {k.name: k for k in (
                 never=_never_headed("DSpark"), check_temperature=_any_temperature, packed=True,
                 positions=_dspark_positions),
     DrafterKind(name=DFLASH2, label="DFlash2", load=_load_dflash2, generate=_generate_dflash2,
-                never=_never_dflash2, check_temperature=_greedy_only, packed=False,
+                never=_never_dflash2, check_temperature=_greedy_only, packed=True,
                 positions=_dflash2_positions),
     DrafterKind(name=MTP, label="MTP (Gemma 4 assistant)", load=_load_mtp,
                 generate=_generate_mtp, never=_never_mtp, check_temperature=_any_temperature,

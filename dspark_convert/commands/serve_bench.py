@@ -13,10 +13,11 @@ loads the target and every drafter once, profiles the target when a dspark polic
 cost table and none was given (scheduling/profile.py, up to that same size), warms the
 models up (untimed), and runs the sweep (evaluation/serve_bench.py).
 
-Each artifact is loaded and run by its kind's row (commands/evaluate_kinds.py KINDS): DSpark
-and DFlash drafters packed by runtime/serving.serve; DFlash2 and the Gemma 4 assistant (no
-confidence head, no packed pass) under ``full`` only, each request alone through its
-batch-1 loop (``serve_one_by_one``), which the report states (``packed`` false).
+Each artifact is loaded and run by its kind's row (commands/evaluate_kinds.py KINDS): DSpark,
+DFlash and DFlash2 drafters packed by runtime/serving.serve (DFlash2 greedy and under
+``full`` only: no confidence head); the Gemma 4 assistant (no confidence head, no packed
+pass) under ``full`` only, each request alone through its batch-1 loop
+(``serve_one_by_one``), which the report states (``packed`` false).
 
 Requests are the prompts, every one in every run; ``target-only`` always runs, once per
 concurrency, as the baseline: at temperature 0 every other run's outputs must equal its

@@ -7,9 +7,9 @@ loop (runtime/serving.py ``serve``), the target alone beside them once per concu
   (ConcurrencyError, 148, naming the concurrency).
 - ``sweep``: the runs, in order: per concurrency, the target alone first (the baseline
   every other run's outputs are compared with at temperature 0), then each artifact under
-  each policy. Each run serves every prompt: packed (runtime/serving ``serve``), or for a
-  drafter kind that is not packed (DFlash2, the Gemma 4 assistant) one request at a time
-  by its batch-1 loop (``serve_one_by_one``, under ``full`` only).
+  each policy. Each run serves every prompt: packed (runtime/serving ``serve``: DSpark,
+  DFlash, DFlash2), or for a drafter kind that is not packed (the Gemma 4 assistant) one
+  request at a time by its batch-1 loop (``serve_one_by_one``, under ``full`` only).
 - ``serve_run``: one ServeResult's figures (report.json's ``ServeRun``);
   ``decision_lines``: its verify steps as decisions.jsonl lines (scheduling/decisions.py).
 

@@ -124,8 +124,9 @@ class ServeArtifact(BaseModel):
         "for an artifact (its drafter.gguf).")
     packed: bool = Field(
         default=True, description="true: its requests were packed into each step's batched "
-        "drafter pass and verify (runtime/serving.serve); false (DFlash2, the Gemma 4 "
-        "assistant): served one request at a time by its batch-1 loop under full only, so "
+        "drafter pass and verify (runtime/serving.serve: DSpark, DFlash, DFlash2); false "
+        "(the Gemma 4 assistant): served one request at a time by its batch-1 loop under "
+        "full only, so "
         "the concurrency bounds nothing and the run's throughput is the batch-1 loop's.")
 
 

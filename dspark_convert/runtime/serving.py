@@ -27,11 +27,13 @@ Under ``target-only`` no drafter runs: each step is one packed forward of one to
 request. The batch-1 loop (runtime/speculative.py) is what DeepSeek's code does; this
 loop is that loop, R at a time.
 
-Drafters this loop does not pack (DFlash2, the Gemma 4 assistant: neither has a packed
-drafter pass here, nor a confidence head for a policy to read) are served by
-``serve_one_by_one``: under ``full`` only, each request alone through its kind's batch-1
-loop, one after another (a request's wait for its turn counts in its time to first
-token), recorded in the same ServeResult (one verify step per cycle).
+A DFlash2 drafter (runtime/dflash2.py) is packed the same way (its block pass over every
+request's block, its context cells DFlash's), greedy only and under ``full`` only (no
+confidence head): each request's B - 1 drafts by the selector's walk, as dflash2_loop does.
+The Gemma 4 assistant is not packed here (its steps read the target's KV of each request):
+``serve_one_by_one`` serves it under ``full`` only, each request alone through its batch-1
+loop, one after another (a request's wait for its turn counts in its time to first token),
+recorded in the same ServeResult (one verify step per cycle).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from dspark_convert.errors import SchedulingPolicyError
+from dspark_convert.runtime.dflash2_loop import check_greedy
 from dspark_convert.runtime.drafter import DSparkDrafter
 from dspark_convert.runtime.qwen3 import KVCache
 from dspark_convert.runtime.sampling import pick, probs_from_logits
@@ -267,7 +270,7 @@ def _check_run(drafter: DSparkDrafter | None, policy: Policy, costs: CostTable |
     if drafter is None:
         raise SchedulingPolicyError(f"policy {policy}: expected a drafter (only target-only "
                                     f"runs without one)", field="policy", found=str(policy))
-    if not drafter.confidence and policy.name != "full":
+    if not _packing(drafter).confidence and policy.name != "full":
         raise SchedulingPolicyError(
             f"policy {policy}: the drafter has no confidence head; expected full or "
             f"target-only (the others schedule by its confidences)", field="policy",
@@ -289,6 +292,8 @@ def serve(target, drafter: DSparkDrafter | None, requests: Sequence[Request], *,
     dspark-async. ``on_tokens(n)``: called with the number of new tokens each step (and
     each prefill) committed."""
     _check_run(drafter, policy, costs, concurrency)
+    if drafter is not None and _packing(drafter).greedy_only:
+        check_greedy(temperature)
     device = target.device
     speculative = policy.name != TARGET_ONLY
     taps = drafter.hidden_state_indices if speculative else ()
@@ -356,19 +361,20 @@ def _speculative_step(target, drafter: DSparkDrafter, active: list[_InFlight], p
     """One batched drafter pass, the policy's lengths, one batched verify, the commits."""
     device = target.device
     t0 = time.perf_counter()
+    packing = _packing(drafter)
     anchors = [r.x[r.start] for r in active]
     hidden = drafter.block_hidden_packed(anchors, [r.drafter for r in active])
-    proposals = [r.drafter.propose_from(a, hb, temperature=temperature, generator=r.generator)
+    proposals = [packing.propose(r.drafter, a, hb, temperature, r.generator)
                  for r, a, hb in zip(active, anchors, hidden)]
     rooms = [max(0, r.room()) for r in active]
-    if drafter.confidence:
+    if packing.confidence:
         view = tuple(tuple(float(c) for c in drafter.step_confidences(p.confidence_logits)
                            [:room].tolist()) for p, room in zip(proposals, rooms))
         lengths = _decide(policy, view, seen, costs)
         seen.append(view)
     else:                  # `full` only (_check_run): the whole block, within the room
         view = tuple(() for _ in active)
-        lengths = tuple(min(drafter.block_size, room) for room in rooms)
+        lengths = tuple(min(packing.drafts, room) for room in rooms)
     drafts = [p.tokens[:n].tolist() for p, n in zip(proposals, lengths)]
     synchronize(device)
     t1 = time.perf_counter()
@@ -381,7 +387,7 @@ def _speculative_step(target, drafter: DSparkDrafter, active: list[_InFlight], p
     parts, features, growing = [], [], []
     for r, p, out, draft, n, conf in zip(active, proposals, outs, drafts, lengths, view):
         probs = probs_from_logits(out.logits, temperature, what=TARGET_LOGITS)
-        q = replace(p, length=n).draft_probs(temperature) if n else None
+        q = packing.draft_probs(p, n, temperature) if n else None
         accepted, next_token, stopped = verify(probs, q, draft, stop_token_ids=stops,
                                                generator=r.generator)
         parts.append(RequestStep(id=r.request.id, confidence=conf, length=n, accepted=accepted))
@@ -404,6 +410,35 @@ def _speculative_step(target, drafter: DSparkDrafter, active: list[_InFlight], p
     return StepRecord(step=step, requests=tuple(parts),
                       batch_tokens=sum(1 + n for n in lengths), draft_seconds=draft_seconds,
                       verify_seconds=verify_seconds, end_seconds=clock())
+
+
+@dataclass(frozen=True)
+class _Packing:
+    """How the packed step drives a drafter kind: drafts per block, whether it has a
+    confidence head, whether its walk is greedy only, its proposal from a block hidden and
+    the draft distribution q of its first n drafts (None: greedy, verify reads none)."""
+
+    drafts: int
+    confidence: bool
+    greedy_only: bool
+    propose: Callable
+    draft_probs: Callable
+
+
+def _packing(drafter) -> _Packing:
+    """A DSpark / DFlash drafter's packing, or a DFlash2 drafter's (its selector's greedy
+    walk over B - 1 slots, no confidence head)."""
+    from dspark_convert.runtime.dflash2 import DFlash2Drafter
+
+    if isinstance(drafter, DFlash2Drafter):
+        return _Packing(drafts=drafter.block_size - 1, confidence=False, greedy_only=True,
+                        propose=lambda d, a, hb, t, g: d.propose_from(a, hb),
+                        draft_probs=lambda p, n, t: None)
+    return _Packing(drafts=drafter.block_size, confidence=bool(drafter.confidence),
+                    greedy_only=False,
+                    propose=lambda d, a, hb, t, g: d.propose_from(a, hb, temperature=t,
+                                                                  generator=g),
+                    draft_probs=lambda p, n, t: replace(p, length=n).draft_probs(t))
 
 
 def _decide(policy: Policy, view: Confidences, seen: list[Confidences],
