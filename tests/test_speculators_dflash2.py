@@ -138,6 +138,26 @@ def test_converts_back_to_the_artifacts_tensors(artifact, exported, tmp_path):
     assert again["contract"] == original["contract"]
 
 
+def test_a_zlab_checkpoint_exports_in_speculators_layout(exported, tmp_path):
+    """The same drafter in z-lab's layout (a flat Qwen3 config with ``dflash_config``,
+    target_layer_ids = aux ids - 1), converted then exported: speculators' directory, the
+    same two files."""
+    src = tmp_path / "zlab"
+    src.mkdir()
+    shutil.copy(DRAFT / "model.safetensors", src)
+    config = json.loads((DRAFT / "config.json").read_text())
+    zlab = {**config["transformer_layer_config"], "architectures": ["DFlash2DraftModel"],
+            "dtype": "bfloat16", "dflash_config": {
+                **{k: config[k] for k in ("block_size", "conv_group_size", "conv_kernel_size",
+                                          "selector_rank", "selector_top_k", "mask_token_id")},
+                "target_layer_ids": [i - 1 for i in config["aux_hidden_state_layer_ids"]]}}
+    (src / "config.json").write_text(json.dumps(zlab, indent=2))
+    art = convert(src, tmp_path / "art", target=TARGET).output
+    result = export_speculators(art, TARGET, tmp_path / "out")
+    for name in ("config.json", "model.safetensors"):
+        assert (result.output / name).read_bytes() == (exported.output / name).read_bytes()
+
+
 def test_an_f32_drafter_exports_to_the_same_bf16_bytes(exported, tmp_path):
     """F32 weights are rounded to BF16 as torch rounds them: BF16 values widened to F32
     come back to exactly their bytes."""
