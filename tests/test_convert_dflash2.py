@@ -263,3 +263,14 @@ def test_the_engines_say_what_they_make_of_it(artifact):
     # nothing made for these engines: every verdict is information, never a failure
     assert all(c["status"] == "info" for c in manifest["checks"]
                if c["name"].startswith("engine."))
+
+
+def test_an_artifact_without_the_targets_hash_is_refused(artifact, tmp_path):
+    """A DFlash2 artifact is made against its target: its embedding hash is required."""
+    art = tmp_path / "art"
+    shutil.copytree(artifact, art)
+    rewrite_gguf(artifact / "drafter.gguf", art / "drafter.gguf",
+                 drop_keys=("dflash.target.embed_sha256",))
+    first = validate_artifact(art).first_failure
+    assert (first.name, first.error) == ("gguf.metadata", "MetadataError")
+    assert "dflash.target.embed_sha256" in first.detail and "missing" in first.detail

@@ -148,10 +148,12 @@ _PROVENANCE_KEYS = {k.key: k for k in METADATA_KEYS if k.key in (
     "dflash.source.sha256", "dspark.converter", "dspark.format_version")}
 
 
-def _shared(key: str, doc: str | None = None, when: When = "always") -> MetadataKey:
+def _shared(key: str, doc: str | None = None, when: When | None = None) -> MetadataKey:
+    """A key of the DSpark table in another kind's table: its type, its condition (``when``
+    unless given), ``doc`` for what it holds there."""
     base = _PROVENANCE_KEYS.get(key) or next(k for k in METADATA_KEYS if k.key == key)
-    return MetadataKey(key, base.type, doc or base.doc, when if key not in _PROVENANCE_KEYS
-                       else base.when, base.sub_type)
+    return MetadataKey(key, base.type, doc or base.doc,
+                       when if when is not None else base.when, base.sub_type)
 
 
 # A DFlash2 artifact (format version 3): llama.cpp 0c1e570's `dflash` keys for a DFlash2
@@ -190,10 +192,11 @@ DFLASH2_METADATA_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey("dflash.conv_group_size", T.UINT32, "conv_group_size"),
     MetadataKey("dflash.selector_rank", T.UINT32, "selector_rank"),
     MetadataKey("dflash.selector_top_k", T.UINT32, "selector_top_k"),
+    # Converted with --target (required): the target's hashes are always recorded.
     _shared("dflash.target.embed_sha256", "SHA-256 of the target's `model.embed_tokens.weight` "
-            "(speculators never saves one: the runtime binds the target's)"),
+            "(speculators never saves one: the runtime binds the target's)", "always"),
     _shared("dflash.target.lm_head_sha256", "SHA-256 of the target's head (its embedding when "
-            "tied)"),
+            "tied)", "always"),
     _shared("dflash.source.revision"), _shared("dflash.source.sha256"),
     MetadataKey("dspark.family", T.STRING, "`qwen3-dflash2`"),
     _shared("dspark.format_version", "3"),
@@ -247,7 +250,7 @@ ASSISTANT_METADATA_KEYS: tuple[MetadataKey, ...] = (
                 "one, transformers' default)"),
     _shared("dflash.target.embed_sha256", "SHA-256 of the target's `embed_tokens` (the "
             "embedding the assistant's input reads; its own is `token_embd.weight`, its tied "
-            "head)"),
+            "head)", "always"),
     _shared("dflash.source.revision"), _shared("dflash.source.sha256"),
     MetadataKey("dspark.family", T.STRING, "`gemma4-assistant`"),
     _shared("dspark.format_version", "4"),
