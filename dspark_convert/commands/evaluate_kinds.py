@@ -133,13 +133,11 @@ def _generate_dspark(model, drafter, prompt, *, max_new_tokens, temperature, thr
                      total_seconds=r.total_seconds, draft_seconds=r.draft_seconds)
 
 
-def _never_headed(label: str):
-    def never(temperature: float, threshold: float, has_confidence: bool) -> str | None:
-        if threshold and not has_confidence:
-            return NO_HEAD.format(label=label) if label != "DSpark" else (
-                "the artifact has no confidence head: a threshold has nothing to cut on")
-        return None
-    return never
+def _never_artifact(temperature: float, threshold: float, has_confidence: bool) -> str | None:
+    """A DSpark-family artifact runs at any temperature; a threshold needs its head."""
+    if threshold and not has_confidence:
+        return "the artifact has no confidence head: a threshold has nothing to cut on"
+    return None
 
 
 def _dspark_positions(plan) -> int:
@@ -237,10 +235,10 @@ def _greedy_only(temperature: float) -> None:
 
 KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind(name=DSPARK, label="DSpark", load=_load_dspark, generate=_generate_dspark,
-                never=_never_headed("DSpark"), check_temperature=_any_temperature, packed=True,
+                never=_never_artifact, check_temperature=_any_temperature, packed=True,
                 positions=_dspark_positions),
     DrafterKind(name=DFLASH, label="DFlash", load=_load_dspark, generate=_generate_dspark,
-                never=_never_headed("DSpark"), check_temperature=_any_temperature, packed=True,
+                never=_never_artifact, check_temperature=_any_temperature, packed=True,
                 positions=_dspark_positions),
     DrafterKind(name=DFLASH2, label="DFlash2", load=_load_dflash2, generate=_generate_dflash2,
                 never=_never_dflash2, check_temperature=_greedy_only, packed=True,
