@@ -209,3 +209,18 @@ def test_a_hostile_layer_count_is_refused_before_it_costs(artifact, tmp_path):
     assert (first.name, first.error) == ("gguf.metadata", "AssistantConfigError")
     assert "num_hidden_layers" in first.detail
     assert time.monotonic() - start < 30
+
+
+def test_a_bare_assistant_file_of_llama_cpps_layout_is_judged_as_an_assistant(artifact,
+                                                                             tmp_path):
+    """A gemma4-assistant GGUF without our keys (llama.cpp's converter's kind of file): not
+    our format, and the engines' assistant rules judge it (llama.cpp knows the arch)."""
+    bare = tmp_path / "assistant.gguf"
+    rewrite_gguf(artifact / "drafter.gguf", bare,
+                 drop_keys=("dspark.format_version", "dspark.family", "dspark.converter"))
+    proc = run_cli("validate", str(bare), "--json")
+    report = json.loads(proc.stdout)
+    kind = next(c for c in report["checks"] if c["name"] == "gguf.kind")
+    assert "Gemma 4 assistant file in llama.cpp's layout" in kind["detail"]
+    reason = report["engines"]["llama.cpp"]["reason"]
+    assert reason == "key not found in model: gemma4-assistant.context_length"

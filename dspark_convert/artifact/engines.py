@@ -109,10 +109,13 @@ DFLASH_ARCH_FAMILIES = frozenset({QWEN3, GEMMA4, DFLASH2})
 
 def file_family(kv: Mapping[str, object]) -> str:
     """The family whose rules apply to a file: its dspark.family when that names a known
-    family, Qwen3's when there is none, else the value as read (FAMILY_RULE refuses it)."""
+    family; when there is none, the assistant's for a `gemma4-assistant` file, else Qwen3's;
+    else the value as read (FAMILY_RULE refuses it)."""
     family = kv.get("dspark.family")
     if family is None:
-        return QWEN3
+        # A file of llama.cpp's gemma4-assistant architecture (its converter's, or `dspark
+        # export`'s) is judged by the assistant's rules; any other by Qwen3's.
+        return ASSISTANT if kv.get("general.architecture") == gemma4_assistant.FAMILY else QWEN3
     return family if isinstance(family, str) else repr(family)
 
 
@@ -200,10 +203,6 @@ FAMILY_NOTES: dict[tuple[str, str], str] = {
         "this is our DFlash2 artifact: llama.cpp's keys and tensor names, but none of what its "
         "converter (conversion/qwen.py:664, z-lab's layout, --target-model-dir) adds from the "
         "target: context length, tokenizer, mask token key",
-    (ASSISTANT, "llama.cpp/assistant.context_length"):
-        "this is our assistant artifact: llama.cpp's gemma4-assistant keys and tensor names, "
-        "but none of what its converter (conversion/gemma.py:933) adds from the checkpoint's "
-        "tokenizer and config",
     (GEMMA4, "llama.cpp/architecture"):
         f"a {GEMMA4} artifact, in Strata's layout: llama.cpp 0c1e570 reads Gemma4 DSpark "
         "drafters under 'dflash', as its own converter writes them, and `dspark export` "
@@ -1084,7 +1083,11 @@ def _llama_assistant_keys(view: _View) -> str | None:
     key = f"{gemma4_assistant.FAMILY}.context_length"
     if key in view.kv:
         return None
-    return f"key not found in model: {key}"
+    ours = ("" if "dspark.format_version" not in view.kv else
+            " (this is our assistant artifact: llama.cpp's gemma4-assistant keys and tensor "
+            "names, but none of what its converter, conversion/gemma.py:933, adds from the "
+            "checkpoint's tokenizer and config)")
+    return f"key not found in model: {key}{ours}"
 
 
 def _llama_assistant_hidden(view: _View) -> str | None:

@@ -61,8 +61,12 @@ FILE_KINDS: tuple[FileKind, ...] = (
              "not our format"),
     FileKind("llama.cpp", False,
              lambda kv: architecture(kv) == "dflash" and "dflash.context_length" in kv,
-             "a DFlash/DSpark drafter file in llama.cpp's layout (its convert_hf_to_gguf.py "
+             "a DFlash/DSpark/DFlash2 drafter file in llama.cpp's layout (its convert_hf_to_gguf.py "
              "writes dflash.context_length and the target's tokenizer): not our format"),
+    FileKind("llama.cpp-assistant", False,
+             lambda kv: architecture(kv) == "gemma4-assistant" and "dspark.format_version" not in kv,
+             "a Gemma 4 assistant file in llama.cpp's layout (its Gemma4AssistantModel "
+             "converter writes these): not our format, no dspark.format_version"),
     FileKind("strata", False, lambda kv: architecture(kv) == "dflash",
              "a DFlash drafter file in Strata's layout (its tools/dflash_gguf.py and "
              "tools/dflash_quantize.py write these): not our format, no dspark.format_version"),
