@@ -148,3 +148,23 @@ def target_greedy(target, prompt: Sequence[int], max_new_tokens: int) -> list[in
         out = target.forward(torch.tensor([ids[-1]], dtype=torch.long, device=target.device),
                              cache)
     return ids
+
+
+def acceptance_lengths(propose, sequence: Sequence[int], prompt_tokens: int) -> list[int]:
+    """accepted + 1 per cycle of a greedy speculative run over ``sequence`` (the prompt and
+    the target's greedy continuation: a lossless run commits exactly it), drafting as
+    llama.cpp does: the first anchor is the prompt's last token, each cycle's drafts
+    ``propose(context, anchor)`` are accepted while they are the sequence's next tokens,
+    and the token after them is the next anchor. The last cycle is cut at the sequence's
+    end."""
+    seq = list(sequence)
+    out, at = [], prompt_tokens - 1
+    while at + 1 < len(seq):
+        drafts = propose(tuple(seq[:at]), seq[at])
+        accepted = 0
+        while (accepted < len(drafts) and at + 1 + accepted < len(seq)
+               and drafts[accepted] == seq[at + 1 + accepted]):
+            accepted += 1
+        out.append(accepted + 1)
+        at += accepted + 1
+    return out
