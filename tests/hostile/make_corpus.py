@@ -59,12 +59,14 @@ class Corpus:
         self.scratch = scratch
         self._artifacts: dict[str, Path] = {}
 
-    def artifact(self, base: Path) -> Path:
+    def artifact(self, base: Path, target: str | None = None) -> Path:
+        """``base`` converted once (against ``target``, relative to the repository, for the
+        kinds that need one)."""
         if base not in self._artifacts:
             from dspark_convert.commands.convert import convert
 
-            out = self.scratch / f"good-{base.name}"
-            convert(base, out)
+            out = self.scratch / f"good-{base.parent.name}-{base.name}"
+            convert(base, out, target=None if target is None else ROOT / target)
             self._artifacts[base] = out
         return self._artifacts[base]
 
@@ -161,9 +163,10 @@ class _Unpickled:
 
 # --- artifact edits -------------------------------------------------------------------------
 
-def edit_artifact(edit: Callable[[Path], None], base: Path = DSPARK) -> Callable[[Path, Corpus], None]:
+def edit_artifact(edit: Callable[[Path], None], base: Path = DSPARK,
+                  target: str | None = None) -> Callable[[Path, Corpus], None]:
     def build(inp: Path, corpus: Corpus) -> None:
-        shutil.copytree(corpus.artifact(base), inp)
+        shutil.copytree(corpus.artifact(base, target), inp)
         edit(inp)
     return build
 
@@ -1139,6 +1142,21 @@ def _generation(field: str, value: object) -> Callable[[Path, Corpus], None]:
     return build
 
 
+def _rewrite_kind_key(key: str, value: int) -> Callable[[Path], None]:
+    """drafter.gguf written again with one UINT32 key's value replaced, its architecture
+    kept (tests/support/llama_cpp.rewrite_gguf)."""
+    def edit(art: Path) -> None:
+        from gguf import GGUFValueType
+
+        sys.path.insert(0, str(ROOT / "tests"))
+        from support.llama_cpp import rewrite_gguf
+
+        out = art / "rewritten.gguf"
+        rewrite_gguf(art / GGUF, out, set_keys={key: (value, GGUFValueType.UINT32, None)})
+        out.replace(art / GGUF)
+    return edit
+
+
 def _drop_tensor(name: str) -> Callable[[dict], None]:
     return lambda tensors: tensors.pop(name)
 
@@ -1193,6 +1211,20 @@ CASES += [
     Case("assistant-without-target", "config", "convert", E.KindTargetRequiredError,
          "a Gemma 4 assistant converted without --target",
          edit_config(lambda c: None, ASSISTANT)),
+    Case("dflash2-art-flipped-conv-bit", "artifact", "validate", E.IntegrityError,
+         "one low mantissa bit of a DFlash2 artifact's blk.0.attn_conv_base flipped",
+         edit_artifact(flip_low_bit("blk.0.attn_conv_base", 3), DFLASH2, QWEN3_TARGET)),
+    Case("dflash2-art-selector-top-k", "artifact", "validate", E.DFlash2ConfigError,
+         "a DFlash2 artifact's dflash.selector_top_k rewritten to 513, over its vocabulary",
+         edit_artifact(_rewrite_kind_key("dflash.selector_top_k", 513), DFLASH2,
+                       QWEN3_TARGET)),
+    Case("assistant-art-flipped-head-bit", "artifact", "validate", E.IntegrityError,
+         "one low mantissa bit of an assistant artifact's token_embd.weight (its own head)",
+         edit_artifact(flip_low_bit("token_embd.weight", 7), ASSISTANT, GEMMA4_TARGET)),
+    Case("assistant-art-drafts-tampered", "artifact", "validate", E.ManifestMismatchError,
+         "manifest.json's source.companion says 5 drafts per cycle, the file 4",
+         edit_artifact(edit_manifest(lambda m: m["source"]["companion"].__setitem__(
+             "num_assistant_tokens", 5)), ASSISTANT, GEMMA4_TARGET)),
     Case("assistant-missing-q-norm", "safetensors", "convert", E.MissingTensorError,
          "an assistant without model.layers.1.self_attn.q_norm.weight",
          edit_tensors(_drop_tensor("model.layers.1.self_attn.q_norm.weight"), ASSISTANT),
