@@ -558,8 +558,9 @@ class QuantTypeError(QuantizeError):
 
 
 class FamilyQuantizeError(QuantizeError):
-    """A parent artifact of a drafter family the quantized format does not define (none
-    today: every family in contract/families.py has one)."""
+    """A parent artifact of a drafter family the quantized format does not define: a
+    DFlash2 drafter or a Gemma 4 assistant (contract/families.py: quantize is not among
+    their artifact commands)."""
     exit_code = 85
 
 
