@@ -285,18 +285,3 @@ def diagnose(lines: Sequence[TraceLine], target, drafter, *,
                            seconds=time.perf_counter() - t0)
     return Diagnosis(explanations=out, scope=scope)
 
-
-def diagnosis_text(diagnosis: Diagnosis) -> list[str]:
-    """The diagnosis in words, one line each: best first, with the fix; or none."""
-    s = diagnosis.scope
-    head = (f"diagnosis: {s.diagnosed} of {s.differing} differing drafts re-proposed under "
-            f"{s.candidates} misreadings and pairs")
-    if not diagnosis.explanations:
-        return [head + ": none of the known misreadings reproduces any of them"]
-    out = [head + ":"]
-    for e in diagnosis.explanations:
-        whole = "all" if e.explains == e.of else f"{e.explains}"
-        out.append(f"  {e.misreading}: reproduces {whole} of {e.of} "
-                   f"(lines {', '.join(map(str, e.lines))}{'...' if e.explains > len(e.lines) else ''})"
-                   f"; fix: {' and '.join(e.fix)}")
-    return out
