@@ -274,3 +274,11 @@ def test_an_artifact_without_the_targets_hash_is_refused(artifact, tmp_path):
     first = validate_artifact(art).first_failure
     assert (first.name, first.error) == ("gguf.metadata", "MetadataError")
     assert "dflash.target.embed_sha256" in first.detail and "missing" in first.detail
+
+
+def test_a_stated_block_layout_is_refused_for_a_dflash2_checkpoint(tmp_path):
+    """--sample-from-anchor states the layout of a speculators DSpark/DFlash config without
+    one; a DFlash2 config states its own (38)."""
+    proc = run_cli("convert", str(DRAFT), "--target", str(TARGET), "--sample-from-anchor",
+                   "true", "-o", str(tmp_path / "out"))
+    assert_refused(proc, E.SampleFromAnchorOptionError, ["DFlash2DraftModel"])

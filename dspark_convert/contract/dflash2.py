@@ -494,7 +494,8 @@ class DFlash2Contract(_Contract):
                          f"({self.conv.num_groups} groups)"),
                 ("selector", f"rank {self.selector.rank}, top_k {self.selector.top_k}; "
                              "greedy walk from the anchor"),
-                ("embedding/head", "the target's (never saved by speculators)")]
+                ("embedding", "the target's embedding and head (never saved by "
+                              "speculators)")]
 
 
 def build_contract(cfg: DFlash2Config, *, path: str = CONFIG_FILE) -> DFlash2Contract:

@@ -119,6 +119,12 @@ def read_source(directory: Path, options: SpeculatorsOptions | None = None
     # A family of its own reader (speculators' DFlash2 included): no DeepSpec twin.
     own = _own_family(raw)
     if own is not None:
+        if options.sample_from_anchor is not None:
+            raise SampleFromAnchorOptionError(
+                f"{speculators.STATED_LAYOUT}: {label} is a {own.architecture} config, which "
+                "states its own block layout; expected a stated layout only for a "
+                "speculators-format DSpark or DFlash checkpoint without sample_from_anchor",
+                path=label, field="sample_from_anchor", expected="no option", found="given")
         companion = read_companion(directory, own)
         cfg = own.parse(raw, path=label, companion=companion,
                         companion_path=str(directory / own.companion_file)
