@@ -282,3 +282,15 @@ def test_a_stated_block_layout_is_refused_for_a_dflash2_checkpoint(tmp_path):
     proc = run_cli("convert", str(DRAFT), "--target", str(TARGET), "--sample-from-anchor",
                    "true", "-o", str(tmp_path / "out"))
     assert_refused(proc, E.SampleFromAnchorOptionError, ["DFlash2DraftModel"])
+
+
+def test_validate_needs_no_source(tmp_path):
+    """The source checkpoint gone, validate (with its target) and the runtime's plan still
+    work from the artifact alone."""
+    src = tmp_path / "src"
+    shutil.copytree(DRAFT, src)
+    out = tmp_path / "art"
+    convert(src, out, target=TARGET)
+    shutil.rmtree(src)
+    assert validate_artifact(out, target=TARGET).ok
+    assert plan_drafter(out).config.selector_top_k == 6
