@@ -59,8 +59,7 @@ def acceptance_plot(report, path: Path) -> bool:
     for r in runs:
         rates = r.acceptance.acceptance_by_position
         xs = [k for k, v in enumerate(rates) if v is not None]
-        label = r.artifact + (f" [{r.method}]" if r.method else "") + (
-            f" T={r.temperature:g}" if several_t else "")
+        label = r.artifact + (f" T={r.temperature:g}" if several_t else "")
         ax.plot(xs, [rates[k] for k in xs], "o-", label=f"{label} ({_tau_text(r.acceptance.tau)})")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("draft position k")
