@@ -5,6 +5,11 @@ A checkpoint's family is chosen here, by its config.json's ``architectures`` (ne
 how it was saved), and everything family-specific is reached through its row: the config
 reader, the contract builder, the tensor table, the check of the tensors against the
 attention the config names, and what the rest of the tool can do with it yet.
+
+Four rows: the DSpark families (Qwen3's, Gemma4's; kind ``dspark``), speculators' DFlash2
+(kind ``dflash2``) and the Gemma 4 assistant (kind ``mtp``). The kind is what eval and
+export tell drafters apart by; the last two are converted against a target
+(``needs_target``) and refuse quantize (``artifact_commands``).
 """
 
 from __future__ import annotations
