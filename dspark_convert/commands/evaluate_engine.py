@@ -60,6 +60,7 @@ from dspark_convert.evaluation.proposals import (
     ReferenceProposer,
     check_proposals,
     engine_lines,
+    is_near_tie,
 )
 from dspark_convert.evaluation.report import (
     EngineInfo,
@@ -72,6 +73,13 @@ from dspark_convert.util.hashing import sha256_file
 from dspark_convert.util.paths import check_input_file
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.util.text import shown
+
+# The drafter kinds eval hands llama.cpp (commands/evaluate_kinds.KINDS): DSpark-family
+# artifacts (exported by export_llama_cpp), and DFlash2 drafters and Gemma 4 assistants
+# (exported from their plans: KIND_EXPORTS), each run with its own --spec-type.
+DSPARK_KINDS = ("dspark", "dflash")
+KIND_EXPORTS = {"dflash2": "export_dflash2_llama_cpp", "mtp": "export_assistant_llama_cpp"}
+RUN_ENGINE_KINDS = frozenset((*DSPARK_KINDS, *KIND_EXPORTS))
 
 # The engines --engine names: llama.cpp=BIN_DIR (here), dspark-mlx[=PYTHON]
 # (commands/evaluate_dspark_mlx.py). The same name twice is refused.
@@ -152,6 +160,8 @@ def family_refusals(arts) -> dict[str, str]:
 
     refused = {}
     for art in arts:
+        if getattr(art, "kind", "dspark") not in DSPARK_KINDS:
+            continue                    # exported from its plan (KIND_EXPORTS)
         try:
             refuse_family(art.path, "export")
         except FamilyExportError as exc:
@@ -173,7 +183,12 @@ def check_target_gguf(spec: EngineSpec, arts) -> None:
     label = str(spec.target_gguf)
     gguf = X.read_target_gguf(spec.target_gguf)
     refused = family_refusals(arts)
-    for art in (a for a in arts if a.name not in refused):
+    for art in arts:
+        if getattr(art, "kind", "dspark") in KIND_EXPORTS:
+            # The export's own checks of the target GGUF (157, 158), nothing written.
+            getattr(X, KIND_EXPORTS[art.kind])(art.plan, spec.target_gguf, None, check_only=True)
+    for art in (a for a in arts if a.name not in refused
+                and getattr(a, "kind", "dspark") in DSPARK_KINDS):
         kv = read_metadata(read_gguf(art.path / GGUF_FILE), path=str(art.path / GGUF_FILE))
         X.check_target_gguf(gguf, art.contract, kv, label, [])
 
@@ -339,7 +354,11 @@ def run_engine(spec: EngineSpec, *, arts, prompts, texts: dict[str, str | None],
 
     # 2. Each artifact, exported for llama.cpp.
     with tempfile.TemporaryDirectory(prefix="dspark-eval-engine-") as tmp:
-        for art in arts:
+        for art in (a for a in arts if getattr(a, "kind", "dspark") in KIND_EXPORTS):
+            runs.append(_kind_run(spec, art, Path(tmp), kept, skipped, target_out, model,
+                                  max_new_tokens=max_new_tokens, stops=stops,
+                                  progress=progress, system_info=system_info))
+        for art in (a for a in arts if getattr(a, "kind", "dspark") not in KIND_EXPORTS):
             out = Path(tmp) / f"{art.name}.gguf"
             try:
                 exported = export_llama_cpp(art.path, spec.target_gguf, out)
@@ -504,10 +523,11 @@ def run_kind_llama_cpp(bin_dir: str | os.PathLike, target_gguf: str | os.PathLik
                 # A run that ended before -n ended at its last target token.
                 stop = run.drafts[-1].next_token if alone.ended and run.drafts else None
                 if kind == "dflash2":
-                    run, first = L.resolve_unlogged(
+                    run, where = L.resolve_unlogged(
                         run, ids, vocab,
                         lambda c, a: S.dflash2_drafts(target, drafter, c, a, window=window),
                         stop=stop)
+                    first = where[0] if where is not None else None
                     checked = len(run.drafts) + (first is not None)
                     equal = len(run.drafts)
                 else:
@@ -547,3 +567,149 @@ def run_kind_llama_cpp(bin_dir: str | os.PathLike, target_gguf: str | os.PathLik
             progress.finish()
     return KindRun(kind=kind, spec_type=exported.spec_type, n_max=n_max, window=window,
                    drafter_file_sha256=exported.sha256, prompts=tuple(runs))
+
+
+def _kind_check(kind: str, run, propose, vocab, prompt_ids, *, stop: int | None, key: str,
+                margin=None) -> tuple[object, ProposalCheck, list]:
+    """One speculative run of a DFlash2 drafter or an assistant checked draft by draft:
+    (the run, its ProposalCheck, its drafts with their tokens as far as known). DFlash2's
+    drafts are read through resolve_unlogged (positions 0 .. A of each: the accepted prefix
+    and the first rejected slot); the assistant's are in its log, compared whole. An engine
+    token llama.cpp never shows is -1 in a FirstDifference."""
+    pc: list[int] = []
+    pe: list[int] = []
+
+    def count(k: int, equal: bool) -> None:
+        while len(pc) <= k:
+            pc.append(0)
+            pe.append(0)
+        pc[k] += 1
+        pe[k] += int(equal)
+
+    first = None
+    compared = equal = 0
+    if kind == "dflash2":
+        resolved, where = L.resolve_unlogged(run, prompt_ids, vocab, propose, stop=stop)
+        for d in resolved.drafts:
+            shown_to = min(d.accepted + 1, len(d.tokens))
+            for k in range(shown_to):
+                count(k, True)
+        compared, equal = len(resolved.drafts), len(resolved.drafts)
+        if where is not None:
+            call, position = where
+            d = run.drafts[call - 1]
+            context = resolved.drafts[-1].committed if resolved.drafts else tuple(prompt_ids[:-1])
+            mine = list(propose(tuple(context), d.anchor))
+            compared += 1
+            for k in range(position):
+                count(k, True)
+            count(position, False)
+            first = FirstDifference(
+                line=compared, id=key, draft_call=d.call, position=position, engine_token=-1,
+                reference_token=mine[position] if position < len(mine) else -1,
+                context_tokens=len(context), anchor=d.anchor,
+                engine_draft=[-1] * len(d.tokens), reference_draft=mine, row_offset=None,
+                reference_margin=None, near_tie=False)
+        return resolved, ProposalCheck(compared=compared, equal=equal, positions_compared=pc,
+                                       positions_equal=pe, first_difference=first), resolved.drafts
+    for d in run.drafts:
+        if not d.tokens:
+            continue
+        mine = list(propose(d.context, d.anchor))[:len(d.tokens)]
+        compared += 1
+        same = mine == list(d.tokens)
+        equal += same
+        for k, token in enumerate(d.tokens):
+            count(k, k < len(mine) and mine[k] == token)
+        if not same and first is None:
+            position = next(k for k, t in enumerate(d.tokens) if k >= len(mine) or mine[k] != t)
+            gap = (margin(d.context, d.anchor, d.tokens[:position], mine[position],
+                          d.tokens[position])
+                   if margin is not None and position < len(mine) else None)
+            first = FirstDifference(
+                line=compared, id=key, draft_call=d.call, position=position,
+                engine_token=d.tokens[position],
+                reference_token=mine[position] if position < len(mine) else -1,
+                context_tokens=d.context_length, anchor=d.anchor,
+                engine_draft=list(d.tokens), reference_draft=mine, row_offset=None,
+                reference_margin=gap, near_tie=is_near_tie(None, gap))
+    return run, ProposalCheck(compared=compared, equal=equal, positions_compared=pc,
+                              positions_equal=pe, first_difference=first), list(run.drafts)
+
+
+def _kind_run(spec: EngineSpec, art, tmp: Path, kept, skipped, target_out, model, *,
+              max_new_tokens: int, stops, progress: Progress,
+              system_info: str | None) -> EngineRun:
+    """A DFlash2 drafter or a Gemma 4 assistant exported from its plan and run by
+    llama.cpp on the prompts the target alone kept, every draft checked against the
+    reference runtime's for the same context under llama.cpp's sliding window
+    (runtime/llama_cpp_semantics.py; docs/ENGINES.md: the reference's own window is a
+    stated departure of llama.cpp's)."""
+    from dspark_convert.commands import export as X
+    from dspark_convert.runtime import llama_cpp_semantics as S
+
+    exported = getattr(X, KIND_EXPORTS[art.kind])(art.plan, spec.target_gguf,
+                                                  tmp / f"{art.name}.gguf")
+    if art.kind == "dflash2":
+        def propose(context, anchor):
+            return S.dflash2_drafts(model, art.drafter, context, anchor, window="llama.cpp")
+    else:
+        def propose(context, anchor):
+            return S.assistant_drafts(model, art.drafter, context, anchor, exported.n_max,
+                                      window="llama.cpp")
+    margin = None
+    if art.kind == "mtp":
+        def margin(context, anchor, prefix, mine, theirs):
+            return S.assistant_margin(model, art.drafter, context, anchor, prefix, mine, theirs,
+                                      window="llama.cpp")
+    vocab = spec.vocabulary
+    prompt_runs, checks, all_drafts, lengths = [], [], [], []
+    dec_tokens = dec_seconds = 0.0
+    progress.start(f"llama.cpp: {art.name} ({exported.spec_type})", len(kept))
+    try:
+        for p, text in kept:
+            run = L.run_speculative(spec.binaries, spec.target_gguf, exported.output,
+                                    kind=art.kind, prompt_text=text, prompt_ids=tuple(p.ids),
+                                    vocab=vocab, max_new_tokens=max_new_tokens,
+                                    n_max=exported.n_max,
+                                    what=f"{shown(art.name)} with {exported.spec_type}, prompt "
+                                         f"{shown(p.key)}")
+            target = target_out[p.key]
+            stop = run.drafts[-1].next_token if target.ended and run.drafts else None
+            acc = [d.accepted + 1 for d in run.drafts if d.tokens]
+            all_drafts += [d for d in run.drafts if d.tokens]
+            checked, check, _ = _kind_check(art.kind, run, propose, vocab, tuple(p.ids),
+                                            stop=stop, key=p.key, margin=margin)
+            checks.append((p.key, check))
+            # Lossless where every committed token is known (every draft resolved);
+            # otherwise llama.cpp's output does not say (None).
+            complete = len(checked.drafts) == len(run.drafts)
+            new = cut_at_stop(checked.output_ids, max_new_tokens, stops)
+            mine = vocab.text(new)
+            lossless = ((mine.startswith(target.text) if target.ended else mine == target.text)
+                        if complete else None)
+            lengths += acc
+            dec_tokens += run.decode_tokens
+            dec_seconds += run.decode_seconds
+            prompt_runs.append(EnginePromptRun(
+                id=p.key, prompt_tokens=len(p.ids), new_tokens=len(new),
+                completion_ids=new if complete else None,
+                text_sha256=hashlib.sha256(mine).hexdigest() if complete else None,
+                seconds=run.seconds, acceptance_lengths=acc, lossless=lossless,
+                proposals=check, statistics=run.stats.line))
+            progress.advance(1)
+    finally:
+        progress.finish()
+    losses = [r.lossless for r in prompt_runs if r.lossless is not None]
+    result = EngineRun(engine=spec.name, kind="drafter", artifact=art.name,
+                       spec_type=exported.spec_type, drafter_file_sha256=exported.sha256,
+                       temperature=0.0, prompts=prompt_runs, prompts_skipped=list(skipped),
+                       new_tokens=sum(r.new_tokens for r in prompt_runs),
+                       seconds=sum(r.seconds for r in prompt_runs),
+                       tokens_per_second=dec_tokens / dec_seconds if dec_seconds > 0 else None,
+                       tau=mean_acceptance(lengths),
+                       acceptance_by_position=rates_by_position(all_drafts),
+                       lossless=all(losses) if losses else None, proposals=merge_checks(checks),
+                       system_info=system_info, trace=None)
+    result._trace = trace_bytes([])
+    return result

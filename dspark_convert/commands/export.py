@@ -705,14 +705,15 @@ def _file_type_of(types: set[str]) -> int:
 
 
 def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
-                             output: str | os.PathLike, *, force: bool = False
-                             ) -> DrafterExportResult:
+                             output: str | os.PathLike | None, *, force: bool = False,
+                             check_only: bool = False) -> DrafterExportResult | None:
     """Write ``output``, a speculators DFlash2 drafter as llama.cpp 0c1e570 runs it beside
     ``target_gguf`` (artifact/llama_cpp_dflash2.py): ``plan_or_dir`` is
     runtime/dflash2.plan_drafter's plan or what it plans (a checkpoint directory).
     Run it with ``--spec-type draft-dflash --spec-draft-n-max block_size - 1``.
     LlamaCppDFlash2Error (157) for what llama.cpp cannot run as the runtime computes it or
-    a target GGUF that is not the drafter's; nothing is written then."""
+    a target GGUF that is not the drafter's; nothing is written then. ``check_only``: those
+    checks alone (no ``output``, nothing written; None returned)."""
     from dspark_convert.artifact import llama_cpp_dflash2 as D
     from dspark_convert.errors import LlamaCppDFlash2Error
     from dspark_convert.runtime.dflash2 import DFlash2Plan, plan_drafter
@@ -721,8 +722,8 @@ def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
     cfg, layer = plan.config, plan.config.layer
     label = str(plan.directory / "config.json")
     target_path = Path(target_gguf)
-    out = _outputs(output, [(plan.directory, "the drafter"), (target_path, "the target GGUF")],
-                   force)
+    out = None if check_only else _outputs(
+        output, [(plan.directory, "the drafter"), (target_path, "the target GGUF")], force)
     H, K = cfg.hidden_size, cfg.selector_top_k
     sliding = [t == "sliding_attention" for t in layer.layer_types]
     if any(sliding) and not cfg.sliding_window_non_causal:
@@ -755,6 +756,8 @@ def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
     checks = [Check.passed("target.geometry", (
         f"{target_label}: {D.TARGET_ARCHITECTURE}, hidden size {H}, {cfg.vocab_size} tokens, "
         f"{n} layers (taps {list(cfg.aux_hidden_state_layer_ids)} in range)"))]
+    if check_only:
+        return None
     tensors = []
     for src, dst, how in D.tensor_names(layer.num_hidden_layers):
         spec = plan.tensors[src]
@@ -795,14 +798,15 @@ def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
 
 
 def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
-                               output: str | os.PathLike, *, force: bool = False
-                               ) -> DrafterExportResult:
+                               output: str | os.PathLike | None, *, force: bool = False,
+                               check_only: bool = False) -> DrafterExportResult | None:
     """Write ``output``, a Gemma 4 assistant as llama.cpp 0c1e570 runs it beside
     ``target_gguf`` (artifact/llama_cpp_assistant.py): ``plan_or_dir`` is
     runtime/gemma4_assistant.plan_assistant's plan or what it plans. Run it with
     ``--spec-type draft-mtp --spec-draft-n-max num_assistant_tokens``.
     LlamaCppAssistantError (158) for what llama.cpp cannot run as the runtime computes it
-    or a target GGUF that is not the assistant's; nothing is written then."""
+    or a target GGUF that is not the assistant's; nothing is written then. ``check_only``:
+    those checks alone (no ``output``, nothing written; None returned)."""
     from dspark_convert.artifact import llama_cpp_assistant as S
     from dspark_convert.errors import LlamaCppAssistantError
     from dspark_convert.runtime.gemma4_assistant import AssistantPlan, plan_assistant
@@ -812,8 +816,8 @@ def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
     t, Hb = spec.text, spec.backbone_hidden_size
     label = str(plan.directory / "config.json")
     target_path = Path(target_gguf)
-    out = _outputs(output, [(plan.directory, "the assistant"), (target_path, "the target GGUF")],
-                   force)
+    out = None if check_only else _outputs(
+        output, [(plan.directory, "the assistant"), (target_path, "the target GGUF")], force)
     if spec.config.use_ordered_embeddings:
         raise LlamaCppAssistantError(
             f"{label}: field 'use_ordered_embeddings' is true; llama.cpp {L.LLAMA_CPP_COMMIT} "
@@ -858,6 +862,8 @@ def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
     checks = [Check.passed("target.geometry", (
         f"{target_label}: {arch}, hidden size {Hb}, {t.vocab_size} tokens, {n} layers ending "
         "[sliding, full] of the assistant's geometry"))]
+    if check_only:
+        return None
     tensors = []
     full = by_kind.get(S.FULL)
     if full is not None:

@@ -959,7 +959,8 @@ def run_speculative(bins: Binaries, target_gguf: Path, draft_gguf: Path, *, kind
 
 def resolve_unlogged(run: SpeculativeRun, prompt_ids, vocab: Vocabulary,
                      propose: Callable[[tuple[int, ...], int], list[int]], *,
-                     stop: int | None = None) -> tuple[SpeculativeRun, int | None]:
+                     stop: int | None = None
+                     ) -> tuple[SpeculativeRun, tuple[int, int] | None]:
     """A run of an UNLOGGED_KINDS drafter with its accepted drafts' ids filled in, checked
     as far as llama.cpp shows them. Its log names each cycle's anchor, accepted count and
     target token, never a drafted token; its stdout is the text of every committed token.
@@ -969,8 +970,9 @@ def resolve_unlogged(run: SpeculativeRun, prompt_ids, vocab: Vocabulary,
     length) must not be the target's token, which llama.cpp's was not either, except for
     ``stop``, the end-of-generation token that ended the run: llama.cpp's verification
     ends at it and names it the target's token whether it was drafted or not. The first
-    cycle where that fails is returned (its call number; None: every cycle agreed) and
-    ends the resolution: later contexts would be unknown. A rejected llama.cpp token stays
+    cycle where that fails is returned (its call number and the first position of the
+    reference's draft that cannot be llama.cpp's; None: every cycle agreed) and ends the
+    resolution: later contexts would be unknown. A rejected llama.cpp token stays
     UNLOGGED (no output shows it)."""
     text = run.text.lstrip(b"\n")
     prompt = vocab.text(prompt_ids, special=True)
@@ -995,7 +997,17 @@ def resolve_unlogged(run: SpeculativeRun, prompt_ids, vocab: Vocabulary,
         agrees = (len(accepted) == d.accepted and text.startswith(spelled, cursor)
                   and (d.accepted == len(d.tokens) or mine[d.accepted] != d.next_token or ends))
         if not agrees:
-            first_difference = d.call
+            # The first position the reference's draft cannot be llama.cpp's: a token of the
+            # accepted prefix whose text is not what llama.cpp printed; the last accepted one
+            # when they spell only the start of it (llama.cpp's was a longer token); else
+            # slot A (the reference drafted the target's own token there).
+            position = next((k for k in range(len(accepted)) if not text.startswith(
+                vocab.text(accepted[:k + 1], special=True), cursor)), None)
+            if position is None:
+                prefix = vocab.text(accepted, special=True)
+                rest_ok = text.startswith(spelled[len(prefix):], cursor + len(prefix))
+                position = d.accepted - 1 if accepted and not rest_ok else d.accepted
+            first_difference = (d.call, position)
             break
         cursor += len(spelled)
         committed += [d.anchor, *accepted]

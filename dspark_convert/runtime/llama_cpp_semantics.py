@@ -168,3 +168,28 @@ def acceptance_lengths(propose, sequence: Sequence[int], prompt_tokens: int) -> 
         out.append(accepted + 1)
         at += accepted + 1
     return out
+
+
+@torch.inference_mode()
+def assistant_margin(target, assistant: Gemma4Assistant, context: Sequence[int], anchor: int,
+                     prefix: Sequence[int], mine: int, theirs: int, *,
+                     window: Window = "llama.cpp") -> float:
+    """The reference's logit of its own token ``mine`` minus its logit of another engine's
+    ``theirs``, at the step after ``prefix`` (the drafts both made before it): a near tie
+    when a few thousandths (evaluation/proposals.py NEAR_TIE)."""
+    _check_window(window)
+    a = _as(_Windowed, assistant)
+    a.entries = sliding_entries(assistant, window)
+    cache = KVCache()
+    final = (target.config.num_hidden_layers,)
+    out = target.forward(torch.tensor(list(context), dtype=torch.long, device=target.device),
+                         cache, keep=final)
+    shared = clean_shared_kv(cache, assistant.kv_layers, len(context))
+    h, token = out.hidden_states[-1][-1], anchor
+    for nxt in [*prefix, None]:
+        step = a.step(token, h, len(context), shared)
+        if nxt is None:
+            logits = step.logits[0].float()
+            return float(logits[mine] - logits[theirs])
+        token, h = nxt, step.projected_hidden
+    raise AssertionError("unreachable")
