@@ -245,3 +245,26 @@ def test_the_cli_names_the_misreading_with_its_fix_and_exits_162(artifacts, tmp_
     plain = run_cli("conform", str(artifacts[QWEN3_DSPARK]), "--target", str(GOLDEN_TARGET),
                     "--trace", str(trace), "--device", "cpu", "--json")
     assert json.loads(plain.stdout)["diagnosis"] is None and plain.returncode == 97
+
+
+def test_the_diagnosis_line_says_which_it_cannot_tell_apart():
+    """Two candidates reproducing as many drafts are named together, then the partial ones."""
+    from dspark_convert.commands.conform import ConformResult, diagnosis_line
+    from dspark_convert.evaluation.misreadings import BY_ID, DiagnosisScope, Explanation
+
+    def e(ids, n):
+        return Explanation(misreading="+".join(ids), misreadings=ids, explains=n, of=4,
+                           lines=[1], fix=[BY_ID[m].fix for m in ids],
+                           seen=[BY_ID[m].seen for m in ids])
+
+    scope = DiagnosisScope(differing=9, diagnosed=4, candidates=48, not_applicable={},
+                           max_combined=2, max_lines=4, target_tokens=10, seconds=0.1)
+    result = ConformResult.model_construct(
+        diagnosis=[e(["tap_plus_one"], 4), e(["final_norm_tap"], 4), e(["tap_minus_one"], 1)],
+        diagnosis_scope=scope)
+    text = diagnosis_line(result)
+    assert text.startswith("tap_plus_one reproduces all of the 4 differing drafts diagnosed (of 9)")
+    assert "not told apart on these drafts: final_norm_tap" in text
+    assert text.endswith("also reproducing some: tap_minus_one (1)")
+    none = ConformResult.model_construct(diagnosis=[], diagnosis_scope=scope)
+    assert diagnosis_line(none).startswith("none of the known misreadings reproduces any")

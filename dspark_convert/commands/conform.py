@@ -225,7 +225,10 @@ def diagnosis_line(result: ConformResult) -> str | None:
     text = (f"{best.misreading} reproduces {share} of the {best.of} differing drafts diagnosed"
             f"{'' if s.diagnosed == s.differing else f' (of {s.differing})'}; "
             f"fix: {'; and '.join(best.fix)}")
-    rest = [f"{e.misreading} ({e.explains})" for e in result.diagnosis[1:4]]
+    tied = [e.misreading for e in result.diagnosis[1:] if e.explains == best.explains]
+    if tied:
+        text += "; reproducing as many, so not told apart on these drafts: " + ", ".join(tied)
+    rest = [f"{e.misreading} ({e.explains})" for e in result.diagnosis[1 + len(tied):4 + len(tied)]]
     if rest:
         text += "; also reproducing some: " + ", ".join(rest)
     return text
