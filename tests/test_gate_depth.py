@@ -114,3 +114,34 @@ def test_a_drop_at_one_depth_fails_the_gate_by_name(tmp_path):
         .entries[0].stage("regression")
     assert stage.exit_code == AcceptanceRegressionError.exit_code
     assert f"at context depth 0-63 tokens the acceptance at draft position {k} is" in stage.detail
+
+
+def test_the_acceptance_a_trace_records_is_deepseeks_own():
+    """DeepSeek's own runs with the cutoff off as a trace (reference.json): each line's
+    accepted length, read from the contexts that extend it, is the run's own
+    acceptance_lengths - 1; each run's last cycle has no later context and is not counted.
+    (The runs at threshold 0.5 commit the same tokens: added, each context is there twice
+    and a run's last cycle may be extended by the other run's.)"""
+    from hostile.conform_corpus import deepseek_trace
+
+    from dspark_convert.evaluation.depth import acceptance_by_depth, trace_acceptance
+    from dspark_convert.evaluation.proposals import TraceLine
+    from support.paths import GOLDEN
+
+    reference = GOLDEN / "reference" / "vanilla_conf_markov" / "reference.json"
+    doc = json.loads(reference.read_text())
+    runs = [i for i, r in enumerate(doc["runs"])
+            if r["temperature"] == 0 and r["confidence_threshold"] == 0]
+    records = [r for r in deepseek_trace(reference)
+               if int(r["id"].split("/")[0][3:]) in runs]
+    lines = [TraceLine.of(i + 1, r["context"], r["draft"]) for i, r in enumerate(records)]
+    expected = []
+    for run in (doc["runs"][i] for i in runs):
+        n = len(run["prompt"]) + 1
+        for c, (cycle, length) in enumerate(zip(run["cycles"], run["acceptance_lengths"])):
+            if cycle["proposed"] and c + 1 < len(run["acceptance_lengths"]):
+                expected.append((n - 1, len(cycle["proposed"]), length - 1))
+            n += length
+    assert len(expected) > 10
+    assert [r.model_dump() for r in trace_acceptance(lines, 7)] == \
+        [r.model_dump() for r in acceptance_by_depth(expected, 7)]

@@ -69,7 +69,7 @@ class ConformResult(BaseModel):
     agreement_by_position: list[float | None]
     # By context depth (evaluation/depth.py: tokens before the anchor, in DEPTH_BUCKETS):
     # the agreement by position, and the engine's own acceptance by position as its trace
-    # records it (a line's draft against what the next context extending it committed).
+    # records it (a line's draft against what the contexts extending it committed).
     depth_buckets: list[int]
     agreement_by_depth: list[DepthRow]
     acceptance_by_depth: list[DepthRow]

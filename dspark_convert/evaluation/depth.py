@@ -106,16 +106,29 @@ def run_steps(run) -> list[tuple[int, int, int]]:
 
 def trace_acceptance(lines: Sequence, block_size: int) -> list[DepthRow]:
     """The acceptance of an engine's drafts as its trace records it: a line's draft is
-    accepted as far as it equals what the engine committed after its anchor, read from
-    the next context that extends it (the shortest longer context with it as a prefix);
-    lines with no such context (each request's last) are not counted."""
+    accepted as far as it equals what was committed after its anchor, read from the
+    furthest context in the trace that extends it through contexts extending one another
+    (a request's later lines; at temperature 0 a rejected position's committed token is the
+    target's own, so reading further never lengthens an acceptance). A line that no
+    context extends (each request's last) is not counted."""
     order = sorted(range(len(lines)), key=lambda i: lines[i].packed)
+    n = len(order)
+    # nxt[k]: the next position in ``order`` holding another context; far[k]: the furthest
+    # context reached from order[k] through consecutive extensions (None: none extends it).
+    nxt, far = [n] * n, [None] * n
+    for k in reversed(range(n)):
+        if k + 1 < n:
+            same = lines[order[k + 1]].packed == lines[order[k]].packed
+            nxt[k] = nxt[k + 1] if same else k + 1
+        j = nxt[k]
+        if j < n and lines[order[j]].packed.startswith(lines[order[k]].packed):
+            far[k] = far[j] if far[j] is not None else j
     steps = []
-    for a, b in zip(order, order[1:]):
-        x, y = lines[a], lines[b]
-        if not x.draft or y.context_length <= x.context_length \
-                or not y.packed.startswith(x.packed):
+    for k, a in enumerate(order):
+        x = lines[a]
+        if far[k] is None or not x.draft:
             continue
+        y = lines[order[far[k]]]
         committed = y.context[x.context_length:].tolist()
         accepted = 0
         while accepted < min(len(x.draft), len(committed)) and x.draft[accepted] == committed[accepted]:
