@@ -15,6 +15,7 @@ null), and its 512 embedding rows are kept (Gemma3Model cuts token_embd to the t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -179,3 +180,28 @@ def _with_pattern(source: Path, out: Path, pattern: list[bool]) -> Path:
                     for t in g.tensors)
     out.write_bytes(header + body)
     return out
+
+
+def test_eval_runs_the_assistant_in_llama_cpp(built, tmp_path):
+    """`dspark eval ASSISTANT --engine llama.cpp=BIN --target-gguf T.gguf`: the assistant is
+    exported and run with draft-mtp, every draft checked; the one difference on these
+    prompts is a near tie (the reference's logit margin 0.0086), so named."""
+    from support.cli import run_cli
+
+    llama, _, target = built
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate(["hello world the", *PROMPTS[1:]])))
+    out = tmp_path / "report"
+    proc = run_cli("eval", str(ASSISTANT), "--target", str(GEMMA4_TARGET), "--prompts",
+                   str(prompts), "--max-new-tokens", "64", "--threshold", "0", "--engine",
+                   f"llama.cpp={llama.bin}", "--target-gguf", str(target), "-o", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    [run] = [r for r in report["engine_runs"] if r["kind"] == "drafter"]
+    assert run["spec_type"] == "draft-mtp" and run["lossless"] is True
+    p = run["proposals"]
+    assert (p["compared"], p["equal"]) == (38, 37)
+    f = p["first_difference"]
+    assert (f["prompt"], f["draft_call"], f["position"]) == ("p0", 20, 2)
+    assert f["near_tie"] and f["reference_margin"] == pytest.approx(0.0086, abs=1e-4)

@@ -136,3 +136,25 @@ def test_refusals(built, tmp_path):
     with pytest.raises(LlamaCppDFlash2Error) as info:
         export_dflash2_llama_cpp(DRAFT, other, tmp_path / "y.gguf")
     assert "general.architecture" in info.value.message and not (tmp_path / "y.gguf").exists()
+
+
+def test_eval_runs_the_drafter_in_llama_cpp(built, tmp_path):
+    """`dspark eval DFLASH2_DIR --engine llama.cpp=BIN --target-gguf T.gguf`: exported, run
+    with draft-dflash at n_max 7, every draft checked as far as llama.cpp's output shows
+    it, lossless."""
+    from support.cli import run_cli
+
+    llama, _, target = built
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate([*PROMPTS, ENDING])))
+    out = tmp_path / "report"
+    proc = run_cli("eval", str(DRAFT), "--target", str(GOLDEN_TARGET), "--prompts",
+                   str(prompts), "--max-new-tokens", "100", "--threshold", "0", "--engine",
+                   f"llama.cpp={llama.bin}", "--target-gguf", str(target), "-o", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    [run] = [r for r in report["engine_runs"] if r["kind"] == "drafter"]
+    assert run["spec_type"] == "draft-dflash" and run["lossless"] is True
+    p = run["proposals"]
+    assert p["compared"] == p["equal"] == 47 + 31 + 7 and p["first_difference"] is None
