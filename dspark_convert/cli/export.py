@@ -27,7 +27,9 @@ class Engine(str, enum.Enum):
 def export(
     artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark "
                                                   "convert` (or, for llama.cpp, `dspark "
-                                                  "quantize`); it must pass `dspark validate`.")],
+                                                  "quantize`); it must pass `dspark validate`. "
+                                                  "llama.cpp also takes a DFlash2 or Gemma 4 "
+                                                  "assistant checkpoint directory as it is.")],
     # Text, not a Path: a Path would turn an empty -o "" into "." (util/atomic.check_outputs).
     output: Annotated[str, typer.Option("--output", "-o", metavar="<path>",
                                          help="The file to create (llama.cpp: the drafter "
@@ -84,10 +86,12 @@ def export(
 
             return _print_deepspec(export_deepspec(artifact, target, output, force=force,
                                                    progress=progress), artifact, as_json)
-        from dspark_convert.commands.export import export_llama_cpp
+        from dspark_convert.commands.export import DrafterExportResult, export_any_llama_cpp
 
-        result = export_llama_cpp(artifact, target_gguf, output, force=force,
-                                  keep_embedding=keep_embedding, progress=progress)
+        result = export_any_llama_cpp(artifact, target_gguf, output, force=force,
+                                      keep_embedding=keep_embedding, progress=progress)
+        if isinstance(result, DrafterExportResult):
+            return _print_kind(result, artifact, as_json)
         if as_json:
             print(dumps({
                 "ok": True, "engine": result.engine, "output": str(result.output),
@@ -105,6 +109,25 @@ def export(
         return 0
 
     run(body, debug=debug, as_json=as_json)
+
+
+def _print_kind(result, artifact: Path, as_json: bool) -> int:
+    """A DFlash2 drafter's or a Gemma 4 assistant's llama.cpp file, and how to run it."""
+    run_with = f"--spec-type {result.spec_type} --spec-draft-n-max {result.n_max}"
+    if as_json:
+        print(dumps({
+            "ok": True, "engine": result.engine, "output": str(result.output),
+            "kind": result.kind, "spec_type": result.spec_type, "n_max": result.n_max,
+            "size": result.size, "sha256": result.sha256, "tensors": result.tensors,
+            "checks": [c.model_dump() for c in result.checks]}, indent=2))
+        return 0
+    out = _out()
+    out.print(escape(f"exported {artifact} -> {result.output} for {result.engine}"))
+    out.print(escape(f"  {result.kind}: run it with {run_with}"))
+    out.print(f"  {result.size:,} bytes, {result.tensors} tensors, sha256 {result.sha256}")
+    for check in result.checks:
+        print_check(out, check)
+    return 0
 
 
 def _print_deepspec(result, artifact: Path, as_json: bool) -> int:

@@ -699,6 +699,20 @@ def _outputs(output, sources: list[tuple[Path, str]], force: bool) -> Path:
     return out
 
 
+def _drafter_name(plan, default: str) -> str:
+    """general.name: an artifact's own (its drafter.gguf's), else the checkpoint
+    directory's name, so that a checkpoint and its artifact export the same bytes."""
+    gguf = Path(plan.directory) / GGUF_FILE
+    if gguf.is_file():
+        try:
+            value = read_gguf(gguf).kv.get("general.name")
+        except DSparkError:
+            value = None
+        if value is not None and isinstance(value.value, str) and value.value:
+            return value.value
+    return Path(plan.directory).name or default
+
+
 def _file_type_of(types: set[str]) -> int:
     matrices = types - {"F32"} or {"F32"}
     return _FTYPES[sorted(matrices)[0]]
@@ -764,7 +778,7 @@ def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
         ggml, data = _stored_bytes(spec, how)
         tensors.append((dst, tuple(spec.shape), ggml, data))
     values = {
-        "name": plan.directory.name or "dflash2", "rope_theta": cfg.rope_theta(),
+        "name": _drafter_name(plan, "dflash2"), "rope_theta": cfg.rope_theta(),
         "target:context_length": target_kv.get(f"{D.TARGET_ARCHITECTURE}.context_length"),
         "file_type": _file_type_of({t[2] for t in tensors}),
         "sliding_window": layer.sliding_window, "sliding_pattern": sliding,
@@ -876,7 +890,7 @@ def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
         tensors.append((dst, tuple(stored.shape), ggml, data))
     sliding = by_kind.get(S.SLIDING)
     values = {
-        "name": plan.directory.name or "assistant", "layers": len(spec.layers),
+        "name": _drafter_name(plan, "assistant"), "layers": len(spec.layers),
         "target:context_length": target_kv.get(f"{arch}.context_length"),
         "hidden": t.hidden_size, "intermediate": t.intermediate_size,
         "heads": t.num_attention_heads, "kv_heads": [layer.kv_heads for layer in spec.layers],
@@ -905,3 +919,47 @@ def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
     return DrafterExportResult(output=out.absolute(), engine=L.ENGINE, kind="gemma4-assistant",
                                spec_type="draft-mtp", n_max=spec.num_assistant_tokens,
                                size=size, sha256=sha, tensors=len(tensors), checks=tuple(checks))
+
+
+# The export of each kind of drafter for llama.cpp (contract/families.py Family.kind; a
+# checkpoint directory run as it is: commands/evaluate_kinds.source_kind).
+KIND_EXPORTS = {"dflash2": export_dflash2_llama_cpp, "mtp": export_assistant_llama_cpp}
+
+
+def drafter_kind(path: str | os.PathLike) -> str | None:
+    """"dflash2" or "mtp" for a DFlash2 / Gemma 4 assistant checkpoint directory or
+    artifact, None for anything else (a DSpark-family artifact, or what validate names)."""
+    from dspark_convert.artifact.format import metadata_family
+    from dspark_convert.commands.evaluate_kinds import source_kind
+
+    kind = source_kind(path)
+    if kind is not None:
+        return kind if kind in KIND_EXPORTS else None
+    label = str(Path(path) / GGUF_FILE)
+    try:
+        family = metadata_family(read_metadata(read_gguf(label), path=label), path=label)
+    except (DSparkError, OSError):
+        return None
+    return family.kind if family.kind in KIND_EXPORTS else None
+
+
+def export_any_llama_cpp(path: str | os.PathLike, target_gguf: str | os.PathLike,
+                         output: str | os.PathLike, *, force: bool = False,
+                         keep_embedding: bool = False, progress: Progress | None = None):
+    """`dspark export --engine llama.cpp`: a DFlash2 drafter or a Gemma 4 assistant (its
+    checkpoint directory or its artifact) by its kind's export, anything else by
+    ``export_llama_cpp``. ``keep_embedding`` is the DSpark layout's choice: refused for the
+    other kinds (107: llama.cpp binds a DFlash2 drafter's embedding and head from the
+    target; an assistant carries its own)."""
+    kind = drafter_kind(path)
+    if kind is None:
+        return export_llama_cpp(path, target_gguf, output, force=force,
+                                keep_embedding=keep_embedding, progress=progress)
+    if keep_embedding:
+        what = "DFlash2 drafter" if kind == "dflash2" else "Gemma 4 assistant"
+        raise ExportOptionError(
+            f"--keep-embedding: given for a {what}; expected it only for a DSpark or DFlash "
+            "artifact (llama.cpp binds a DFlash2 drafter's embedding and head from the "
+            "target; an assistant carries its own)", field="--keep-embedding",
+            expected="not given", found="given")
+    return KIND_EXPORTS[kind](path, target_gguf, output, force=force)
