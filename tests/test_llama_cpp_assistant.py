@@ -205,3 +205,24 @@ def test_eval_runs_the_assistant_in_llama_cpp(built, tmp_path):
     f = p["first_difference"]
     assert (f["prompt"], f["draft_call"], f["position"]) == ("p0", 20, 2)
     assert f["near_tie"] and f["reference_margin"] == pytest.approx(0.0086, abs=1e-4)
+
+
+def test_export_cli_from_the_artifact_is_the_checkpoints_file(built, tmp_path):
+    """`dspark export ARTIFACT --engine llama.cpp`: a converted assistant artifact exports
+    to the same bytes as its checkpoint directory."""
+    from support.cli import run_cli
+
+    _, _, target = built
+    art = tmp_path / "artifact"
+    proc = run_cli("convert", str(ASSISTANT), "--target", str(GEMMA4_TARGET), "-o", str(art))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outs = {}
+    for name, source in (("artifact", art), ("checkpoint", ASSISTANT)):
+        outs[name] = tmp_path / f"{name}.gguf"
+        proc = run_cli("export", str(source), "--engine", "llama.cpp", "--target-gguf",
+                       str(target), "-o", str(outs[name]), "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        result = json.loads(proc.stdout)
+        assert (result["kind"], result["spec_type"], result["n_max"]) == (
+            "gemma4-assistant", "draft-mtp", 4)
+    assert outs["artifact"].read_bytes() == outs["checkpoint"].read_bytes()

@@ -158,3 +158,26 @@ def test_eval_runs_the_drafter_in_llama_cpp(built, tmp_path):
     assert run["spec_type"] == "draft-dflash" and run["lossless"] is True
     p = run["proposals"]
     assert p["compared"] == p["equal"] == 47 + 31 + 7 and p["first_difference"] is None
+
+
+def test_export_cli_from_the_artifact_is_the_checkpoints_file(built, tmp_path):
+    """`dspark export ARTIFACT --engine llama.cpp`: a converted DFlash2 artifact exports to
+    the same bytes as its checkpoint directory; --keep-embedding is refused (107)."""
+    from support.cli import run_cli
+
+    _, root, target = built
+    art = tmp_path / "artifact"
+    proc = run_cli("convert", str(DRAFT), "--target", str(GOLDEN_TARGET), "-o", str(art))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outs = {}
+    for name, source in (("artifact", art), ("checkpoint", DRAFT)):
+        outs[name] = tmp_path / f"{name}.gguf"
+        proc = run_cli("export", str(source), "--engine", "llama.cpp", "--target-gguf",
+                       str(target), "-o", str(outs[name]))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "--spec-type draft-dflash --spec-draft-n-max 7" in proc.stdout
+    assert outs["artifact"].read_bytes() == outs["checkpoint"].read_bytes()
+    proc = run_cli("export", str(art), "--engine", "llama.cpp", "--target-gguf", str(target),
+                   "--keep-embedding", "-o", str(tmp_path / "kept.gguf"))
+    assert proc.returncode == 107 and "--keep-embedding" in proc.stderr
+    assert not (tmp_path / "kept.gguf").exists()
