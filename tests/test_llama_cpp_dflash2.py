@@ -181,3 +181,66 @@ def test_export_cli_from_the_artifact_is_the_checkpoints_file(built, tmp_path):
                    "--keep-embedding", "-o", str(tmp_path / "kept.gguf"))
     assert proc.returncode == 107 and "--keep-embedding" in proc.stderr
     assert not (tmp_path / "kept.gguf").exists()
+
+
+def test_a_dflash2_log_is_read_strictly(built, models, tmp_path):
+    """llama.cpp's DFlash2 log read as hostile input: a candidate line (which it never
+    prints for this drafter) is refused (113); printed text that is not the reference's
+    accepted drafts is the check's first difference, at the cycle and position it names."""
+    import dataclasses
+    import subprocess
+
+    from dspark_convert.errors import EngineOutputError
+    from dspark_convert.evaluation import engine_llama_cpp as L
+    from dspark_convert.evaluation import log_drain
+    from dspark_convert.runtime import llama_cpp_semantics as S
+
+    llama, root, target_gguf = built
+    target, drafter = models
+    draft = export_dflash2_llama_cpp(DRAFT, target_gguf, tmp_path / "d.gguf").output
+    vocab = L.read_vocabulary(target_gguf)
+    bins = L.find_binaries(llama.bin)
+    alone = L.run_target(bins, target_gguf, PROMPTS[0], vocab=vocab, max_new_tokens=40)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(PROMPTS[0].encode() + b"\n")
+    args = L.speculative_args(target_gguf, draft, prompt, spec_type="draft-dflash", n_max=7,
+                              max_new_tokens=40)
+    for _ in range(L.ATTEMPTS):
+        done = subprocess.run([str(bins.speculative), *args], capture_output=True, timeout=120,
+                              stdin=subprocess.DEVNULL, env=log_drain.environment())
+        if b"graphs reused" in done.stderr.splitlines()[-1]:
+            break
+    log = done.stderr
+    parsed = L.parse_speculative(log, alone.prompt_ids, spec_type="draft-dflash", vocab=vocab,
+                                 n_max=7, max_new_tokens=40, logged=False)
+    assert parsed.drafts and all(set(d.tokens) == {L.UNLOGGED} for d in parsed.drafts)
+    called = log.index(b" D spec common_specu: called impl")
+    start = log.rindex(b"\n", 0, called) + 1
+    stamp = log[start:called]
+    forged = (log[:start] + stamp + b" D  - seq_id 0, draft candidate   0, pos   0:    "
+              b"   5 (   1.000) '" + vocab.special[5] + b"'\n" + log[start:])
+    with pytest.raises(EngineOutputError) as info:
+        L.parse_speculative(forged, alone.prompt_ids, spec_type="draft-dflash", vocab=vocab,
+                            n_max=7, max_new_tokens=40, logged=False)
+    assert info.value.exit_code == 113 and "draft candidate" in info.value.message
+    run = L.SpeculativeRun(spec_type="draft-dflash", drafts=parsed.drafts,
+                           output_ids=parsed.output_ids, text=done.stdout, stats=parsed.stats,
+                           seconds=1.0, decode_tokens=parsed.decode_tokens,
+                           decode_seconds=parsed.decode_seconds)
+
+    def propose(context, anchor):
+        return S.dflash2_drafts(target, drafter, context, anchor, window="llama.cpp")
+
+    resolved, where = L.resolve_unlogged(run, alone.prompt_ids, vocab, propose)
+    assert where is None and len(resolved.drafts) == len(parsed.drafts)
+    # The printed text of the first accepted draft changed: that cycle, its first position.
+    d = next(d for d in resolved.drafts if d.accepted)
+    piece = vocab.special[d.tokens[0]]
+    echoed = vocab.text(alone.prompt_ids, special=True)
+    before = vocab.text(d.committed[len(alone.prompt_ids):d.context_length + 1], special=True)
+    offset = done.stdout.index(echoed) + len(echoed) + len(before)
+    assert done.stdout[offset:offset + len(piece)] == piece
+    other = done.stdout[:offset] + b"\x00" * len(piece) + done.stdout[offset + len(piece):]
+    _, where = L.resolve_unlogged(dataclasses.replace(run, text=other), alone.prompt_ids,
+                                  vocab, propose)
+    assert where == (d.call, 0)

@@ -1041,10 +1041,13 @@ def parse_completion(log: bytes, *, prompt: str, vocab: Vocabulary,
 
 
 def parse_speculative(log: bytes, prompt_ids: tuple[int, ...], *, spec_type: str,
-                      vocab: Vocabulary, n_max: int, max_new_tokens: int) -> SpeculativeLog:
-    """read_speculative_log on bytes; a cut log is refused."""
+                      vocab: Vocabulary, n_max: int, max_new_tokens: int,
+                      logged: bool = True) -> SpeculativeLog:
+    """read_speculative_log on bytes; a cut log is refused. ``logged``: False for a kind of
+    UNLOGGED_KINDS (no candidate line)."""
     return _whole(read_speculative_log(io.BytesIO(log).read, prompt_ids, spec_type=spec_type,
-                                       vocab=vocab, n_max=n_max, max_new_tokens=max_new_tokens),
+                                       vocab=vocab, n_max=n_max, max_new_tokens=max_new_tokens,
+                                       logged=logged),
                   SPECULATIVE)
 
 
