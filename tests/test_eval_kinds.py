@@ -81,6 +81,13 @@ def _check_every_metric(report, methods: set[str]) -> None:
         assert r.speedup is not None and r.draft_seconds_per_step is not None, where
         assert r.lossless is True, where
         assert all(p.lossless for p in r.prompts), where
+        # By context depth: every verify step in one bucket, and the buckets together give
+        # the run's own acceptance at the first position.
+        rows = r.acceptance_by_depth
+        assert rows and sum(row.drafts for row in rows) == a.verify_steps, where
+        assert rows[0].depth == "0-63", where
+        reached, hit = sum(row.reached[0] for row in rows), sum(row.hit[0] for row in rows)
+        assert hit / reached == pytest.approx(a.acceptance_by_position[0]), where
         # Each cycle's record and the run's tau agree.
         lengths = [n for p in r.prompts for n in p.acceptance_lengths]
         assert a.tau == pytest.approx(sum(lengths) / len(lengths))
@@ -146,6 +153,9 @@ def test_report_md_has_one_comparison_row_per_kind(qwen3, tmp_path):
     assert [line.split("|")[1].strip() for line in rows] == [
         "target alone", "DFlash", "DFlash2", "DSpark"]
     assert all(line.rstrip().endswith("| yes |") for line in rows[1:])
+    depth = md.split("### By context depth")[1].split("\n\n")[2].splitlines()[2:]
+    assert {line.split("|")[1].strip() for line in depth} == {
+        "dflash_shared", "draft", "vanilla_conf_markov"}
 
 
 def test_a_checkpoint_of_another_family_is_refused_before_loading(tmp_path):

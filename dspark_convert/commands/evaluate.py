@@ -71,6 +71,7 @@ from dspark_convert.evaluation.calibration import (
     split_prompts,
 )
 from dspark_convert.evaluation.environment import TargetIdentity, describe_environment, target_identity
+from dspark_convert.evaluation.depth import acceptance_by_depth, run_steps
 from dspark_convert.evaluation.metrics import (
     MemoryProbe,
     acceptance,
@@ -442,6 +443,8 @@ class _Runner:
             confidence_temperatures=(list(art.calibration.temperatures)
                                      if art.calibration is not None and threshold > 0 else None),
             method=art.kind, **_latency(latencies))
+        report = report.model_copy(update={"acceptance_by_depth": acceptance_by_depth(
+            run_steps(report), art.positions)})
         per_prompt_steps = {p.key: [(c.proposed, c.accepted, c.confidence_logits) for c in r.steps]
                             for p, r in zip(self.prompts, results)}
         return report, per_prompt_steps

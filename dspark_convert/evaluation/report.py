@@ -23,6 +23,7 @@ from dspark_convert.util.json_out import dumps, dumps_model
 from dspark_convert.evaluation.calibration import AppliedCalibration, CalibrationFile
 from dspark_convert.evaluation.environment import Environment, TargetIdentity
 from dspark_convert.evaluation.cells import md_cell, mib_cell, ms_cell, run_label
+from dspark_convert.evaluation.depth import DepthRow
 from dspark_convert.evaluation.metrics import Acceptance, ConfidenceReport, PeakMemory, Spread
 from dspark_convert.evaluation.prompts import PromptSetInfo
 from dspark_convert.evaluation.proposals import ProposalCheck
@@ -97,6 +98,10 @@ class RunReport(BaseModel):
     # alone: the time of each forward), p50 and p99 over every prompt of the run.
     token_latency_p50_seconds: float | None = None
     token_latency_p99_seconds: float | None = None
+    # The acceptance by draft position within each context depth (evaluation/depth.py's
+    # buckets of committed tokens before the anchor): what a rate over every cycle hides
+    # when a drafter degrades as its context grows. None for the target alone.
+    acceptance_by_depth: list[DepthRow] | None = None
 
 
 class NotRun(BaseModel):
@@ -372,6 +377,23 @@ def render_markdown(report: EvalReport, *, plots: list[str] | None = None) -> st
                 cells = " | ".join(_f(x) for x in list(rates) + [None] * (B - len(rates)))
                 out.append(f"| {md_cell(r.artifact)}{which} | {r.temperature:g} | {cells} |")
         out.append("")
+        deep = [r for r in drafter_runs if r.acceptance_by_depth]
+        if deep:
+            out.append("### By context depth")
+            out.append("")
+            out.append("P(accepted > k | proposed > k) within each bucket of committed tokens "
+                       "before the anchor (drafts: the verify steps in the bucket).")
+            out.append("")
+            out.append("| artifact | T | depth | drafts | " + " | ".join(f"k={k}" for k in range(B))
+                       + " |")
+            out.append("|---|---|---|---|" + "---|" * B)
+            for r in deep:
+                for row in r.acceptance_by_depth:
+                    rates = row.rates()
+                    cells = " | ".join(_f(x) for x in list(rates) + [None] * (B - len(rates)))
+                    out.append(f"| {md_cell(r.artifact)} | {r.temperature:g} | {row.depth} | "
+                               f"{row.drafts} | {cells} |")
+            out.append("")
 
     cutoff = [r for r in report.runs if r.kind == "drafter" and r.confidence_threshold]
     if cutoff:
