@@ -226,3 +226,22 @@ def test_export_cli_from_the_artifact_is_the_checkpoints_file(built, tmp_path):
         assert (result["kind"], result["spec_type"], result["n_max"]) == (
             "gemma4-assistant", "draft-mtp", 4)
     assert outs["artifact"].read_bytes() == outs["checkpoint"].read_bytes()
+
+
+def test_the_key_table_is_what_is_written_and_documented(built, tmp_path):
+    """Every key the file holds is a row of artifact/llama_cpp_assistant.py's table (the
+    target's tokenizer keys aside), in its order and type, and docs/ENGINES.md shows each."""
+    from support.paths import ROOT
+
+    from dspark_convert.artifact import llama_cpp_assistant as S
+    from dspark_convert.formats.gguf_reader import read_gguf
+
+    _, _, target = built
+    written = read_gguf(export_assistant_llama_cpp(ASSISTANT, target, tmp_path / "a.gguf").output)
+    keys = [k for k in written.kv if not k.startswith("tokenizer.")]
+    assert keys == [k for k, _, _ in S.key_doc_rows() if not k.startswith("tokenizer.")]
+    for spec in S.KEYS:
+        assert written.kv[spec.key].type == spec.type, spec.key
+    docs = (ROOT / "docs" / "ENGINES.md").read_text()
+    for key, kind, doc in S.key_doc_rows():
+        assert f"| `{key}` | {kind} | {doc} |" in docs, key

@@ -244,3 +244,24 @@ def test_a_dflash2_log_is_read_strictly(built, models, tmp_path):
     _, where = L.resolve_unlogged(dataclasses.replace(run, text=other), alone.prompt_ids,
                                   vocab, propose)
     assert where == (d.call, 0)
+
+
+def test_the_key_table_is_what_is_written_and_documented(built, tmp_path):
+    """Every key the file holds is a row of artifact/llama_cpp_dflash2.py's table (the
+    target's tokenizer keys aside), in its order, and docs/ENGINES.md shows each row."""
+    from support.paths import ROOT
+
+    from dspark_convert.formats.gguf_reader import read_gguf
+
+    _, _, target = built
+    written = read_gguf(export_dflash2_llama_cpp(DRAFT, target, tmp_path / "d.gguf").output)
+    keys = [k for k in written.kv if not k.startswith("tokenizer.")]
+    rows = [k for k, _, _ in D.key_doc_rows() if not k.startswith("tokenizer.")]
+    assert keys == rows
+    for key in written.kv:
+        if not key.startswith("tokenizer."):
+            spec = next((k for k in D.KEYS if k.key == key), None)
+            assert spec is None or written.kv[key].type == spec.type, key
+    docs = (ROOT / "docs" / "ENGINES.md").read_text()
+    for key, kind, doc in D.key_doc_rows():
+        assert f"| `{key}` | {kind} | {doc} |" in docs, key

@@ -49,7 +49,8 @@ A = ARCH
 KEYS: tuple[Key, ...] = (
     Key("general.architecture", T.STRING, "const:gemma4-assistant", "`gemma4-assistant`"),
     Key("general.type", T.STRING, "const:model", "`model`"),
-    Key("general.name", T.STRING, "name", "the checkpoint directory's name"),
+    Key("general.name", T.STRING, "name",
+        "the artifact's own `general.name`, or the checkpoint directory's name"),
     Key(f"{A}.block_count", T.UINT32, "layers", "text_config.num_hidden_layers"),
     Key(f"{A}.context_length", T.UINT32, "target:context_length", "the target GGUF's"),
     Key(f"{A}.embedding_length", T.UINT32, "hidden", "text_config.hidden_size"),
@@ -121,10 +122,16 @@ def rope_freqs(head_dim: int, rotated_pairs: int) -> list[float]:
     return [1.0] * rotated_pairs + [UNROTATED_FREQ] * (head_dim // 2 - rotated_pairs)
 
 
+# Our provenance, written last (commands/export.py).
+PROVENANCE = (("dspark.export.engine", "`llama.cpp 0c1e570`, the engine the file is laid out for"),
+              ("dspark.export.converter", "`dspark-convert <version>`"))
+
+
 def key_doc_rows() -> list[tuple[str, str, str]]:
     def type_name(k: Key) -> str:
         return k.type.name + (f"[{k.sub_type.name}]" if k.sub_type is not None else "")
 
     rows = [(k.key, type_name(k), k.doc) for k in KEYS]
     rows.append(("tokenizer.*", "as in the target GGUF", "every tokenizer key of the target GGUF"))
+    rows += [(key, "STRING", doc) for key, doc in PROVENANCE]
     return rows

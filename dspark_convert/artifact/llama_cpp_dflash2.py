@@ -51,7 +51,8 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("general.architecture", T.STRING, "const:dflash", "`dflash`"),
     Key("general.type", T.STRING, "const:model", "`model`"),
-    Key("general.name", T.STRING, "name", "the checkpoint directory's name"),
+    Key("general.name", T.STRING, "name",
+        "the artifact's own `general.name`, or the checkpoint directory's name"),
     Key(f"{ARCH}.block_count", T.UINT32, "layer:num_hidden_layers", "draft layers"),
     Key(f"{ARCH}.context_length", T.UINT32, "target:context_length",
         "the target GGUF's context length (llama.cpp requires the key)"),
@@ -123,6 +124,11 @@ def tensor_names(num_layers: int) -> list[tuple[str, str, str]]:
     return rows
 
 
+# Our provenance, written last (commands/export.py).
+PROVENANCE = (("dspark.export.engine", "`llama.cpp 0c1e570`, the engine the file is laid out for"),
+              ("dspark.export.converter", "`dspark-convert <version>`"))
+
+
 def key_doc_rows() -> list[tuple[str, str, str]]:
     """(key, type, what it holds), for docs/ENGINES.md."""
     def type_name(k: Key) -> str:
@@ -130,5 +136,6 @@ def key_doc_rows() -> list[tuple[str, str, str]]:
 
     rows = [(k.key, type_name(k), k.doc) for k in KEYS]
     rows.append(("tokenizer.*", "as in the target GGUF", "every tokenizer key of the target GGUF"))
+    rows += [(key, "STRING", doc) for key, doc in PROVENANCE]
     rows.append((MASK_KEY, "UINT32", "mask_token_id"))
     return rows
