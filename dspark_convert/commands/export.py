@@ -593,26 +593,54 @@ _FTYPES = {"BF16": 32, "F16": 1, "F32": 0}
 _GGML_OF = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 
-def _stored_bytes(spec, how: str) -> tuple[str, bytes]:
-    """(ggml type, bytes) of one checkpoint tensor as the file stores it: ``matrix`` in its
-    own element type, ``f32`` widened exactly."""
+@dataclass(frozen=True)
+class _Stored:
+    """One tensor of a DFlash2 / assistant file: where its bytes come from, read in blocks
+    when written (a released drafter's tensors are never all in memory)."""
+
+    name: str
+    shape: tuple[int, ...]             # torch order
+    ggml: str                          # the type it is stored as
+    nbytes: int                        # written
+    spec: object = None                # the checkpoint tensor (runtime/loading.StoredTensor)
+    widen: str | None = None           # "BF16" / "F16": widened to F32 on the way
+    data: bytes | None = None          # a computed tensor (rope_freqs)
+
+    def chunks(self):
+        if self.data is not None:
+            yield self.data
+            return
+        spec = self.spec
+        with open(spec.file, "rb") as fh:
+            fh.seek(spec.offset)
+            left = spec.nbytes
+            while left:
+                block = fh.read(min(BLOCK, left))
+                if not block:
+                    raise IntegrityError(
+                        f"{spec.file}: tensor '{spec.name}' ends past the end of the file",
+                        path=str(spec.file), tensor=spec.name,
+                        expected=f"{spec.nbytes} bytes", found=f"{spec.nbytes - left} bytes")
+                left -= len(block)
+                if self.widen == "BF16":
+                    yield (np.frombuffer(block, dtype="<u2").astype("<u4") << 16).tobytes()
+                elif self.widen == "F16":
+                    yield np.frombuffer(block, dtype="<f2").astype("<f4").tobytes()
+                else:
+                    yield block
+
+
+def _stored(name: str, spec, how: str) -> _Stored:
+    """A checkpoint tensor as the file stores it: ``matrix`` in its own element type,
+    ``f32`` widened exactly."""
     dtype = str(spec.dtype).removeprefix("torch.")
     stored = _GGML_OF.get(dtype)
     if stored is None:
         raise InternalError(f"{spec.file}: tensor '{spec.name}' is {dtype}; the plan admits "
                             "float types only")
-    with open(spec.file, "rb") as fh:
-        fh.seek(spec.offset)
-        raw = fh.read(spec.nbytes)
-    if len(raw) != spec.nbytes:
-        raise IntegrityError(f"{spec.file}: tensor '{spec.name}' ends past the end of the file",
-                             path=str(spec.file), tensor=spec.name,
-                             expected=f"{spec.nbytes} bytes", found=f"{len(raw)} bytes")
     if how == "matrix" or stored == "F32":
-        return stored, raw
-    if stored == "BF16":
-        return "F32", (np.frombuffer(raw, dtype="<u2").astype("<u4") << 16).tobytes()
-    return "F32", np.frombuffer(raw, dtype="<f2").astype("<f4").tobytes()
+        return _Stored(name, tuple(spec.shape), stored, spec.nbytes, spec=spec)
+    return _Stored(name, tuple(spec.shape), "F32", spec.nbytes * 2, spec=spec, widen=stored)
 
 
 def _target_tokenizer(target: GGUFFile, label: str, *, arch: str, hidden: int, vocab: int,
@@ -662,12 +690,11 @@ def _target_tokenizer(target: GGUFFile, label: str, *, arch: str, hidden: int, v
             tuple((k, v.value, v.type, v.sub_type) for k, v in copied.items()))
 
 
-def _write_drafter(out: Path, arch: str, entries: list[KeyValue],
-                   tensors: list[tuple[str, tuple[int, ...], str, bytes]], *,
+def _write_drafter(out: Path, arch: str, entries: list[KeyValue], tensors: list[_Stored], *,
                    force: bool) -> tuple[int, str]:
-    """One GGUF file: header_of's header, then each tensor padded; returns (size, sha256)."""
-    infos = [(name, list(shape), len(data), GGMLQuantizationType[ggml])
-             for name, shape, ggml, data in tensors]
+    """One GGUF file: header_of's header, then each tensor padded, streamed in blocks;
+    returns (size, sha256)."""
+    infos = [(t.name, list(t.shape), t.nbytes, GGMLQuantizationType[t.ggml]) for t in tensors]
     result: dict[str, object] = {}
 
     def write(fh) -> None:
@@ -678,15 +705,26 @@ def _write_drafter(out: Path, arch: str, entries: list[KeyValue],
             raise write_error(exc, out) from None
         digest = hashlib.sha256()
         size = 0
-        for chunk in (header, *(data + bytes(padded(len(data)) - len(data))
-                                for *_, data in tensors)):
+
+        def put(chunk: bytes) -> None:
+            nonlocal size
             fh.write(chunk)
             digest.update(chunk)
             size += len(chunk)
+
+        put(header)
+        for t in tensors:
+            wrote = size
+            for chunk in t.chunks():
+                put(chunk)
+            if size - wrote != t.nbytes:
+                raise InternalError(f"{out}: tensor '{t.name}' wrote {size - wrote} bytes, "
+                                    f"planned {t.nbytes}")
+            put(bytes(padded(t.nbytes) - t.nbytes))
         fh.flush()
         written = read_gguf(Path(fh.name))
         table = [(t.name, t.ggml_type.name) for t in written.tensors]
-        if table != [(name, ggml) for name, _, ggml, _ in tensors]:
+        if table != [(t.name, t.ggml) for t in tensors]:
             raise InternalError(f"{out}: the tensor table read back differs from the plan")
         result["size"], result["sha"] = size, digest.hexdigest()
 
@@ -775,12 +813,11 @@ def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
     tensors = []
     for src, dst, how in D.tensor_names(layer.num_hidden_layers):
         spec = plan.tensors[src]
-        ggml, data = _stored_bytes(spec, how)
-        tensors.append((dst, tuple(spec.shape), ggml, data))
+        tensors.append(_stored(dst, spec, how))
     values = {
         "name": _drafter_name(plan, "dflash2"), "rope_theta": cfg.rope_theta(),
         "target:context_length": target_kv.get(f"{D.TARGET_ARCHITECTURE}.context_length"),
-        "file_type": _file_type_of({t[2] for t in tensors}),
+        "file_type": _file_type_of({t.ggml for t in tensors}),
         "sliding_window": layer.sliding_window, "sliding_pattern": sliding,
     }
 
@@ -883,11 +920,11 @@ def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
     if full is not None:
         pairs = full.rotated_pairs if full.rotated_pairs is not None else full.head_dim // 2
         freqs = np.asarray(S.rope_freqs(full.head_dim, pairs), dtype="<f4")
-        tensors.append((S.ROPE_FREQS, (full.head_dim // 2,), "F32", freqs.tobytes()))
+        tensors.append(_Stored(S.ROPE_FREQS, (full.head_dim // 2,), "F32", freqs.nbytes,
+                               data=freqs.tobytes()))
     for src, dst, how in S.tensor_names(len(spec.layers)):
         stored = plan.tensors[src]
-        ggml, data = _stored_bytes(stored, how)
-        tensors.append((dst, tuple(stored.shape), ggml, data))
+        tensors.append(_stored(dst, stored, how))
     sliding = by_kind.get(S.SLIDING)
     values = {
         "name": _drafter_name(plan, "assistant"), "layers": len(spec.layers),
@@ -898,7 +935,7 @@ def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
         "sliding_theta": sliding.rope_theta if sliding else full.rope_theta,
         "eps": t.rms_norm_eps, "full_head_dim": (full or sliding).head_dim,
         "sliding_head_dim": (sliding or full).head_dim,
-        "file_type": _file_type_of({x[2] for x in tensors if x[0] != S.ROPE_FREQS}),
+        "file_type": _file_type_of({x.ggml for x in tensors if x.name != S.ROPE_FREQS}),
         "window": t.sliding_window or 0,
         "pattern": [layer.kind == S.SLIDING for layer in spec.layers], "backbone": Hb,
     }
