@@ -154,3 +154,42 @@ def test_on_cuda_the_weights_live_on_the_device(small_pair):
         allocated = memory["cuda_max_allocated_bytes"]
         assert weights[dtype] <= allocated <= memory["estimate_bytes"] * (1 + TOLERANCE)
     assert host["float32"] - host["bfloat16"] < 0.5 * weights["bfloat16"], (host, weights)
+
+
+# --- every drafter kind is sized ---------------------------------------------------------------
+
+def test_dflash2_and_assistant_drafters_are_sized_by_their_own_shapes():
+    """A DFlash2 drafter adds its weights, its context cells' taps and its draft layers' K/V
+    per position; a Gemma 4 assistant its weights only (it reads the target's K/V)."""
+    from dspark_convert.runtime.dflash2 import plan_drafter as plan_dflash2
+    from dspark_convert.runtime.gemma4_assistant import plan_assistant
+    from dspark_convert.runtime.memory import drafter_shape, estimate_memory
+    from dspark_convert.target.model import open_target
+    from dspark_convert.commands.binding import runtime_of
+
+    golden = Path(__file__).resolve().parents[1] / "golden" / "reference"
+    for target_dir, plan in ((golden / "target", plan_dflash2(golden / "dflash2" / "draft")),
+                             (golden / "gemma4" / "target",
+                              plan_assistant(golden / "gemma4_assistant" / "assistant"))):
+        opened = open_target(target_dir)
+        tplan = runtime_of(opened.family).plan_for(opened)
+        shape = drafter_shape(plan)
+
+        def estimate(new_tokens: int):
+            return estimate_memory(tplan, plan, dtype=torch.float32, device=torch.device("cpu"),
+                                   longest_prompt=16, max_new_tokens=new_tokens)
+
+        short, long = estimate(100), estimate(1100)
+        assert short.drafter_weights == plan.numel * 4 > 0
+        # 1,000 more positions: both caches grow by their elements per position, nothing else
+        # (the largest forward is the prompt's or a block's, the same in both).
+        per_position = (tplan.config.kv_elements_per_token() + shape.kv_per_token) * 4
+        assert long.activations - short.activations >= 1000 * per_position
+        if hasattr(plan, "spec"):
+            assert shape.kv_per_token == 0 and shape.taps == 0
+            assert shape.block == plan.spec.num_assistant_tokens + 1
+        else:
+            cfg = plan.config
+            assert shape.block == cfg.block_size and shape.taps == len(cfg.aux_hidden_state_layer_ids)
+            assert shape.kv_per_token == (2 * cfg.layer.num_hidden_layers
+                                           * cfg.layer.num_key_value_heads * cfg.layer.head_dim)

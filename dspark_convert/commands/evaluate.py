@@ -604,9 +604,8 @@ def run_eval(artifacts: Sequence[str | os.PathLike], target: str | os.PathLike,
         return _no_device_report(exc.message, arts, plan, settings, prompt_set, device,
                                  identity, calibrate=calibrate)
 
-    # The estimate covers the DSpark-family drafters (runtime/memory.py sizes their
-    # working set from the contract); a DFlash2 or assistant drafter is loaded unestimated.
-    estimated = [bindings[a.name].drafter_plan for a in arts if a.contract is not None]
+    # Every drafter of every kind (runtime/memory.py drafter_shape), before any weight loads.
+    estimated = [bindings[a.name].drafter_plan for a in arts]
     memory = None if not estimated else checked_estimate(target_plan, estimated,
                               dtype=torch_dtype, device=dev,
                               longest_prompt=max(len(p.ids) for p in resolved),

@@ -245,10 +245,9 @@ def run_serve_bench(artifacts: Sequence[str | os.PathLike], target: str | os.Pat
     first = c.bindings[c.arts[0].name]
     runtime = first.runtime
     # Before any weight is loaded (78 when over): the target, every drafter, and at the
-    # largest concurrency that many requests' caches and a packed step of their blocks.
-    # (The estimate sizes the DSpark-family drafters, runtime/memory.py reading their
-    # contract; a DFlash2 or assistant drafter is loaded unestimated.)
-    estimated = [c.bindings[a.name].drafter_plan for a in c.arts if a.contract is not None]
+    # largest concurrency that many requests' caches and a packed step of their blocks
+    # (every kind of drafter: runtime/memory.py drafter_shape).
+    estimated = [c.bindings[a.name].drafter_plan for a in c.arts]
     if estimated:
         checked_estimate(first.target_plan, estimated, dtype=torch_dtype, device=dev,
                          longest_prompt=max(len(p.ids) for p in c.prompts),

@@ -25,6 +25,7 @@ driver's free memory (``torch.cuda.mem_get_info``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,7 +44,40 @@ RUNTIME_CPU_BYTES = 300 * MiB
 CUDA_SLACK_FRACTION = 0.05
 
 
-def estimate_memory(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterPlan], *,
+@dataclass(frozen=True)
+class DrafterShape:
+    """What a drafter of any kind adds to a run's working set, beside its weights: the rows
+    of a verify block, the target hidden states it keeps for its context cells, and its
+    own context keys and values per position."""
+
+    block: int
+    taps: int
+    kv_per_token: int          # elements per position, every draft layer's K and V
+
+
+def drafter_shape(plan) -> DrafterShape:
+    """The shape of a DSpark / DFlash artifact's plan (runtime/weights.py), a DFlash2 plan
+    (runtime/dflash2.py: DFlash's context cells and block, speculators' Qwen3 layer config)
+    or a Gemma 4 assistant's (runtime/gemma4_assistant.py: no context K/V of its own, it
+    reads the target's; its block is its drafts per cycle and the anchor)."""
+    if isinstance(plan, DrafterPlan):
+        c = plan.contract
+        g = c.geometry
+        return DrafterShape(block=c.block.block_size, taps=len(c.taps.hidden_state_indices),
+                            kv_per_token=2 * g.num_draft_layers * g.num_key_value_heads * g.head_dim)
+    config = getattr(plan, "config", None)
+    if config is not None and hasattr(config, "aux_hidden_state_layer_ids"):
+        layer = config.layer
+        return DrafterShape(block=config.block_size, taps=len(config.aux_hidden_state_layer_ids),
+                            kv_per_token=2 * layer.num_hidden_layers * layer.num_key_value_heads
+                            * layer.head_dim)
+    spec = getattr(plan, "spec", None)
+    if spec is not None and hasattr(spec, "num_assistant_tokens"):
+        return DrafterShape(block=spec.num_assistant_tokens + 1, taps=0, kv_per_token=0)
+    raise TypeError(f"no memory shape for a drafter plan of type {type(plan).__name__}")
+
+
+def estimate_memory(target: TargetPlan, drafter, *,
                     dtype: torch.dtype, device: torch.device, longest_prompt: int,
                     max_new_tokens: int, requests: int = 1) -> MemoryEstimate:
     """The estimate for ``target`` with ``drafter`` loaded beside it, or with every drafter
@@ -51,7 +85,7 @@ def estimate_memory(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterP
     at a time, need the largest of their working sets. ``requests``: how many are served at
     once (runtime/serving.py): each holds both caches at the longest context, and a step's
     packed forwards run over all their blocks."""
-    drafters = [drafter] if isinstance(drafter, DrafterPlan) else list(drafter)
+    drafters = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
     es = dtype.itemsize
     sized = [_activations(target, d, es, device, longest_prompt, max_new_tokens, requests)
              for d in drafters]
@@ -67,7 +101,7 @@ def estimate_memory(target: TargetPlan, drafter: DrafterPlan | Sequence[DrafterP
                           activations=activations, runtime=runtime, context_tokens=T)
 
 
-def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torch.device,
+def _activations(target: TargetPlan, drafter, es: int, device: torch.device,
                  longest_prompt: int, max_new_tokens: int,
                  requests: int = 1) -> tuple[int, int]:
     """(bytes of the activations, the positions the caches are sized for). With several
@@ -76,14 +110,13 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
     cfg = target.config
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     nh = cfg.num_attention_heads
-    c = drafter.contract
-    B = c.block.block_size
-    taps = len(c.taps.hidden_state_indices)
+    shape = drafter_shape(drafter)
+    B, taps = shape.block, shape.taps
     T = longest_prompt + max_new_tokens + B        # a verify block may run past the end
     S = max(longest_prompt, requests * B)           # rows of the largest forward
     A = max(longest_prompt, B)                      # rows of the largest attention
 
-    caches = cache_bytes(cfg, c, T, es) * requests
+    caches = (cfg.kv_elements_per_token() + shape.kv_per_token) * T * es * requests
     # One target layer on S rows, the largest of the target's kinds of layer: the residual
     # and the kept taps, q/k/v before and after norm and RoPE, K/V repeated for the grouped
     # heads, the attention scores and their softmax (float32 on the math path) and the
@@ -99,8 +132,9 @@ def _activations(target: TargetPlan, drafter: DrafterPlan, es: int, device: torc
     # Each kind of layer's own (KV heads, head_dim): not the most heads with the widest
     # head_dim (gemma-4-12B-it has no layer of 8 heads of 512).
     widest = max(layer(nkv, d) for nkv, d in cfg.attention_shapes())
-    # The drafter on the prompt's context cells: features (taps x H) and fc's output.
-    context = S * (taps + 1) * H * es
+    # The drafter on the prompt's context cells: features (taps x H) and fc's output (an
+    # assistant has no context cells: its input is one row of the target's last hidden).
+    context = S * (taps + 1) * H * es if taps else 0
     # A block's logits: target verify logits and probabilities, drafter base and corrected
     # logits and their probabilities (float32).
     logits = requests * B * V * (2 * es + 2 * 4) + V * es
