@@ -60,7 +60,6 @@ from dspark_convert.evaluation.proposals import (
     ReferenceProposer,
     check_proposals,
     engine_lines,
-    is_near_tie,
 )
 from dspark_convert.evaluation.report import (
     EngineInfo,
@@ -570,12 +569,14 @@ def run_kind_llama_cpp(bin_dir: str | os.PathLike, target_gguf: str | os.PathLik
 
 
 def _kind_check(kind: str, run, propose, vocab, prompt_ids, *, stop: int | None, key: str,
-                margin=None) -> tuple[object, ProposalCheck, list]:
+                proposer=None, first_line: int = 1) -> tuple[object, ProposalCheck, list]:
     """One speculative run of a DFlash2 drafter or an assistant checked draft by draft:
-    (the run, its ProposalCheck, its drafts with their tokens as far as known). DFlash2's
-    drafts are read through resolve_unlogged (positions 0 .. A of each: the accepted prefix
-    and the first rejected slot); the assistant's are in its log, compared whole. An engine
-    token llama.cpp never shows is -1 in a FirstDifference."""
+    (the run, its ProposalCheck, the drafts checked). DFlash2's drafts are read through
+    resolve_unlogged (positions 0 .. A of each: the accepted prefix and the first rejected
+    slot; an engine token llama.cpp never shows is -1 in a FirstDifference); the
+    assistant's are in its log, checked whole by conform's check with ``proposer``
+    (runtime/llama_cpp_semantics.AssistantProposer), its lines numbered from
+    ``first_line`` (the run's trace)."""
     pc: list[int] = []
     pe: list[int] = []
 
@@ -612,29 +613,11 @@ def _kind_check(kind: str, run, propose, vocab, prompt_ids, *, stop: int | None,
                 reference_margin=None, near_tie=False)
         return resolved, ProposalCheck(compared=compared, equal=equal, positions_compared=pc,
                                        positions_equal=pe, first_difference=first), resolved.drafts
-    for d in run.drafts:
-        if not d.tokens:
-            continue
-        mine = list(propose(d.context, d.anchor))[:len(d.tokens)]
-        compared += 1
-        same = mine == list(d.tokens)
-        equal += same
-        for k, token in enumerate(d.tokens):
-            count(k, k < len(mine) and mine[k] == token)
-        if not same and first is None:
-            position = next(k for k, t in enumerate(d.tokens) if k >= len(mine) or mine[k] != t)
-            gap = (margin(d.context, d.anchor, d.tokens[:position], mine[position],
-                          d.tokens[position])
-                   if margin is not None and position < len(mine) else None)
-            first = FirstDifference(
-                line=compared, id=key, draft_call=d.call, position=position,
-                engine_token=d.tokens[position],
-                reference_token=mine[position] if position < len(mine) else -1,
-                context_tokens=d.context_length, anchor=d.anchor,
-                engine_draft=list(d.tokens), reference_draft=mine, row_offset=None,
-                reference_margin=gap, near_tie=is_near_tie(None, gap))
-    return run, ProposalCheck(compared=compared, equal=equal, positions_compared=pc,
-                              positions_equal=pe, first_difference=first), list(run.drafts)
+    # The assistant's drafts are in the log: conform's one check (proposals.check_lines),
+    # with the reference's margin at a difference.
+    engine = [EngineDraft(d.call, d.context, d.anchor, d.tokens) for d in run.drafts
+              if d.tokens]
+    return run, check_proposals(engine, proposer, first_line=first_line, id=key), engine
 
 
 def _kind_run(spec: EngineSpec, art, tmp: Path, kept, skipped, target_out, model, *,
@@ -657,13 +640,10 @@ def _kind_run(spec: EngineSpec, art, tmp: Path, kept, skipped, target_out, model
         def propose(context, anchor):
             return S.assistant_drafts(model, art.drafter, context, anchor, exported.n_max,
                                       window="llama.cpp")
-    margin = None
-    if art.kind == "mtp":
-        def margin(context, anchor, prefix, mine, theirs):
-            return S.assistant_margin(model, art.drafter, context, anchor, prefix, mine, theirs,
-                                      window="llama.cpp")
+    proposer = (S.AssistantProposer(model, art.drafter, exported.n_max, window="llama.cpp")
+                if art.kind == "mtp" else None)
     vocab = spec.vocabulary
-    prompt_runs, checks, all_drafts, lengths = [], [], [], []
+    prompt_runs, checks, all_drafts, lengths, trace = [], [], [], [], []
     dec_tokens = dec_seconds = 0.0
     progress.start(f"llama.cpp: {art.name} ({exported.spec_type})", len(kept))
     try:
@@ -678,8 +658,11 @@ def _kind_run(spec: EngineSpec, art, tmp: Path, kept, skipped, target_out, model
             stop = run.drafts[-1].next_token if target.ended and run.drafts else None
             acc = [d.accepted + 1 for d in run.drafts if d.tokens]
             all_drafts += [d for d in run.drafts if d.tokens]
-            checked, check, _ = _kind_check(art.kind, run, propose, vocab, tuple(p.ids),
-                                            stop=stop, key=p.key, margin=margin)
+            checked, check, engine = _kind_check(art.kind, run, propose, vocab, tuple(p.ids),
+                                                 stop=stop, key=p.key, proposer=proposer,
+                                                 first_line=len(trace) + 1)
+            if art.kind == "mtp":
+                trace += engine_lines(engine, first_line=len(trace) + 1, id=p.key)
             checks.append((p.key, check))
             # Lossless where every committed token is known (every draft resolved);
             # otherwise llama.cpp's output does not say (None).
@@ -710,6 +693,10 @@ def _kind_run(spec: EngineSpec, art, tmp: Path, kept, skipped, target_out, model
                        tau=mean_acceptance(lengths),
                        acceptance_by_position=rates_by_position(all_drafts),
                        lossless=all(losses) if losses else None, proposals=merge_checks(checks),
-                       system_info=system_info, trace=None)
-    result._trace = trace_bytes([])
+                       system_info=system_info,
+                       # The assistant's drafts as a `dspark conform` trace; DFlash2's are
+                       # not logged whole, so it has none.
+                       trace=(f"trace-{spec.name}-{art.name}-{exported.spec_type}.jsonl"
+                              if trace else None))
+    result._trace = trace_bytes(trace)
     return result

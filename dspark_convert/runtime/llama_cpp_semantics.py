@@ -170,26 +170,40 @@ def acceptance_lengths(propose, sequence: Sequence[int], prompt_tokens: int) -> 
     return out
 
 
-@torch.inference_mode()
-def assistant_margin(target, assistant: Gemma4Assistant, context: Sequence[int], anchor: int,
-                     prefix: Sequence[int], mine: int, theirs: int, *,
-                     window: Window = "llama.cpp") -> float:
-    """The reference's logit of its own token ``mine`` minus its logit of another engine's
-    ``theirs``, at the step after ``prefix`` (the drafts both made before it): a near tie
-    when a few thousandths (evaluation/proposals.py NEAR_TIE)."""
-    _check_window(window)
-    a = _as(_Windowed, assistant)
-    a.entries = sliding_entries(assistant, window)
-    cache = KVCache()
-    final = (target.config.num_hidden_layers,)
-    out = target.forward(torch.tensor(list(context), dtype=torch.long, device=target.device),
-                         cache, keep=final)
-    shared = clean_shared_kv(cache, assistant.kv_layers, len(context))
-    h, token = out.hidden_states[-1][-1], anchor
-    for nxt in [*prefix, None]:
-        step = a.step(token, h, len(context), shared)
-        if nxt is None:
-            logits = step.logits[0].float()
-            return float(logits[mine] - logits[theirs])
-        token, h = nxt, step.projected_hidden
-    raise AssertionError("unreachable")
+class AssistantProposer:
+    """evaluation/proposals.py's proposer for a Gemma 4 assistant (what conform's one check,
+    ``check_lines``, asks of the reference): ``propose(context, anchor)`` gives the
+    ``count`` greedy drafts for that committed context under ``window``, and ``logits``
+    [count, V] the logits of each step (the margin of a difference)."""
+
+    def __init__(self, target, assistant: Gemma4Assistant, count: int, *,
+                 window: Window = "llama.cpp") -> None:
+        _check_window(window)
+        self.target, self.assistant, self.count, self.window = target, assistant, count, window
+        self.logits = None
+        self.proposals = 0
+
+    @torch.inference_mode()
+    def propose(self, context: Sequence[int], anchor: int) -> tuple[int, ...]:
+        context = [int(t) for t in context]
+        if not context:
+            raise ValueError("context: expected at least one committed token")
+        a = _as(_Windowed, self.assistant)
+        a.entries = sliding_entries(self.assistant, self.window)
+        cache = KVCache()
+        target = self.target
+        out = target.forward(torch.tensor(list(context), dtype=torch.long, device=target.device),
+                             cache, keep=(target.config.num_hidden_layers,))
+        shared = clean_shared_kv(cache, self.assistant.kv_layers, len(context))
+        h, token = out.hidden_states[-1][-1], int(anchor)
+        tokens, rows = [], []
+        for _ in range(self.count):
+            step = a.step(token, h, len(context), shared)
+            logits = step.logits[0]
+            token = int(logits.argmax())
+            tokens.append(token)
+            rows.append(logits)
+            h = step.projected_hidden
+        self.logits = torch.stack(rows) if rows else None
+        self.proposals += 1
+        return tuple(tokens)
