@@ -205,6 +205,10 @@ def test_eval_runs_the_assistant_in_llama_cpp(built, tmp_path):
     f = p["first_difference"]
     assert (f["prompt"], f["draft_call"], f["position"]) == ("p0", 20, 2)
     assert f["near_tie"] and f["reference_margin"] == pytest.approx(0.0086, abs=1e-4)
+    # The drafts as a conform trace: one line a draft, the context and the draft.
+    lines = (out / run["trace"]).read_text().splitlines()
+    assert run["trace"] == "trace-llama.cpp-assistant-draft-mtp.jsonl" and len(lines) == 38
+    assert all(len(json.loads(x)["draft"]) == 4 for x in lines)
 
 
 def test_export_cli_from_the_artifact_is_the_checkpoints_file(built, tmp_path):
