@@ -35,7 +35,7 @@ def _prompt_ids(values: Optional[list[str]]) -> list[list[int]]:
 
 @app.command()
 def smoke(
-    artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert`.")],
+    artifact: Annotated[Path, typer.Argument(help="An artifact directory written by `dspark convert` (DSpark, DFlash, DFlash2 or a Gemma 4 assistant).")],
     target: Annotated[Path, typer.Option("--target", help="The target model directory (Qwen3 or Gemma 4: HF safetensors).")],
     prompt_ids: Annotated[Optional[list[str]], typer.Option(
         "--prompt-ids", metavar="IDS", callback=_prompt_ids,

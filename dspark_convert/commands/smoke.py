@@ -302,6 +302,16 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     ref_runs = load_reference(reference) if reference is not None else None
     binding = bind(artifact, open_run_target(target, progress), progress=progress)
     target_plan, drafter_plan = binding.target_plan, binding.drafter_plan
+    # The drafter's kind (commands/evaluate_kinds.py): DSpark and DFlash run in
+    # runtime/speculative.py's loop, DFlash2 and the Gemma 4 assistant in their own.
+    from dspark_convert.commands.evaluate_kinds import KINDS, kind_of_plan
+
+    kind = KINDS[kind_of_plan(drafter_plan)]
+    own_loop = kind.name not in SPECULATIVE_KINDS
+    if own_loop:
+        _check_own_loop(kind, artifact, temperature=temperature,
+                        confidence_threshold=confidence_threshold, reference=reference,
+                        calibration=calibration)
     target_dir = target_plan.directory
     warnings = binding.warnings
     calibrated = (_calibration(cal_file, calibration, binding, progress)
@@ -354,13 +364,18 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     runtime = binding.runtime            # the target's family's (runtime/qwen3.py, gemma4.py)
     model = runtime.Target(target_dir, device=dev, dtype=torch_dtype, plan=target_plan,
                            progress=progress)
-    weights = load_drafter_weights(artifact, device=dev, dtype=torch_dtype, plan=drafter_plan,
-                                   progress=progress)
+    if own_loop:
+        drafter = kind.load(model, drafter_plan, path=artifact, device=dev, dtype=torch_dtype,
+                            runtime=runtime, confidence_temperatures=None, progress=progress)
+    else:
+        weights = load_drafter_weights(artifact, device=dev, dtype=torch_dtype,
+                                       plan=drafter_plan, progress=progress)
+        drafter = runtime.Drafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
+                                  confidence_temperatures=(calibrated.temperatures
+                                                           if calibrated else None))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     load_seconds = time.perf_counter() - t_load
-    drafter = runtime.Drafter(weights, embed=model.embed, lm_head=model.lm_head, device=dev,
-                              confidence_temperatures=calibrated.temperatures if calibrated else None)
 
     runs_json, summaries, results, greedy_seconds = [], [], [], 0.0
     lossless_failure = None
@@ -368,11 +383,18 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     progress.start("smoke", len(all_prompts))
     try:
         for i, ids in enumerate(all_prompts):
-            run = speculative_generate(model, drafter, ids, max_new_tokens=max_new_tokens,
-                                       temperature=temperature,
-                                       confidence_threshold=confidence_threshold,
-                                       stop_token_ids=stops, seed=seed,
-                                       stepwise_verify=verify == "stepwise")
+            if own_loop:
+                run = _as_run(kind.generate(model, drafter, ids, max_new_tokens=max_new_tokens,
+                                            temperature=temperature, threshold=0.0,
+                                            stops=stops, seed=seed,
+                                            stepwise=verify == "stepwise"),
+                              ids, temperature=temperature, seed=seed)
+            else:
+                run = speculative_generate(model, drafter, ids, max_new_tokens=max_new_tokens,
+                                           temperature=temperature,
+                                           confidence_threshold=confidence_threshold,
+                                           stop_token_ids=stops, seed=seed,
+                                           stepwise_verify=verify == "stepwise")
             greedy = None
             if temperature == 0.0:
                 g = target_greedy(model, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops)
@@ -400,7 +422,7 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     finally:
         progress.finish()
 
-    B = drafter.block_size
+    B = kind.positions(drafter_plan) if own_loop else drafter.block_size
     proposed_at, accepted_at = [0] * B, [0] * B
     for run in results:
         for cycle in run.cycles:
@@ -457,6 +479,46 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     if reports:
         _write_reports(reports)
     return result
+
+
+# The kinds runtime/speculative.py's loop runs (the rest have a loop of their own).
+SPECULATIVE_KINDS = ("dspark", "dflash")
+
+
+def _check_own_loop(kind, artifact: Path, *, temperature: float, confidence_threshold: float,
+                    reference, calibration) -> None:
+    """What a DFlash2 or Gemma 4 assistant drafter cannot take in smoke, refused before any
+    weight loads: a temperature its loop refuses (DFlash2 above 0: 151), a confidence
+    threshold or a calibration (no confidence head), a DeepSpec --reference trace (its
+    runs are DeepSpec's loop's; these kinds' references are speculators' and transformers'
+    traces, reproduced by their tests)."""
+    kind.check_temperature(temperature)
+    for given, option in ((confidence_threshold, "--confidence-threshold"),
+                          (calibration, "--calibration"), (reference, "--reference")):
+        if given:
+            why = ("compares runs of DeepSpec's loop" if option == "--reference"
+                   else "needs a confidence head")
+            raise SmokeInputError(
+                f"{artifact}: {option} {why}, which the {kind.label} drafter has not: run it "
+                f"without {option}", path=str(artifact),
+                field=option.removeprefix("--").replace("-", "_"),
+                expected=f"no {option} for a {kind.label} drafter", found=str(given))
+
+
+def _as_run(generated, prompt, *, temperature: float, seed: int):
+    """A kind's own loop's result (evaluate_kinds.Generated) as runtime/speculative.py's
+    RunResult, which the rest of smoke (the trace, the summaries) reads."""
+    from dspark_convert.runtime.speculative import Cycle, RunResult
+
+    return RunResult(
+        prompt=tuple(prompt), output_ids=tuple(generated.output_ids),
+        acceptance_lengths=tuple(generated.acceptance_lengths),
+        cycles=tuple(Cycle(proposed=s.proposed, accepted=s.accepted, next_token=s.next_token,
+                           confidence_logits=None, draft_seconds=s.draft_seconds or 0.0,
+                           verify_seconds=s.verify_seconds or 0.0) for s in generated.steps),
+        temperature=temperature, confidence_threshold=0.0, seed=seed,
+        draft_seconds=generated.draft_seconds, total_seconds=generated.total_seconds,
+        prefill_seconds=generated.prefill_seconds)
 
 
 def _verdict(lossless_failure, enforced, runs_json, reference, tau, min_tau, dtype) -> None:
