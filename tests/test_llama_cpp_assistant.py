@@ -208,7 +208,7 @@ def test_eval_runs_the_assistant_in_llama_cpp(built, tmp_path):
     # The drafts as a conform trace: one line a draft, the context and the draft.
     lines = (out / run["trace"]).read_text().splitlines()
     assert run["trace"] == "trace-llama.cpp-assistant-draft-mtp.jsonl" and len(lines) == 38
-    assert all(len(json.loads(x)["draft"]) == 4 for x in lines)
+    assert all(1 <= len(json.loads(x)["draft"]) <= 4 for x in lines)
 
 
 def test_export_cli_from_the_artifact_is_the_checkpoints_file(built, tmp_path):
