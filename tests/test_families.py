@@ -27,14 +27,18 @@ def test_the_table():
     assert {f.name: f.kind for f in FAMILIES.values()} == {
         "qwen3-dspark": "dspark", "gemma4-dspark": "dspark", "qwen3-dflash2": "dflash2",
         "gemma4-assistant": "mtp"}
-    assert DFLASH2.artifact_commands == ASSISTANT.artifact_commands == {"smoke", "eval", "export"}
+    # They draft in their own loops: conform (DeepSeek's block drafter) and the DeepSpec
+    # export are not theirs; speculators saves DFlash2 drafters, not assistants.
+    assert DFLASH2.artifact_commands == {"smoke", "eval", "export", "export-speculators"}
+    assert ASSISTANT.artifact_commands == {"smoke", "eval", "export"}
     assert DFLASH2.needs_target and ASSISTANT.needs_target and not QWEN3.needs_target
     assert (QWEN3.parse_config, QWEN3.build_contract, QWEN3.tensor_rules) == \
         (dspark.parse_config, dspark.build_contract, TENSOR_RULES)
     assert GEMMA4.parse_config is gemma4.parse_config and GEMMA4.tensor_rules is GEMMA4_TENSOR_RULES
-    assert QWEN3.artifact_commands == {"smoke", "eval", "quantize", "export"}
+    assert QWEN3.artifact_commands == {"smoke", "eval", "quantize", "export", "export-deepspec",
+                                       "export-speculators", "conform"}
     # llama.cpp 0c1e570 runs no Gemma4 DSpark drafter with its softcap: export is refused.
-    assert GEMMA4.artifact_commands == {"smoke", "eval", "quantize"}
+    assert GEMMA4.artifact_commands == {"smoke", "eval", "quantize", "export-deepspec", "conform"}
     assert (QWEN3.runtime, GEMMA4.runtime) == (
         "dspark_convert.runtime.qwen3", "dspark_convert.runtime.gemma4")
     # Each family's targets are read by its own module (target/qwen3.py, target/gemma4.py).

@@ -113,7 +113,23 @@ _FAMILY_REFUSALS = {
     "export": (FamilyExportError, "llama.cpp 0c1e570 does not run {family} drafters as trained "
                                   "(its DSpark graph applies no final logit softcap, and its "
                                   "converter refuses one), so there is no file to write for it"),
+    # DeepSpec's checkpoint (config.json + model.safetensors of its DSpark model) holds its
+    # own drafters only: a DFlash2 drafter is speculators', a Gemma 4 assistant transformers'.
+    "export-deepspec": (FamilyExportError, "DeepSpec's checkpoint format holds DeepSpec's "
+                                           "DSpark and DFlash drafters only, and a {family} "
+                                           "drafter is none"),
+    # conform re-proposes each line with DeepSpec's block drafter (evaluation/proposals.py);
+    # these kinds draft in their own loops, whose drafts eval --engine llama.cpp checks.
+    "conform": (FamilyRuntimeError, "conform re-proposes drafts with DeepSpec's block drafter, "
+                                    "and a {family} drafter drafts in its own loop (eval "
+                                    "--engine llama.cpp checks those drafts)"),
 }
+
+# What every family's artifact takes, whatever its row says.
+_EVERY_FAMILY = ("convert", "validate", "inspect")
+# The artifact_commands entries as a user types them.
+COMMAND_NAMES = {"export": "export --engine llama.cpp", "export-deepspec": "export --engine deepspec",
+                 "export-speculators": "export --engine speculators"}
 
 
 def refuse_family(artifact: str | os.PathLike, command: str) -> None:
@@ -129,7 +145,10 @@ def refuse_family(artifact: str | os.PathLike, command: str) -> None:
     if command in family.artifact_commands:
         return
     error, why = _FAMILY_REFUSALS[command]
-    raise error(f"{label}: a {family.name} artifact ({family.architecture}): {command}: "
-                f"{why.format(family=family.name)}; convert, validate and inspect handle it",
+    handled = [*_EVERY_FAMILY, *sorted(COMMAND_NAMES.get(c, c) for c in family.artifact_commands)]
+    raise error(f"{label}: a {family.name} artifact ({family.architecture}): "
+                f"{COMMAND_NAMES.get(command, command)}: "
+                f"{why.format(family=family.name)}; {', '.join(handled[:-1])} and "
+                f"{handled[-1]} take it",
                 path=label, field="dspark.family", expected="a family this command handles",
                 found=family.name)

@@ -116,6 +116,8 @@ def run_conform(artifact: str | os.PathLike, *, target: str | os.PathLike,
     _check_options(device, dtype)
     check_path(artifact, what="the artifact", error=InvalidArtifactError)
     check_path(trace, what="--trace", error=TraceFormatError)
+    from dspark_convert.commands.binding import refuse_family
+    refuse_family(artifact, "conform")
     if output is not None:
         check_outputs([Output(output, "the report directory", directory=True)],
                       [(artifact, "the artifact"), target_read(target), (trace, "the trace")],

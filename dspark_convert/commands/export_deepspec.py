@@ -497,7 +497,10 @@ def export_deepspec(artifact: str | os.PathLike, target: str | os.PathLike | Tar
     writes nothing then."""
     from dspark_convert.source.checkpoint import open_source
 
+    from dspark_convert.commands.binding import refuse_family
+
     progress = progress or NoProgress()
+    refuse_family(artifact, "export-deepspec")     # a DFlash2 drafter or an assistant: 105
     # A quantized artifact is refused from its header, before a target or a weight is read.
     inputs = export_inputs(artifact, target, output, force=force, progress=progress,
                            refuse=lambda kv, _contract, label: _refuse_quantized(kv, label))

@@ -57,7 +57,10 @@ class Family:
     target_model_types: tuple[str, ...]
     target_reader: str | None
     # The commands past convert / validate / inspect that handle this family's artifacts
-    # (smoke, eval: the reference runtime; quantize; export): the others refuse them.
+    # (smoke, eval: the reference runtime; conform: DeepSeek's block drafter re-proposing an
+    # engine's drafts; quantize; export: llama.cpp's file; export-deepspec and
+    # export-speculators: those checkpoint formats): the others refuse them
+    # (commands/binding.refuse_family, one line naming the commands that take it).
     artifact_commands: frozenset[str]
     # The reference runtime's module for this family (runtime/qwen3.py says what it
     # provides: plan_for, Target, Drafter), if it runs the family.
@@ -88,7 +91,9 @@ QWEN3 = Family(name=dspark.FAMILY, architecture=dspark.ARCHITECTURE,
                parse_config=dspark.parse_config, build_contract=dspark.build_contract,
                tensor_rules=TENSOR_RULES, check_tensors=_no_more_checks,
                target_model_types=("qwen3",), target_reader="dspark_convert.target.qwen3",
-               artifact_commands=frozenset({"smoke", "eval", "quantize", "export"}),
+               artifact_commands=frozenset({"smoke", "eval", "quantize", "export",
+                                            "export-deepspec", "export-speculators",
+                                            "conform"}),
                runtime="dspark_convert.runtime.qwen3")
 
 GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
@@ -103,7 +108,8 @@ GEMMA4 = Family(name=gemma4.FAMILY, architecture=gemma4.ARCHITECTURE,
                 target_reader="dspark_convert.target.gemma4",
                 # llama.cpp 0c1e570 applies no final logit softcap to a Gemma4 DSpark
                 # drafter (and its converter refuses one): export refuses the family.
-                artifact_commands=frozenset({"quantize", "smoke", "eval"}),
+                artifact_commands=frozenset({"quantize", "smoke", "eval", "export-deepspec",
+                                            "conform"}),
                 runtime="dspark_convert.runtime.gemma4")
 
 DFLASH2 = Family(name=dflash2.FAMILY, architecture=dflash2.ARCHITECTURE,
@@ -112,7 +118,7 @@ DFLASH2 = Family(name=dflash2.FAMILY, architecture=dflash2.ARCHITECTURE,
                  build_contract=dflash2.build_contract,
                  tensor_rules=DFLASH2_TENSOR_RULES, check_tensors=_no_more_checks,
                  target_model_types=("qwen3",), target_reader="dspark_convert.target.qwen3",
-                 artifact_commands=frozenset({"smoke", "eval", "export"}),
+                 artifact_commands=frozenset({"smoke", "eval", "export", "export-speculators"}),
                  runtime="dspark_convert.runtime.dflash2", kind="dflash2",
                  config_dtype=dflash2.config_dtype, needs_target=True)
 
