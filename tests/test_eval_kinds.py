@@ -255,8 +255,8 @@ def test_the_readme_commands_run_on_the_golden_fixtures(tmp_path, monkeypatch):
     """The README's commands as written, in a scratch directory holding the golden models,
     with 2 prompts and 6 new tokens: each eval has one comparison row per kind, lossless."""
     commands = _readme_commands()
-    assert [c[:2] for c in commands] == [["dspark", "convert"]] * 2 + [["dspark", "eval"]] + \
-        [["dspark", "convert"]] * 2 + [["dspark", "eval"]]
+    assert [c[:2] for c in commands] == [["dspark", "convert"]] * 3 + [["dspark", "eval"]] + \
+        [["dspark", "convert"]] * 3 + [["dspark", "eval"]]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "golden").symlink_to(ROOT / "golden")
     prompts = _prompts(tmp_path / "p.jsonl", 2)
