@@ -10,6 +10,10 @@
    device and on the CPU, and the target alone;
 4. the Gemma4 family: DeepSeek's Gemma4 DSpark drafter (golden/reference/gemma4/) against
    its reference.json on the device, float32 (enforced) and bfloat16 (lossless).
+5. the other drafter kinds, converted: speculators' DFlash2 drafter (golden/reference/
+   dflash2/) and transformers' Gemma 4 assistant (golden/reference/gemma4_assistant/, its
+   runs with the KV trimmed after each rejection) on the device in their own loops: float32
+   outputs equal to their reference code's, bfloat16 lossless.
 
 Prints one JSON document and writes it to --out. Exit 0 only when every parity check passed.
 `--device cpu` runs the same script without a GPU (to check the script itself). The golden
@@ -116,6 +120,27 @@ def main() -> int:
                 parity[key] = {"passed": True, "tau": r.tau, "lossless": r.lossless}
             except DSparkError as exc:
                 parity[key] = {"passed": False, "error": exc.message}
+        kinds = (("dflash2", GOLDEN / "dflash2", "draft", TARGET, "runs"),
+                 ("assistant", GOLDEN / "gemma4_assistant", "assistant", GEMMA4 / "target",
+                  "runs_clean_kv"))
+        for name, fixture, source, target, runs_key in kinds:
+            converted = Path(tmp) / name
+            convert(fixture / source, converted, target=target)
+            runs = json.loads((fixture / "reference.json").read_text())[runs_key]
+            for dtype in ("float32", "bfloat16"):
+                key, equal, lossless = f"{name}_{dtype}_T0", [], []
+                try:
+                    for run in runs:
+                        new = len(run["output_ids"]) - len(run["prompt"])
+                        r = run_smoke(converted, target=target, prompts=[run["prompt"]],
+                                      max_new_tokens=new, dtype=dtype, device=args.device)
+                        equal.append(list(r.runs[0].output_ids) == run["output_ids"])
+                        lossless.append(bool(r.lossless))
+                    passed = all(lossless) and (dtype != "float32" or all(equal))
+                    parity[key] = {"passed": passed, "reference_outputs_equal": equal,
+                                   "lossless": lossless}
+                except DSparkError as exc:
+                    parity[key] = {"passed": False, "error": exc.message}
     ok = (fb["draft_tokens_equal"] and fb["block_hidden"] < 3e-4 and fb["corrected_logits"] < 1.5e-3
           and all(v["passed"] for v in parity.values()))
     report["passed"] = ok
