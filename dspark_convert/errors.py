@@ -519,8 +519,8 @@ class FamilyRuntimeError(RuntimeRefusal):
 
 class NumericOverflowError(RuntimeRefusal):
     """A model's forward pass gave NaN or infinity (its logits or confidence logits): the
-    weights are finite but too large for the compute dtype (runtime/sampling.py). (The
-    runtime's range is full; this code is from the range issue 19 opened.)"""
+    weights are finite but too large for the compute dtype (runtime/sampling.py). (A code
+    apart from the runtime's 70s, which were all taken when it came.)"""
     exit_code = 99
 
 

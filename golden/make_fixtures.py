@@ -29,8 +29,8 @@ from dspark_convert.synthetic import make_synthetic_checkpoint  # noqa: E402
 
 REFERENCE_DRAFTER = "reference/vanilla_conf_markov/draft"
 
-# name -> arguments of make_synthetic_checkpoint; one fixture per head variant the issue
-# names, plus the two source layouts (sharded, F32) the converter must handle.
+# name -> arguments of make_synthetic_checkpoint; one fixture per head variant DeepSpec
+# has, plus the two source layouts (sharded, F32) the converter must handle.
 FIXTURES: dict[str, dict] = {
     "dflash_plain": dict(seed=1, markov_rank=0, enable_confidence_head=False,
                          include_embeddings=False),

@@ -245,7 +245,7 @@ COUNTS_CANARY = ("convert", "num_hidden_layers", 2**40)
                  marks=() if (command, field, value) == COUNTS_CANARY else slow)
     for command in ("convert", "validate")
     for field, value in [
-        ("num_hidden_layers", 20_000_000),   # the 1.2 GB
+        ("num_hidden_layers", 20_000_000),   # 1.2 GB before the bound
         ("num_hidden_layers", 2**40),        # was killed for memory at 23 GB
         ("vocab_size", 2**40),
         ("hidden_size", 2**40),
@@ -331,7 +331,7 @@ def convert_bounded(src: Path, tmp_path: Path):
 
 
 @pytest.mark.parametrize("edit, needle", [
-    # The case: 95 MB of empty tensors, 1.7 GB and 45 s before exit 21.
+    # The case that bound was made for: 95 MB of empty tensors, 1.7 GB and 45 s before exit 21.
     pytest.param(make_corpus.header_with_empty_tensors(1_575_000), "more than 1048576 values",
                  marks=slow),
     (make_corpus.header_with_empty_tensors(70_000), "more than the limit of 65536 tensors"),
@@ -358,7 +358,7 @@ def test_safetensors_index_amplification_is_refused_in_bounded_memory(tmp_path):
 
 
 GGUF_AMPLIFICATIONS = [
-    # The case: six 16M-element byte arrays in a 100 MB file, 1 GB before.
+    # The case that bound was made for: six 16M-element byte arrays in a 100 MB file, 1 GB before.
     ("6x16M-bytes", make_corpus.uint8_arrays(6, 16 * MiB), "16777216 elements: expected at most 1048576"),
     # Under the per-array limit, 70 of them: packed, they are charged their bytes.
     ("70x1M-bytes", make_corpus.uint8_arrays(70, MiB), "expected at most 67108864 for the whole file"),

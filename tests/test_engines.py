@@ -71,7 +71,7 @@ def from_artifact(directory):
     return gguf_inputs(read_gguf(directory / "drafter.gguf"))
 
 
-# --- the done-when -----------------------------------------------------------------------
+# --- every engine's verdict ----------------------------------------------------------------------
 
 def test_released_qwen3_4b_plain_dflash_opens_but_does_not_run():
     r = reports(*written(released_plain()))

@@ -126,7 +126,7 @@ def test_every_draft_is_rebuilt_with_its_context(golden, bins, hello_ids, target
 def test_the_converters_layout_reads_the_embedding_as_head(golden, bins, hello_ids, proposers):
     """llama.cpp's own converter's layout (--keep-embedding writes it: token_embd, no
     output.weight): llama.cpp takes the embedding as the head; the first draft already
-    differs at its first token, and the DeepSpec context of the issue gives 379 219 351..."""
+    differs at its first token, and the DeepSpec context of the hello-world prompt gives 379 219 351..."""
     run = _spec(golden, bins, hello_ids, golden.kept[DSPARK], "dspark")
     check = _check(run, proposers[DSPARK])
     d = check.first_difference

@@ -123,7 +123,7 @@ def test_released_12b_shapes_every_head_variant(variant):
     expected = RELEASED_SHAPES[f"gemma4/{variant}"]
     assert {t.source_name: t.shape for t in contract.tensors} == expected
     if variant == "vanilla+conf_with_markov":
-        assert len(expected) == 74      # 13 per layer (no v_proj under k_eq_v), as the issue says
+        assert len(expected) == 74      # 13 per layer (no v_proj under k_eq_v): docs/REFERENCE.md §10.2
         assert contract.rope.rotated_pairs == 64
         assert (contract.geometry.head_dim, contract.geometry.num_key_value_heads) == (512, 1)
 

@@ -1,5 +1,5 @@
 """`dspark export --engine speculators` and speculators as an oracle
-(Deliver 3), against speculators 0.9.0 itself, run in its own environment
+against speculators 0.9.0 itself, run in its own environment
 (tools/speculators.py; a skip without it, a failure under CI=true).
 
 - The export loads with speculators' own ``from_pretrained``: no missing, unexpected or

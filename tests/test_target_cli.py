@@ -1,5 +1,5 @@
 """`convert --target` and `validate --target` end to end: the golden drafter with its golden
-target, and one drafter/target made wrong in each way the issue names, each refused with
+target, and one drafter/target made wrong in each way a pairing can be, each refused with
 one `error:` line, its own exit code and nothing left behind. The app runs in-process
 (tests/support/cli.py)."""
 

@@ -186,6 +186,78 @@ def misreadings_table() -> str:
     return "\n".join(rows)
 
 
+# --- README.md: what each drafter kind goes through, by command and engine ---------------------
+
+# Each family's row label (contract/families.py's FAMILIES; a family without one is an error).
+KIND_LABELS = {"qwen3-dspark": "DSpark, DFlash (Qwen3; DeepSeek)",
+               "gemma4-dspark": "DSpark, DFlash (Gemma 4; DeepSeek)",
+               "qwen3-dflash2": "DFlash2 (Qwen3; speculators, z-lab)",
+               "gemma4-assistant": "Gemma 4 assistant (MTP)"}
+# Which families Strata's DFlash loader opens (artifact/engines.py's STRATA_OPEN_RULES: plain
+# DFlash only; tests/test_readme.py runs the rules on each golden artifact to hold this).
+STRATA_OPENS = {"qwen3-dspark": "dflash"}
+
+
+def drafter_kinds_table() -> str:
+    """README.md's family x command x engine table: a cell is ✓ when the command takes the
+    family (contract/families.py's artifact_commands), else the exit code of the class it
+    refuses it with (commands/binding.refuse_family's table; export --engine speculators
+    raises FamilyExportError itself, commands/export_speculators._refuse); eval --engine
+    lists a drafter it does not hand the engine as not run (commands/evaluate.engine_kinds)."""
+    from dspark_convert.artifact import llama_cpp as L
+    from dspark_convert.commands import binding, evaluate
+    from dspark_convert.contract.families import FAMILIES
+    from dspark_convert.contract.speculators import SPECULATORS_VERSION
+    from dspark_convert.errors import (EngineConfidenceHeadError, EngineMarkovHeadError,
+                                       EngineRequirementError, FamilyExportError,
+                                       QuantizedExportError)
+    from dspark_convert.evaluation.engine_dspark_mlx import DSPARK_MLX
+
+    refusals = {c: error.exit_code for c, (error, _why) in binding._FAMILY_REFUSALS.items()}
+    refusals["export-speculators"] = FamilyExportError.exit_code
+
+    def cell(family, command: str) -> str:
+        return "✓" if command in family.artifact_commands else str(refusals[command])
+
+    def engine_eval(family, engine: str, export: str) -> str:
+        taken = family.kind in evaluate.engine_kinds(engine) and export in family.artifact_commands
+        return "✓" if taken else "not run¹"
+
+    def strata(family) -> str:
+        opens = STRATA_OPENS.get(family.name)
+        code = EngineRequirementError.exit_code
+        return f"✓ plain DFlash; DSpark heads {code}" if opens == "dflash" else str(code)
+
+    heads = f"{EngineMarkovHeadError.exit_code}, {EngineConfidenceHeadError.exit_code}²"
+    rows = ["| drafter kind (family) | convert, validate, inspect | quantize | smoke, eval | "
+            "conform | Strata: `validate --require strata.open` | llama.cpp "
+            f"{L.LLAMA_CPP_COMMIT}: `export` | llama.cpp: `eval --engine` | DeepSpec layout: "
+            f"`export --engine deepspec` | dspark-mlx {DSPARK_MLX}: `eval --engine` | "
+            f"speculators {SPECULATORS_VERSION}: `export --engine speculators` |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for family in FAMILIES.values():
+        smoke_eval = {cell(family, "smoke"), cell(family, "eval")}
+        llama = cell(family, "export")
+        if llama == "✓" and family.kind == "dspark":
+            llama = f"✓ (heads: {heads})"
+        rows.append(
+            f"| {KIND_LABELS[family.name]} `{family.name}` | ✓ | {cell(family, 'quantize')} | "
+            f"{' / '.join(sorted(smoke_eval))} | {cell(family, 'conform')} | {strata(family)} | "
+            f"{llama} | {engine_eval(family, L.ENGINE, 'export')} | "
+            f"{cell(family, 'export-deepspec')} | "
+            f"{engine_eval(family, 'dspark-mlx', 'export-deepspec')} | "
+            f"{cell(family, 'export-speculators')} |")
+    rows += ["",
+             "¹ eval lists the drafter as not run, with the reason, in report.md and exits 0 "
+             "as for the other runs. "
+             f"² a gated or rnn Markov head ({EngineMarkovHeadError.exit_code}), a confidence "
+             f"head without Markov input ({EngineConfidenceHeadError.exit_code}): llama.cpp "
+             f"{L.LLAMA_CPP_COMMIT} implements the vanilla head only; eval --engine lists those "
+             "drafters as not run. A quantized artifact has no DeepSpec or speculators form "
+             f"({QuantizedExportError.exit_code}): export the BF16 artifact it was made from."]
+    return "\n".join(rows)
+
+
 SECTIONS = {
     "docs/CONFORMANCE.md": {"misreadings": misreadings_table},
     "docs/ARTIFACT_FORMAT.md": {"metadata": metadata_table, "tensors": tensor_table,
@@ -201,6 +273,7 @@ SECTIONS = {
     "docs/ENGINES.md": {"llama-cpp-export": llama_cpp_export_table},
     "docs/SPECULATORS.md": {"speculators-fields": speculators_fields_table,
                             "speculators-keys": speculators_keys_table},
+    "README.md": {"drafter-kinds": drafter_kinds_table},
 }
 # Pages whose generated parts depend on what the page holds (one block per command).
 RENDERERS = {"docs/CLI.md": cli_docs.render}

@@ -1,4 +1,4 @@
-"""Which engine can do what with an artifact: reports by stage (issue 13, docs/ENGINES.md).
+"""Which engine can do what with an artifact: reports by stage (docs/ENGINES.md).
 
 Three consumers, each judged by re-deriving the rules its own code applies (cited per rule
 in docs/ENGINES.md; no engine code is copied):
@@ -605,8 +605,8 @@ def _run_rms_eps(view: _View) -> str | None:
 # --- a Gemma4 drafter in Strata's runtime: what it would compute otherwise, were it loaded ---
 # Strata's drafter forward (src/core/dflash_runtime.cpp, DFlashDrafter::propose and
 # fusion_rows; docs/DFLASH.md "The drafter"; its attention kernels,
-# src/kernels/cuda/qsa_decode_attn.cu) against the Gemma4 drafter's (REFERENCE_GEMMA4.md
-# §0, §3). Each reads the family's own keys (artifact/format.py); what the two compute alike
+# src/kernels/cuda/qsa_decode_attn.cu) against the Gemma4 drafter's (docs/REFERENCE.md
+# §10.0, §10.3). Each reads the family's own keys (artifact/format.py); what the two compute alike
 # (RMSNorm as x·w, eps 1e-6, k_norm then RoPE, the fc + hidden_norm fusion, the target's
 # head) is no rule.
 GEMMA4_KEYS = {"k_eq_v": "dspark.gemma4.attention.k_eq_v", "rope_type": "dspark.gemma4.rope.type",

@@ -1,4 +1,5 @@
-"""The drafter as llama.cpp 0c1e570 reads it: names, keys and types, as data (issue 20).
+"""The drafter as llama.cpp 0c1e570 reads it: names, keys and types, as data
+(docs/REFERENCE.md §6).
 
 One table for three readers: ``dspark export --engine llama.cpp`` writes a file by it
 (commands/export.py), ``artifact/engines.py``'s llama.cpp rule judges files by the same

@@ -198,7 +198,7 @@ def _print_summary(report, output: str, written: list[Path]) -> None:
         if r.lossless is not None:
             parts.append("= its target alone" if r.lossless else "DIFFERS from its target alone")
         if r.proposals is not None:
-            # Nothing compared is never a pass (issue 25): said, not shown as a clean 0/0.
+            # Nothing compared is never a pass: said, not shown as a clean 0/0.
             parts.append(f"proposals {r.proposals.equal}/{r.proposals.compared} equal to ours"
                          if r.proposals.compared else f"NOTHING COMPARED: {r.engine} drafted "
                          "nothing")

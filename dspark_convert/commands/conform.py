@@ -1,5 +1,5 @@
 """`dspark conform ARTIFACT --target T --trace FILE`: another engine's drafts against the
-reference runtime's, from a trace the engine recorded (issue 27; docs/CONFORMANCE.md).
+reference runtime's, from a trace the engine recorded (docs/CONFORMANCE.md).
 
 For each line of the trace (evaluation/conform.py: the committed tokens up to and including
 the anchor, and the engine's draft) the reference runtime makes its greedy proposal from

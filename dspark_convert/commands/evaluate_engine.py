@@ -1,5 +1,5 @@
 """`dspark eval --engine llama.cpp=BIN_DIR --target-gguf TARGET.gguf`: llama.cpp's own runs
-beside the reference runtime's (issue 20; docs/ENGINES.md "llama.cpp's runs beside ours").
+beside the reference runtime's (docs/ENGINES.md "llama.cpp's runs beside ours").
 
 On the eval's prompts and settings, at temperature 0 with the confidence cut off:
 

@@ -1,5 +1,5 @@
 """`dspark export --engine llama.cpp`: an artifact as the drafter file llama.cpp 0c1e570 loads
-(issue 20; the layout is artifact/llama_cpp.py, the facts docs/REFERENCE.md §6).
+(the layout is artifact/llama_cpp.py, the facts docs/REFERENCE.md §6).
 
 - The artifact must pass ``validate_artifact`` (any artifact: DSpark or plain DFlash, BF16
   or quantized: quantized matrices are copied as they are).

@@ -1,5 +1,5 @@
 """`dspark export --engine speculators`: an artifact as the checkpoint vllm-project/speculators
-0.9.0 saves (issue 28, Deliver 2), the format vLLM 0.33 serves: ``config.json`` +
+0.9.0 saves, the format vLLM 0.33 serves: ``config.json`` +
 ``model.safetensors`` (docs/SPECULATORS.md; the mapping is contract/speculators.py's table).
 
 - The artifact must pass ``validate_artifact`` with the target (the pairing, 60-68), as

@@ -97,7 +97,7 @@ TENSOR_RULES: tuple[TensorRule, ...] = _FRONT + (
     _layer("mlp.down_proj.weight", "ffn_down.weight", ("H", "I"), "matrix"),
 ) + _HEADS
 
-# The Gemma4DSparkModel table (docs/REFERENCE_GEMMA4 facts: DeepSpec's
+# The Gemma4DSparkModel table (docs/REFERENCE.md §10.2, §10.3: DeepSpec's
 # deepspec/modeling/dspark/gemma4/modeling.py): the drafter's attention has the target's
 # *global* geometry (d = global_head_dim, nkv = num_global_key_value_heads under
 # attention_k_eq_v), no v_proj under k_eq_v, four norms per layer (Gemma's sandwich) and a

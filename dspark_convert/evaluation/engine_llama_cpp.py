@@ -1,5 +1,5 @@
 """llama.cpp's own runs, read back as data: the engine `dspark eval --engine llama.cpp=BIN_DIR`
-puts beside the reference runtime (issue 20; docs/ENGINES.md "llama.cpp's runs beside ours").
+puts beside the reference runtime (docs/ENGINES.md "llama.cpp's runs beside ours").
 
 Two binaries of llama.cpp 0c1e570 (docs/REFERENCE.md §6, "As a runtime"), run as a user runs them:
 
@@ -18,7 +18,7 @@ Two binaries of llama.cpp 0c1e570 (docs/REFERENCE.md §6, "As a runtime"), run a
   the last prompt token (its context the prompt before it), and each cycle commits the
   anchor, the A accepted drafts and makes the target's token the next anchor.
 
-An engine's output is read as strictly as a user's file (issue 25): it is hostile input.
+An engine's output is read as strictly as a user's file: it is hostile input.
 
 - It is read as it comes, from the process's pipes, in bounded memory: one line of
   llama.cpp's own at most LINE_LIMIT bytes, the whole log at most ``log_limit`` (set by the

@@ -1,4 +1,4 @@
-"""An engine's log, read as hostile input (issue 25): bounded, line by line, the free text
+"""An engine's log, read as hostile input: bounded, line by line, the free text
 the reader knows consumed by its length; the state machine that tells each line of the
 engine's own by its prefix and its kind, and refuses one out of place.
 

@@ -1,6 +1,6 @@
 """The proposal check: every draft another engine made, against the reference runtime's own
-proposal from the same committed tokens and the same anchor (issue 20, deliverable 4; the
-one check of `dspark conform` and `dspark eval --engine`, issue 27).
+proposal from the same committed tokens and the same anchor (the one check of
+`dspark conform` and `dspark eval --engine`; docs/CONFORMANCE.md).
 
 At temperature 0 a proposal is a function of three things only: the committed tokens (whose
 target features are the drafter's context cells), the anchor (the last committed token,

@@ -116,7 +116,7 @@ class NotRun(BaseModel):
     method: METHOD | None = None       # the drafter's kind, as RunReport's
 
 
-# --- another engine's runs beside ours (`--engine llama.cpp=BIN_DIR`, issue 20) -------------
+# --- another engine's runs beside ours (`--engine llama.cpp=BIN_DIR`) -------------------------
 
 class SkippedPrompt(BaseModel):
     """A prompt the engine did not run, and why (its text does not give back its ids)."""
@@ -179,11 +179,11 @@ class EngineRun(BaseModel):
                                        # compared (never a pass: report.md says so)
     # llama.cpp's own "system_info: ..." line (threads, backends, CPU features: which code
     # path ran), as llama-completion of the same build printed it on this machine
-    # (llama-speculative-simple prints none); None in a report written before issue 25.
+    # (llama-speculative-simple prints none); None in a report written before it was recorded.
     system_info: str | None = None
     # The drafts the engine made, as a `dspark conform` trace (evaluation/conform.py): this
     # file in the report directory, what ``proposals`` checked; None for the target alone
-    # and in a report written before issue 27. ``_trace`` holds its bytes until written.
+    # and in a report written before traces were. ``_trace`` holds its bytes until written.
     trace: str | None = None
     _trace: bytes | None = PrivateAttr(default=None)
     # dspark-mlx: the parameters it built for the drafter that no key of the exported

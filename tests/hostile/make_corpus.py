@@ -775,7 +775,7 @@ CASES += [
 # into Python objects is refused by the reader's own limits (safetensors_reader.py:
 # MAX_HEADER_ITEMS, MAX_HEADER_TENSORS, MAX_HEADER_TEXT_BYTES, MAX_INDEX_ITEMS;
 # gguf_reader.py: MAX_ARRAY_LENGTH, MAX_ARRAYS, MAX_DECODED_BYTES). The cases here are the
-# smallest inputs past each limit; tests/test_bounds_readers.py runs the issue's own sizes
+# smallest inputs past each limit; tests/test_bounds_readers.py runs full-size inputs
 # (95-100 MB) under a memory and time bound with the same builders.
 
 _EMPTY_TENSOR = '{"dtype":"BF16","shape":[0],"data_offsets":[0,0]}'
