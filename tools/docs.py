@@ -219,9 +219,9 @@ def drafter_kinds_table() -> str:
     def cell(family, command: str) -> str:
         return "✓" if command in family.artifact_commands else str(refusals[command])
 
-    def engine_eval(family, engine: str, export: str) -> str:
+    def engine_eval(family, engine: str, export: str, dspark_note: str = "") -> str:
         taken = family.kind in evaluate.engine_kinds(engine) and export in family.artifact_commands
-        return "✓" if taken else "not run¹"
+        return ("✓" + (dspark_note if family.kind == "dspark" else "")) if taken else "not run¹"
 
     def strata(family) -> str:
         opens = STRATA_OPENS.get(family.name)
@@ -245,16 +245,18 @@ def drafter_kinds_table() -> str:
             f"{' / '.join(sorted(smoke_eval))} | {cell(family, 'conform')} | {strata(family)} | "
             f"{llama} | {engine_eval(family, L.ENGINE, 'export')} | "
             f"{cell(family, 'export-deepspec')} | "
-            f"{engine_eval(family, 'dspark-mlx', 'export-deepspec')} | "
+            f"{engine_eval(family, 'dspark-mlx', 'export-deepspec', ' (heads³)')} | "
             f"{cell(family, 'export-speculators')} |")
     rows += ["",
-             "¹ eval lists the drafter as not run, with the reason, in report.md and exits 0 "
-             "as for the other runs. "
-             f"² a gated or rnn Markov head ({EngineMarkovHeadError.exit_code}), a confidence "
-             f"head without Markov input ({EngineConfidenceHeadError.exit_code}): llama.cpp "
-             f"{L.LLAMA_CPP_COMMIT} implements the vanilla head only; eval --engine lists those "
-             "drafters as not run. A quantized artifact has no DeepSpec or speculators form "
-             f"({QuantizedExportError.exit_code}): export the BF16 artifact it was made from."]
+             "¹ not handed to the engine: report.md lists the drafter as not run, with the "
+             "reason. "
+             f"² refused: a gated or rnn Markov head ({EngineMarkovHeadError.exit_code}), a "
+             f"confidence head without Markov input ({EngineConfidenceHeadError.exit_code}); "
+             f"llama.cpp {L.LLAMA_CPP_COMMIT} implements the vanilla head only, and its eval "
+             f"lists such a drafter as not run. ³ dspark-mlx {DSPARK_MLX}'s loader refuses a "
+             "gated or rnn head's weights: listed as not run. A quantized artifact has no "
+             f"DeepSpec or speculators form ({QuantizedExportError.exit_code}): export the BF16 "
+             "artifact it was made from."]
     return "\n".join(rows)
 
 
