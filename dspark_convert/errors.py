@@ -303,7 +303,9 @@ class IntegrityError(ArtifactError):
 
 
 class StrataRuleError(ArtifactError):
-    """The artifact breaks a rule Strata's DFlash loader applies."""
+    """The artifact breaks a rule an engine's loader applies (the engines' rules,
+    artifact/engines.py); also `validate --strict` and the gate's strict policy when a
+    check only warned."""
     exit_code = 45
 
 
@@ -469,7 +471,8 @@ class RuntimeRefusal(DSparkError):
 
 class RuntimeTargetError(RuntimeRefusal):
     """The target directory cannot be run by the reference runtime (missing or unreadable
-    config/weights, not a dense Qwen3, a tensor missing or misshapen)."""
+    config/weights, not a dense Qwen3 or a Gemma4 text model the runtime computes exactly, a
+    tensor missing or misshapen)."""
     exit_code = 70
 
 
