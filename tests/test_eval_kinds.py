@@ -4,7 +4,8 @@ and speculators' DFlash2 drafter (its checkpoint directory); on the golden Gemma
 target alone, transformers' Gemma 4 assistant (MTP, its checkpoint directory) and DeepSpec's
 Gemma4 DFlash and DSpark drafters. Every metric of each kind's run, lossless at temperature
 0, and the reason of each combination a kind cannot run; serve-bench's full policy on DFlash2
-(served one request at a time, equal to the target alone); the README's commands."""
+(served one request at a time, equal to the target alone); the side-by-side commands of
+docs/PERFORMANCE.md."""
 
 from __future__ import annotations
 
@@ -230,12 +231,13 @@ def test_serve_bench_full_on_the_assistant(tmp_path):
                         concurrencies="1", policies=["dspark"], max_new_tokens=4, device="cpu")
 
 
-# --- the README's commands --------------------------------------------------------------
+# --- the side-by-side commands (docs/PERFORMANCE.md) -----------------------------------------
 
-def _readme_commands() -> list[list[str]]:
-    """The shell block of the README's "Every drafter kind, side by side" section, as
-    argument lists (G expanded, continuation lines joined, OMP_NUM_THREADS dropped)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _side_by_side_commands() -> list[list[str]]:
+    """The shell block of docs/PERFORMANCE.md's "Every drafter kind, side by side" section
+    (the README points there), as argument lists (G expanded, continuation lines joined,
+    OMP_NUM_THREADS dropped)."""
+    text = (ROOT / "docs" / "PERFORMANCE.md").read_text(encoding="utf-8")
     section = text.split("## Every drafter kind, side by side", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1).replace("\\\n", " ")
     commands, variables = [], {}
@@ -251,10 +253,10 @@ def _readme_commands() -> list[list[str]]:
     return commands
 
 
-def test_the_readme_commands_run_on_the_golden_fixtures(tmp_path, monkeypatch):
-    """The README's commands as written, in a scratch directory holding the golden models,
+def test_the_side_by_side_commands_run_on_the_golden_fixtures(tmp_path, monkeypatch):
+    """The side-by-side commands (docs/PERFORMANCE.md) as written, in a scratch directory holding the golden models,
     with 2 prompts and 6 new tokens: each eval has one comparison row per kind, lossless."""
-    commands = _readme_commands()
+    commands = _side_by_side_commands()
     assert [c[:2] for c in commands] == [["dspark", "convert"]] * 3 + [["dspark", "eval"]] + \
         [["dspark", "convert"]] * 3 + [["dspark", "eval"]]
     monkeypatch.chdir(tmp_path)
