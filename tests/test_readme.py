@@ -152,3 +152,25 @@ def test_every_doc_is_listed_with_its_audience():
         line = next((l for l in docs.splitlines() if f"(docs/{page.name})" in l), None)
         # Each page on its own line, saying whom it is for.
         assert line is not None and re.search(r"\bfor\b", line), page.name
+
+
+def test_the_versions_and_codes_the_readme_names_are_the_code_s():
+    """The engine versions, the refusal code and the format versions the first lines and the
+    doc list state by hand are the constants the code pins."""
+    from dspark_convert.artifact.format import FORMAT_VERSIONS
+    from dspark_convert.artifact.llama_cpp import LLAMA_CPP_COMMIT
+    from dspark_convert.contract.speculators import SPECULATORS_VERSION
+    from dspark_convert.errors import FamilyExportError
+    from dspark_convert.evaluation.engine_dspark_mlx import DSPARK_MLX
+
+    text = README.read_text()
+    head = text.split("\n## ", 1)[0]
+    assert f"**llama.cpp {LLAMA_CPP_COMMIT}**" in head
+    assert f"**dspark-mlx {DSPARK_MLX}**" in head
+    assert f"**speculators {SPECULATORS_VERSION}**" in head
+    assert f"not Gemma 4 DSpark ({FamilyExportError.exit_code})" in head
+    versions = sorted(FORMAT_VERSIONS.values())
+    assert versions == list(range(1, len(versions) + 1))
+    assert f"versions 1 to {versions[-1]} (one per family)" in text
+    for version in re.findall(r"llama\.cpp ([0-9a-f]{7})\b", text):
+        assert version == LLAMA_CPP_COMMIT
