@@ -78,7 +78,7 @@ def validate(
         if failure is not None:
             sys.stderr.write(f"error: {shown(failure.name)}: {shown(failure.detail)}\n")
         elif code:
-            sys.stderr.write("error: --strict: warnings count as failures\n")
+            sys.stderr.write(f"error: {report.strict_message()}\n")
         return code
 
     run(body, debug=debug, as_json=as_json)

@@ -152,6 +152,13 @@ class ValidationReport(BaseModel):
                           field=error.field, tensor=error.tensor, expected=error.expected,
                           found=error.found)
 
+    def strict_message(self) -> str:
+        """Why --strict fails a run whose checks all passed: every warning, by check name
+        and detail (one line; what the table shows, without the table)."""
+        warned = [c for c in self.checks if c.status == "warning"]
+        return (f"--strict: {len(warned)} warning(s) count as failures: "
+                + "; ".join(f"{shown(c.name)}: {shown(c.detail)}" for c in warned))
+
     def exit_code(self, *, strict: bool = False) -> int:
         failure = self.first_failure
         if failure is not None:
@@ -814,14 +821,24 @@ def validate_artifact(path: str | os.PathLike, *, progress: Progress | None = No
     # 1. the files
     gguf_path, manifest_path = root / GGUF_FILE, root / MANIFEST_FILE
     if not root.is_dir():
+        what = "no such directory" if not root.exists() else "a file"
+        hint = (f" (`dspark validate {shown(root)}` checks a GGUF file alone)"
+                if root.exists() and root.name.lower().endswith(".gguf") else "")
         checks.failed("artifact.files", InvalidArtifactError(
-            f"{root}: not an artifact directory (missing or not a directory)", path=str(root)))
+            f"{root}: not an artifact directory ({what}); expected a directory holding "
+            f"{GGUF_FILE} and {MANIFEST_FILE}, as `dspark convert` writes it{hint}",
+            path=str(root)))
         return checks.report(root)
     missing = [p.name for p in (gguf_path, manifest_path) if not p.is_file() or p.is_symlink()]
     if missing:
+        # A checkpoint or a target model given where an artifact is expected: say so.
+        hint = (f": {root} holds config.json, a checkpoint or model directory (`dspark "
+                "convert` makes an artifact of a drafter checkpoint)"
+                if (root / "config.json").is_file() and not gguf_path.exists()
+                and not manifest_path.exists() else "")
         checks.failed("artifact.files", InvalidArtifactError(
             f"{root}: {missing[0]} {_not_a_file(root / missing[0])}; expected {GGUF_FILE} "
-            f"and {MANIFEST_FILE}", path=str(root / missing[0])))
+            f"and {MANIFEST_FILE}{hint}", path=str(root / missing[0])))
         return checks.report(root)
     extra = sorted(shown(p.name) for p in root.iterdir() if p.name not in (GGUF_FILE, MANIFEST_FILE))
     if extra:
