@@ -40,7 +40,8 @@ from dspark_convert.errors import (
 from dspark_convert.util.paths import check_path
 from dspark_convert.formats.gguf_reader import ANY_INTEGER_ALIGNMENT, read_gguf
 from dspark_convert.formats.safetensors import read_checkpoint
-from dspark_convert.source.checkpoint import check_checkpoint_inventory, read_contract
+from dspark_convert.source.checkpoint import (check_checkpoint_inventory, read_contract,
+                                              source_path_error)
 
 MAX_UNEXPECTED_ROWS = 50
 # Tensors of a GGUF file not of our format listed (a full model's file holds hundreds).
@@ -155,6 +156,11 @@ def inspect_path(path: str | os.PathLike) -> InspectResult:
         return _inspect_bare(target)
     # A drafter.gguf that is there but not a regular file (a FIFO, a dangling link) makes it
     # an artifact to refuse (read_gguf says why), not a checkpoint without a config.json.
+    if not target.is_dir() and not target.is_symlink():
+        problem = source_path_error(target, expected="a checkpoint or artifact directory, "
+                                    "or a GGUF file", hub=False)
+        if problem is not None:
+            raise problem
     gguf = target / GGUF_FILE
     if target.is_dir() and (gguf.exists() or gguf.is_symlink()):
         return _inspect_artifact(gguf)

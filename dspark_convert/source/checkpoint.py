@@ -21,6 +21,7 @@ from dspark_convert.errors import (ConfigError, ContractViolation, DSparkError,
                                    SpeculatorsTargetError)
 from dspark_convert.formats.safetensors import Checkpoint, read_checkpoint
 from dspark_convert.artifact.format import check_storable
+from dspark_convert.util.patterns import is_repo_id
 from dspark_convert.util.strict_json import NotVerbatimError, check_verbatim, read_json_strict
 from dspark_convert.util.text import shown
 
@@ -214,16 +215,65 @@ def check_checkpoint_inventory(checkpoint: Checkpoint, cfg: DSparkConfig,
                                cfg, path=str(checkpoint.files.config)))
 
 
+# What a converted artifact directory holds (artifact/format.py's names), told apart from a
+# checkpoint in a refusal.
+_ARTIFACT_FILES = ("drafter.gguf", "manifest.json")
+_CHECKPOINT = "a checkpoint directory (config.json + safetensors weights)"
+
+
+def source_path_error(path: str | os.PathLike, *, expected: str = _CHECKPOINT,
+                      hub: bool = True) -> SourceNotFoundError | None:
+    """The refusal of a path that cannot be a checkpoint directory, saying what was given
+    and what is expected (None when it may be one): nothing there (an ``org/name`` that
+    looks like a Hub repo is told the pinned form), a file (a GGUF file is already
+    converted; a config.json or weights file is told its directory), or an artifact.
+    ``expected``: what the command takes, in words (inspect takes more than a checkpoint);
+    ``hub``: whether the command takes a Hub spec too."""
+    text = os.fspath(path)
+    directory = Path(text)
+    if not directory.exists():
+        if "@" in text and "/" in text:
+            hint = "a Hub source is written org/name@<40-hex commit>"
+        elif is_repo_id(text.rstrip("/")) and hub:
+            repo = text.rstrip("/")
+            hint = (f"a Hub checkpoint is pinned: {repo}@<40-hex commit> (or {repo}@<branch> "
+                    "with --resolve)")
+        elif is_repo_id(text.rstrip("/")):
+            hint = (f"expected {expected}, a local path (a Hub checkpoint is converted pinned: "
+                    "`dspark convert org/name@<40-hex commit> -o DIR`)")
+        else:
+            hint = f"expected {expected}"
+        return SourceNotFoundError(f"{shown(text)}: no such directory; {hint}", path=text,
+                                   expected="a checkpoint directory", found="missing")
+    if not directory.is_dir():
+        name = directory.name.lower()
+        if name.endswith(".gguf"):
+            return SourceNotFoundError(
+                f"{shown(text)}: a GGUF file, already converted; expected {expected} "
+                "(`dspark validate` and `dspark inspect` take a GGUF file)", path=text,
+                expected="a checkpoint directory", found="a GGUF file")
+        elif name == "config.json" or name.endswith((".safetensors", ".safetensors.index.json")):
+            hint = f"expected {expected}: the directory holding it, {shown(directory.parent)}"
+        else:
+            hint = f"expected {expected}"
+        return SourceNotFoundError(f"{shown(text)}: a file, not a directory; {hint}", path=text,
+                                   expected="a checkpoint directory", found="a file")
+    if directory.is_dir() and not (directory / "config.json").exists() \
+            and any((directory / name).exists() for name in _ARTIFACT_FILES):
+        return SourceNotFoundError(
+            f"{shown(text)}: an artifact (drafter.gguf, manifest.json), already converted; "
+            f"expected {_CHECKPOINT}: validate, inspect, smoke, eval, quantize and export take "
+            "an artifact", path=text, expected="a checkpoint directory", found="an artifact")
+    return None
+
+
 def open_source(path: str | os.PathLike, options: SpeculatorsOptions | None = None) -> Source:
     """A checkpoint checked against its contract: DeepSpec's, or speculators' format read as
     its DeepSpec twin (``options``: contract/speculators.py)."""
     directory = Path(path)
-    if not directory.exists():
-        hint = ""
-        if "@" in str(path) and "/" in str(path):
-            hint = " (a Hub source is written org/name@<40-hex commit>)"
-        raise SourceNotFoundError(f"{path}: no such directory{hint}", path=str(path),
-                                  expected="a checkpoint directory", found="missing")
+    problem = source_path_error(path)
+    if problem is not None:
+        raise problem
     checkpoint = read_checkpoint(directory)
     raw, _family, cfg, contract, spec = read_source(directory, options)
     if spec is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark_convert.contract.families import QWEN3, Family, target_family_of
+from dspark_convert.contract.families import FAMILIES, QWEN3, Family, target_family_of
 from dspark_convert.contract.qwen3 import ConfigErrors, Qwen3Config
 from dspark_convert.errors import (
     TargetFamilyError,
@@ -43,7 +43,7 @@ from dspark_convert.util.hashing import BLOCK, read_blocks, read_full, sha256_fi
 from dspark_convert.artifact.manifest import FileRecord, TargetConfigRecord, TargetTensorRecord
 from dspark_convert.formats.numerics import RAW_DTYPES, round_to_bf16
 from dspark_convert.util.paths import check_path
-from dspark_convert.util.patterns import split_hub_spec
+from dspark_convert.util.patterns import is_repo_id, split_hub_spec
 from dspark_convert.util.progress import NoProgress, Progress
 from dspark_convert.formats.safetensors import (
     Checkpoint,
@@ -168,8 +168,11 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     if not directory.exists():
         hub = parse_hub_spec(text)
         if hub is None:
+            pinned = (f"{text.rstrip('/')}@<40-hex commit>" if is_repo_id(text.rstrip("/"))
+                      else "org/name@<40-hex commit>")
             raise TargetNotFoundError(f"target {text}: no such directory; expected a local model "
-                                      "directory or org/name@revision", path=text,
+                                      f"directory or a pinned Hub repo, {pinned}",
+                                      path=text,
                                       expected="a target directory", found="nothing")
         resolve_hub = resolve_hub or hub_resolver(progress=progress)
         repo = hub[0]
@@ -178,6 +181,11 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
         raise TargetNotFoundError(f"target {text}: not a directory; expected a model directory "
                                   "(config.json, tokenizer.json, safetensors weights)", path=text,
                                   expected="a directory", found="a file")
+    if not (directory / "config.json").exists() and (directory / "drafter.gguf").exists():
+        raise TargetNotFoundError(
+            f"target {text}: an artifact (drafter.gguf, manifest.json), not a target; expected "
+            "the target model's directory (config.json, tokenizer.json, safetensors weights)",
+            path=text, expected="a target directory", found="an artifact")
     try:
         checkpoint = read_checkpoint(directory)
     except SourceError as exc:
@@ -197,6 +205,12 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
     tokenizer_path = directory / TOKENIZER_FILE
     tok_label = f"target {tokenizer_path}"
     if not tokenizer_path.exists() and not tokenizer_path.is_symlink():
+        drafter = _drafter_architecture(raw)
+        if drafter is not None:
+            raise TargetNotFoundError(
+                f"target {text}: a drafter checkpoint ({drafter}), not a target; expected the "
+                "target model the drafter drafts for (config.json, tokenizer.json, safetensors "
+                "weights)", path=str(tokenizer_path), expected=TOKENIZER_FILE, found="nothing")
         raise TargetNotFoundError(f"{tok_label}: not found; the pairing needs the target's "
                                   "tokenizer", path=str(tokenizer_path), expected=TOKENIZER_FILE,
                                   found="nothing")
@@ -222,6 +236,14 @@ def open_target(spec: str | os.PathLike, *, resolve_hub: HubResolver | None = No
                   qwen3=read.model if isinstance(read.model, Qwen3Config) else None,
                   config=config, checkpoint=checkpoint, embed=embed, head=head,
                   tokenizer=tokenizer, files=files)
+
+
+def _drafter_architecture(raw: object) -> str | None:
+    """The drafter architecture config.json names (a drafter given as the target), or None."""
+    names = raw.get("architectures") if isinstance(raw, dict) else None
+    if isinstance(names, list):
+        return next((n for n in names if isinstance(n, str) and n in FAMILIES), None)
+    return None
 
 
 def _family(raw: object, label: str) -> Family:
