@@ -125,6 +125,25 @@ def int_option(text: str) -> int:
         raise typer.BadParameter(str(exc)) from None
 
 
+def float_option(text: str) -> float:
+    """The parser of a number option (temperatures, thresholds): Python's float, or a usage
+    error that names what was typed; a decimal comma ("0,7") is told the decimal point."""
+    import re
+
+    if isinstance(text, (int, float)):  # a default
+        return float(text)
+    stripped = text.strip()
+    try:
+        return float(stripped)
+    except ValueError:
+        pass
+    quoted = shown(stripped if len(stripped) <= 40 else stripped[:37] + "...")
+    if re.fullmatch(r"[+-]?\d*,\d+", stripped):
+        raise typer.BadParameter(f"expected a number with a decimal point, found {quoted!r}: "
+                                 f"write {stripped.replace(',', '.')}") from None
+    raise typer.BadParameter(f"expected a number, found {quoted!r}") from None
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON report on stdout.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]

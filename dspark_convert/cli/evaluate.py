@@ -29,6 +29,7 @@ from dspark_convert.cli.app import (
     _out,
     app,
     escape,
+    float_option,
     int_option,
     print_estimate,
 )
@@ -54,10 +55,12 @@ def evaluate(
         "\"text\"} or {\"id\": ..., \"prompt_ids\": [...]}, optional \"category\" (default: the "
         "package's set for the golden target).")] = None,
     temperature: Annotated[Optional[list[float]], typer.Option(
-        "--temperature", metavar="T", help="A decoding temperature (0: greedy); repeatable "
+        "--temperature", parser=float_option, metavar="T",
+        help="A decoding temperature (0: greedy); repeatable "
         "(default 0).")] = None,
     threshold: Annotated[Optional[list[float]], typer.Option(
-        "--threshold", metavar="C", help="A static confidence cutoff for artifacts with a "
+        "--threshold", parser=float_option, metavar="C",
+        help="A static confidence cutoff for artifacts with a "
         "confidence head; repeatable (default 0.1 0.3 0.5 0.7 0.9; the cutoff-off run is always "
         "made).")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=int_option,
@@ -74,7 +77,8 @@ def evaluate(
         "--calibrate", help="Fit Sequential Temperature Scaling on a calibration split of the "
         "prompts; score it on the held-out rest; write calibration-<artifact>.json.")] = False,
     held_out: Annotated[float, typer.Option(
-        "--held-out", metavar="F", help="The held-out fraction of the prompts (--calibrate).")] = 0.5,
+        "--held-out", parser=float_option, metavar="F",
+        help="The held-out fraction of the prompts (--calibrate).")] = 0.5,
     calibration: Annotated[Optional[list[Path]], typer.Option(
         "--calibration", metavar="FILE", help="A calibration.json: its temperatures scale the "
         "confidence logits before the threshold, for the artifact it was made for; "

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from dspark_convert.cli.app import (DebugOpt, DeviceOpt, JsonOpt, MaxMemoryOpt, _out, app, escape,
-                                    int_option)
+                                    float_option, int_option)
 from dspark_convert.cli.errors import emit_error, run
 from dspark_convert.util.json_out import dumps
 
@@ -55,7 +55,8 @@ def serve_bench(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=int_option,
                                                 help="New tokens per request.")] = 64,
     temperature: Annotated[float, typer.Option(
-        "--temperature", metavar="T", help="Decoding temperature (0: greedy, every output "
+        "--temperature", parser=float_option, metavar="T",
+        help="Decoding temperature (0: greedy, every output "
         "checked against the target alone's).")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", parser=int_option, help="Random seed for "
                                       "temperature > 0 (0..2^64-1).")] = 0,

@@ -15,6 +15,7 @@ from dspark_convert.cli.app import (
     _out,
     app,
     escape,
+    float_option,
     int_option,
     print_estimate,
 )
@@ -44,7 +45,8 @@ def smoke(
         "--prompt", help="A text prompt, tokenized with the target's tokenizer.json.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", parser=int_option)] = 64,
     temperature: Annotated[float, typer.Option(
-        "--temperature", help="0 (greedy) or a number in (0, 100]: sample from softmax(z/T).")] = 0.0,
+        "--temperature", parser=float_option,
+        help="0 (greedy) or a number in (0, 100]: sample from softmax(z/T).")] = 0.0,
     confidence_threshold: Annotated[float, typer.Option(
         "--confidence-threshold", min=0.0, max=1.0,
         help="Cut the block at the first position whose confidence is below this (0: off).")] = 0.0,
@@ -65,7 +67,8 @@ def smoke(
     reference: Annotated[Optional[Path], typer.Option(
         "--reference", help="A reference.json: fail at the first cycle that differs (in "
         "another dtype: report the agreement).")] = None,
-    min_tau: Annotated[Optional[float], typer.Option("--min-tau", help="Fail when tau is below this.")] = None,
+    min_tau: Annotated[Optional[float], typer.Option("--min-tau", parser=float_option,
+                                                     help="Fail when tau is below this.")] = None,
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", metavar="FILE", help="A calibration.json (`dspark eval --calibrate`) "
         "for this artifact and target: its temperatures scale the confidence logits before "

@@ -86,6 +86,21 @@ ENGINES = (L.ENGINE, "dspark-mlx")
 ENGINE_FORMS = {L.ENGINE: "llama.cpp=BIN_DIR", "dspark-mlx": "dspark-mlx[=PYTHON]"}
 
 
+def _engine_hint(name: str, sep: str) -> str:
+    """What a newcomer most likely meant: llama.cpp without its directory, or a known
+    engine's name misspelt ("llamacpp", "mlx")."""
+    if name == L.ENGINE and not sep:
+        return (f"; {L.ENGINE} needs the directory of its binaries, --engine {L.ENGINE}=BIN_DIR "
+                "(`python tools/llama_cpp.py path` prints the one `make llama-cpp` builds)")
+    if name not in ENGINES:
+        import difflib
+
+        close = difflib.get_close_matches(name.lower(), ENGINES, n=1, cutoff=0.5)
+        if close:
+            return f"; did you mean {close[0]}?"
+    return ""
+
+
 def split_engines(specs: str | Sequence[str] | None,
                   target_gguf: str | os.PathLike | None) -> dict[str, str | None]:
     """Each ``--engine NAME[=VALUE]``, checked before anything runs (110): a known engine,
@@ -97,7 +112,8 @@ def split_engines(specs: str | Sequence[str] | None,
         name, sep, value = spec.partition("=")
         if name not in ENGINES or (sep and not value) or (name == L.ENGINE and not sep):
             raise EngineOptionError(f"--engine {shown(spec)!r}: expected NAME=BIN_DIR with NAME "
-                                    f"{L.ENGINE}, or dspark-mlx[=PYTHON]", field="engine",
+                                    f"{L.ENGINE}, or dspark-mlx[=PYTHON]{_engine_hint(name, sep)}",
+                                    field="engine",
                                     expected=" | ".join(ENGINE_FORMS.values()), found=shown(spec))
         if name in out:
             raise EngineOptionError(f"--engine {name}: given twice; expected each engine once",
