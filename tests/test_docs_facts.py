@@ -156,6 +156,15 @@ def test_every_error_class_named_exists_with_the_code_beside_it():
     assert not wrong, wrong
 
 
+def test_the_artifact_formats_title_names_every_format_version():
+    from dspark_convert.artifact.format import FORMAT_VERSIONS
+
+    title = (ROOT / "docs" / "ARTIFACT_FORMAT.md").read_text().splitlines()[0]
+    versions = sorted(set(FORMAT_VERSIONS.values()))
+    assert title.endswith(f"format versions {versions[0]} to {versions[-1]}"), title
+    assert versions == list(range(versions[0], versions[-1] + 1))
+
+
 # --- options ----------------------------------------------------------------------------------
 
 # Options of the other programs the docs show (each doc says whose it is).
