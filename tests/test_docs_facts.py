@@ -33,10 +33,9 @@ def _rel(page: Path) -> str:
 
 
 def _base(code: int) -> type:
-    """The family of a code: the class directly under DSparkError its class derives from."""
-    cls = CODES[code]
-    return next(c for c in reversed(cls.__mro__) if issubclass(c, errors.DSparkError)
-                and c is not errors.DSparkError)
+    """The family of a code: the first class directly under DSparkError its class derives
+    from (docs/EXIT_CODES.md's generated table of families, tools/docs.py)."""
+    return next(c for c in CODES[code].__mro__ if errors.DSparkError in c.__bases__)
 
 
 # --- exit codes -------------------------------------------------------------------------------

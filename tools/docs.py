@@ -74,6 +74,37 @@ def exit_code_table() -> str:
     return "\n".join(rows)
 
 
+def _runs(codes: list[int]) -> str:
+    """Sorted codes as their contiguous runs: 60-68, 154, 155."""
+    out, start = [], None
+    for i, code in enumerate(codes):
+        if start is None:
+            start = code
+        if i + 1 == len(codes) or codes[i + 1] != code + 1:
+            out.append(str(start) if code == start else
+                       f"{start}, {code}" if code == start + 1 else f"{start}-{code}")
+            start = None
+    return ", ".join(out)
+
+
+def exit_code_families_table() -> str:
+    """Each family of refusals (a class directly under DSparkError) with its `kind` (the
+    --json error object's) and its codes: what a range of codes in prose must agree with
+    (tests/test_docs_facts.py)."""
+    from dspark_convert import errors
+
+    families: dict[type, list[int]] = {}
+    for c in concrete_errors():
+        if c.__name__ == "InternalError":
+            continue
+        base = next(b for b in c.__mro__ if errors.DSparkError in b.__bases__)
+        families.setdefault(base, []).append(c.exit_code)
+    rows = ["| family | `kind` | codes |", "|---|---|---|"]
+    for base, codes in sorted(families.items(), key=lambda item: min(item[1])):
+        rows.append(f"| `{base.__name__}` | `{base.kind}` | {_runs(sorted(codes))} |")
+    return "\n".join(rows)
+
+
 # The limits that bound what an input may declare (docs/BAD_INPUTS.md):
 # (module, constant, what it bounds). Read from the code, so the table cannot drift.
 LIMITS = [
@@ -270,7 +301,8 @@ SECTIONS = {
                                     lambda: metadata_table(ASSISTANT_METADATA_KEYS),
                                 "assistant-tensors":
                                     lambda: tensor_table(ASSISTANT_TENSOR_RULES)},
-    "docs/EXIT_CODES.md": {"exit-codes": exit_code_table},
+    "docs/EXIT_CODES.md": {"exit-codes": exit_code_table,
+                           "exit-code-families": exit_code_families_table},
     "docs/BAD_INPUTS.md": {"limits": limits_table},
     "docs/ENGINES.md": {"llama-cpp-export": llama_cpp_export_table},
     "docs/SPECULATORS.md": {"speculators-fields": speculators_fields_table,
