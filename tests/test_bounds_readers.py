@@ -6,8 +6,8 @@ time bound (tests/support/bounded.py caps the child's address space, so a regres
 here instead of swapping the machine).
 
 Each CLI case asserts the error class's exit code, exactly one `error:` line, no traceback.
-The inputs are built with the hostile corpus' builders (tests/hostile/make_corpus.py) at the
-issue's own sizes; the corpus itself holds the smallest input past each limit. A bounded
+The inputs are built with the hostile corpus' builders (tests/hostile/make_corpus.py) at full
+size (10-100 MB); the corpus itself holds the smallest input past each limit. A bounded
 child costs an interpreter start-up and its input's 10-100 MB: one case of each reader runs
 in the fast loop, the others are marked slow.
 """
