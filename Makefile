@@ -15,9 +15,6 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check
 # set it): what test and test-fast run under (else every run recompiles the package in each
 # dspark child and rewrites every test module).
 PYCACHE := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
-REFERENCE := golden/reference/vanilla_conf_markov/draft
-DFLASH_SHARED := golden/reference/dflash_shared/draft
-GEMMA4 := golden/reference/gemma4
 
 .PHONY: install lock demo test test-fast schemas docs fixtures check-generated bench bench-runtime bench-serving gate fuzz clean
 
@@ -25,10 +22,13 @@ GEMMA4 := golden/reference/gemma4
 # earlier lock stays), the lock with --require-hashes --no-deps (pip resolves nothing: no
 # registry's newer release comes in), the project itself without build isolation (which would
 # fetch setuptools unpinned; the lock holds it), then pip check (the set is consistent).
+# The lock's install takes minutes: tools/install_progress.py shows its progress in a few
+# lines and keeps pip's whole output in .venv/pip-install.log.
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) tools/lock.py --check
 	$(PYTHON) -m venv --clear $(VENV)
-	$(PIP) install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(PYTHON) tools/install_progress.py $(VENV)/pip-install.log -- \
+	    $(PIP) install --require-hashes --no-deps -r $(LOCK)
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
 	$(PIP) check
 	touch $(STAMP)
@@ -40,35 +40,13 @@ install: $(STAMP)
 lock:
 	$(PYTHON) tools/lock.py
 
-# The demo ends with `dspark eval` (report in build/demo/eval/; docs/eval-acceptance.png is
-# its acceptance.png). One torch thread for it: the golden models are tiny, and two threads
-# contending for two busy cores spend their time synchronising (measured on a loaded 2-core
-# VM: 14 s with one, over 10 minutes with two). The report records the thread count.
+# The demo (tools/demo.py): 13 `dspark` commands on the bundled golden drafters (inspect,
+# convert, validate, smoke against DeepSpec's own runs, Qwen3 and Gemma4; then `dspark eval`
+# of the DSpark drafter against DeepSpec's plain DFlash one, report in build/demo/eval/,
+# docs/eval-acceptance.png being its acceptance.png), each printed as typed and followed by
+# one line of what its --json report says; run a command shown for its tables.
 demo: $(STAMP)
-	rm -rf build/demo
-	$(BIN)/dspark inspect $(REFERENCE)
-	$(BIN)/dspark convert $(REFERENCE) -o build/demo/reference --target golden/reference/target
-	$(BIN)/dspark validate build/demo/reference --target golden/reference/target
-	$(BIN)/dspark convert golden/synthetic/dflash_plain -o build/demo/dflash_plain
-	$(BIN)/dspark validate build/demo/dflash_plain
-	@echo "demo: artifacts in build/demo/; now the smoke run of the reference drafter on its target"
-	$(BIN)/dspark smoke build/demo/reference --target golden/reference/target \
-	    --reference golden/reference/vanilla_conf_markov/reference.json --max-new-tokens 24 \
-	    --trace build/demo/smoke-trace.json --plot build/demo/acceptance.png
-	@echo "demo: now the Gemma4 family: DeepSpec's Gemma4 DSpark drafter on its tiny gemma4_unified target"
-	$(BIN)/dspark inspect $(GEMMA4)/gemma4_vanilla_conf_markov/draft
-	$(BIN)/dspark convert $(GEMMA4)/gemma4_vanilla_conf_markov/draft -o build/demo/gemma4 \
-	    --target $(GEMMA4)/target
-	$(BIN)/dspark validate build/demo/gemma4 --target $(GEMMA4)/target
-	$(BIN)/dspark smoke build/demo/gemma4 --target $(GEMMA4)/target \
-	    --reference $(GEMMA4)/gemma4_vanilla_conf_markov/reference.json --max-new-tokens 24 \
-	    --trace build/demo/gemma4-smoke-trace.json
-	@echo "demo: now the eval of the DSpark drafter against DeepSpec's plain DFlash drafter for the same target"
-	$(BIN)/dspark convert $(DFLASH_SHARED) -o build/demo/dflash_shared --target golden/reference/target
-	$(BIN)/dspark validate build/demo/dflash_shared --target golden/reference/target
-	OMP_NUM_THREADS=1 $(BIN)/dspark eval build/demo/reference build/demo/dflash_shared \
-	    --target golden/reference/target --device cpu --max-new-tokens 32 \
-	    --threshold 0.3 --threshold 0.6 --calibrate -o build/demo/eval
+	@$(BIN)/python tools/demo.py --out build/demo
 
 # The whole suite, the slow tests included: what CI runs (.ci/run). It builds llama.cpp and
 # installs dspark-mlx first when the cache lacks them: the engine tests run in CI and fail
