@@ -3,10 +3,10 @@ one line that names what was given and what was expected (a usage error, exit 2,
 prints it, naming the option and the value).
 
 The mistakes: a Hub repo without its @commit, a file where a directory is expected (a
-config.json, a weights file, a GGUF file), an artifact given to convert, a checkpoint or a
+config.json, a weights file, a GGUF file), the target model or an artifact given to convert, a checkpoint or a
 target model given where an artifact is expected, the drafter or an artifact given as
 --target, a missing option (-o, --target, --type, --engine, --trace), an engine's name
-misspelt or llama.cpp without its directory, a decimal comma ("0,7"), an output inside the
+misspelt or llama.cpp without its directory, a JSON file given as a GGUF file, a decimal comma ("0,7"), an output inside the
 input, an output that exists, and --strict failing on warnings it must name.
 """
 
@@ -66,6 +66,10 @@ MISTAKES = [
     Mistake("convert-an-artifact", ("convert", "{art}", "-o", "{work}/a"),
             E.SourceNotFoundError, ("an artifact (drafter.gguf, manifest.json), already converted",
                                     "expected a checkpoint directory")),
+    Mistake("convert-the-target-model", ("convert", "{target}", "-o", "{work}/a"),
+            E.UnsupportedArchitectureError, ("found ['Qwen3ForCausalLM']",
+                                             "this is a target model (model_type 'qwen3')",
+                                             "the target to --target")),
     Mistake("convert-without-output", ("convert", "{src}", "{work}/a"), None, ("'--output' / '-o'",)),
     Mistake("convert-output-inside-source", ("convert", "{src}", "-o", "{src}/out"),
             E.OutputExistsError, ("lies inside the source checkpoint", "expected an output outside it")),
@@ -93,7 +97,11 @@ MISTAKES = [
                    "'llamacpp'")),
     Mistake("validate-target-is-the-drafter", ("validate", "{art}", "--target", "{src}"),
             E.TargetNotFoundError, ("a drafter checkpoint (Qwen3DSparkModel), not a target",)),
+    Mistake("validate-a-json-file", ("validate", "{art}/manifest.json"),
+            E.GGUFFormatError, ("bad magic at byte 0", "not a GGUF file")),
     # inspect
+    Mistake("inspect-the-target-model", ("inspect", "{target}"),
+            E.UnsupportedArchitectureError, ("this is a target model (model_type 'qwen3')",)),
     Mistake("inspect-hub-repo", ("inspect", "org/name"),
             E.SourceNotFoundError, ("no such directory", "a local path",
                                     "dspark convert org/name@<40-hex commit>")),

@@ -154,8 +154,12 @@ def family_of(raw: object, *, path: str) -> Family:
             f"{path}: field 'architectures': {archs[0]} is {NOT_READ[archs[0]]}", path=path,
             field="architectures", expected=[[a] for a in FAMILIES], found=archs)
     known = " or ".join(f"['{a}']" for a in FAMILIES)
+    # A target model's config where a drafter's is expected: the likeliest slip of all.
+    hint = ("; this is a target model (model_type "
+            f"{raw['model_type']!r}): give the drafter's checkpoint here, the target to --target"
+            if target_family_of(raw) is not None else "")
     raise UnsupportedArchitectureError(
-        f"{path}: field 'architectures': expected {known}, found {archs}", path=path,
+        f"{path}: field 'architectures': expected {known}, found {archs}{hint}", path=path,
         field="architectures", expected=[[a] for a in FAMILIES], found=archs)
 
 

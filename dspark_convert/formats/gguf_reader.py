@@ -600,7 +600,8 @@ class _Parser:
     def parse(self) -> GGUFFile:
         magic = self._take(4, "the magic")
         if magic != struct.pack("<I", GGUF_MAGIC):
-            raise self.fail(f"bad magic at byte 0: expected b'GGUF', found {magic!r}",
+            raise self.fail(f"bad magic at byte 0: expected b'GGUF', found {magic!r}: not a "
+                            "GGUF file",
                             expected="GGUF", found=repr(magic))
         version = self.u32("the version")
         if version != SUPPORTED_VERSION:
