@@ -120,3 +120,28 @@ def test_every_example_runs_and_prints_what_the_page_says(work, one_torch_thread
                 else:
                     os.environ[k] = v
     assert ran == len(blocks())
+
+
+def _frozen(cls) -> bool:
+    import dataclasses
+
+    if hasattr(cls, "model_config"):
+        return bool(cls.model_config.get("frozen"))
+    return dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+
+
+def test_the_table_names_each_function_and_the_frozen_result_it_returns():
+    """Each row of the page's table: the function exists and returns the result named, a
+    frozen object (every type of a union too)."""
+    import importlib
+    import inspect
+
+    rows = re.findall(r"^\| `dspark [^|]*\| `commands\.(\w+)\.(\w+)`[^|]*\| `(\w+)` \|$",
+                      PAGE.read_text(), re.M)
+    assert len(rows) >= 15, rows
+    for module, name, result in rows:
+        fn = getattr(importlib.import_module(f"dspark_convert.commands.{module}"), name)
+        returned = inspect.signature(fn).return_annotation     # a string: annotations
+        types = [eval(part.strip(), fn.__globals__) for part in returned.split("|")]
+        assert result in [t.__name__ for t in types], (name, returned)
+        assert all(_frozen(t) for t in types), (name, returned)
