@@ -276,6 +276,36 @@ def test_every_limit_in_prose_is_a_quote_checked_here():
                            f"{unchecked}")
 
 
+def _packaged_prompts() -> str:
+    from dspark_convert.evaluation.prompts import DEFAULT_PROMPTS
+
+    return str(len(DEFAULT_PROMPTS.read_text().splitlines()))
+
+
+def _eval_default(name: str) -> str:
+    import inspect
+
+    from dspark_convert.commands.evaluate import run_eval
+
+    return " ".join(str(v) for v in inspect.signature(run_eval).parameters[name].default)
+
+
+# Other numbers a page quotes from the code: (page, the quote, its number(s) as group 1, what
+# the code says).
+FACTS = [
+    ("docs/CLI.md", r"the package's (\d+) prompts", _packaged_prompts),
+    ("docs/CLI.md", r"`--threshold C` \(repeatable, default ([\d. ]+?);", lambda: _eval_default("thresholds")),
+]
+
+
+@pytest.mark.parametrize("page, pattern, fact", FACTS, ids=[f"{f[0]}:{f[1][:24]}" for f in FACTS])
+def test_every_number_quoted_from_the_code_is_the_codes(page, pattern, fact):
+    text = " ".join((ROOT / page).read_text().split())
+    found = re.findall(pattern, text)
+    assert found, f"{page} no longer says {pattern!r}: update FACTS with the page"
+    assert set(found) == {fact()}, (found, fact())
+
+
 # --- property tests: docs/FUZZING.md and scripts/fuzz.sh ----------------------------------------
 
 def property_tests() -> dict[str, list[str]]:
