@@ -6,7 +6,7 @@ The mistakes: a Hub repo without its @commit, a file where a directory is expect
 config.json, a weights file, a GGUF file), the target model or an artifact given to convert, a checkpoint or a
 target model given where an artifact is expected, the drafter or an artifact given as
 --target, a missing option (-o, --target, --type, --engine, --trace), an engine's name
-misspelt or llama.cpp without its directory, a JSON file given as a GGUF file, a decimal comma ("0,7"), an output inside the
+misspelt or llama.cpp without its directory, a JSON file given as a GGUF file, a JSON document given as JSONL, a decimal comma ("0,7"), an output inside the
 input, an output that exists, and --strict failing on warnings it must name.
 """
 
@@ -38,8 +38,11 @@ def places(tmp_path_factory) -> dict[str, str]:
     gguf = root / "drafter-copy.gguf"
     shutil.copyfile(art / "drafter.gguf", gguf)
     (root / "work").mkdir()
+    # A JSON document written over several lines, where a JSONL file is expected.
+    json_doc = root / "prompts.json"
+    json_doc.write_text('{\n  "id": "a",\n  "prompt": "hello"\n}\n')
     return {"src": SRC, "target": TARGET, "art": str(art), "gguf": str(gguf),
-            "work": str(root / "work")}
+            "work": str(root / "work"), "json_doc": str(json_doc)}
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,12 @@ MISTAKES = [
     Mistake("lock-hub-repo-without-commit", ("lock", "org/name", "-o", "{work}/l.json"),
             E.HubSpecError, ("no revision", "org/name@<40-hex commit>", "--resolve")),
     # conform
+    Mistake("conform-trace-is-a-json-document",
+            ("conform", "{art}", "--target", "{target}", "--trace", "{json_doc}"),
+            E.TraceFormatError, ("line 1: not valid JSON", "expected JSONL, one JSON object a line")),
+    Mistake("eval-prompts-is-a-json-document",
+            ("eval", "{art}", "--target", "{target}", "-o", "{work}/e", "--prompts", "{json_doc}"),
+            E.PromptSetError, ("not valid JSON", "expected JSONL, one JSON object a line")),
     Mistake("conform-trace-is-a-directory",
             ("conform", "{art}", "--target", "{target}", "--trace", "{target}"),
             E.TraceFormatError, ("is a directory, not a regular file", "JSONL file")),

@@ -130,7 +130,9 @@ def _record(text: str, where: str, path: str, number: int) -> TraceRecord:
     try:
         obj = loads_strict(text)
     except (ValueError, RecursionError) as exc:
-        raise refuse(f"not valid JSON: {json_error_text(exc)}") from None
+        multiline = ("; expected JSONL, one JSON object a line, not a JSON document over "
+                     "several lines" if text.strip() in ("{", "[") else "")
+        raise refuse(f"not valid JSON: {json_error_text(exc)}{multiline}") from None
     if not isinstance(obj, dict):
         raise refuse(f"expected a JSON object, found {_found(obj)}")
     try:

@@ -184,7 +184,9 @@ def load_prompt_set(path: str | os.PathLike | None = None) -> PromptSet:
         try:
             obj = loads_strict(text)
         except (ValueError, RecursionError) as exc:
-            raise PromptSetError(f"{where}: not valid JSON: {json_error_text(exc)}",
+            multiline = ("; expected JSONL, one JSON object a line, not a JSON document over "
+                         "several lines" if text.strip() in ("{", "[") else "")
+            raise PromptSetError(f"{where}: not valid JSON: {json_error_text(exc)}{multiline}",
                                  path=str(path), field=f"line {number}") from None
         if not isinstance(obj, dict):
             raise PromptSetError(f"{where}: expected a JSON object, found {type(obj).__name__}",
