@@ -261,6 +261,18 @@ def test_every_limit_quoted_is_the_constant(page, pattern, module, name):
             f"{page} quotes {name} as {number} {unit}; the code's is {constant:,}"
 
 
+def test_every_limit_constant_named_exists():
+    """A page names a limit by its constant (`MAX_TRACE_BYTES`): the package defines it."""
+    defined = set()
+    for module in (ROOT / "dspark_convert").rglob("*.py"):
+        defined |= set(re.findall(r"^\s*(MAX_\w+)\s*[:=]", module.read_text(), re.M))
+    named = {(_rel(page), name) for page in PAGES
+             for name in re.findall(r"`(MAX_[A-Z0-9_]+)`", page.read_text())}
+    assert len(named) > 20
+    missing = sorted(f"{page}: {name}" for page, name in named if name not in defined)
+    assert not missing, missing
+
+
 def test_every_limit_in_prose_is_a_quote_checked_here():
     unchecked = []
     for page in PAGES:
