@@ -144,6 +144,14 @@ def float_option(text: str) -> float:
     raise typer.BadParameter(f"expected a number, found {quoted!r}") from None
 
 
+def confidence_option(text: str) -> float:
+    """float_option for a confidence cutoff: a number in [0, 1], else a usage error."""
+    value = float_option(text)
+    if not 0.0 <= value <= 1.0:
+        raise typer.BadParameter(f"expected a confidence in [0, 1], found {value:g}")
+    return value
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON report on stdout.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]

@@ -14,6 +14,7 @@ from dspark_convert.cli.app import (
     MaxMemoryOpt,
     _out,
     app,
+    confidence_option,
     escape,
     float_option,
     int_option,
@@ -48,8 +49,9 @@ def smoke(
         "--temperature", parser=float_option,
         help="0 (greedy) or a number in (0, 100]: sample from softmax(z/T).")] = 0.0,
     confidence_threshold: Annotated[float, typer.Option(
-        "--confidence-threshold", min=0.0, max=1.0,
-        help="Cut the block at the first position whose confidence is below this (0: off).")] = 0.0,
+        "--confidence-threshold", parser=confidence_option,
+        help="Cut the block at the first position whose confidence is below this, in [0, 1] "
+        "(0: off).")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", parser=int_option,
                                       help="Random seed for temperature > 0 (0..2^64-1).")] = 0,
     device: DeviceOpt = "auto",
