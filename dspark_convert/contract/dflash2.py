@@ -32,7 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from dspark_convert.contract.dspark import (CONFIG_DTYPE_NAMES, MAX_BLOCK_SIZE, MAX_DRAFT_LAYERS,
+from dspark_convert.contract.dspark import (CONFIG_DTYPE_NAMES, Geometry, MAX_BLOCK_SIZE, MAX_DRAFT_LAYERS,
                                            MAX_TARGET_TAPS, TensorSpec, contract_with_tensors)
 from dspark_convert.contract.tensor_table import DFLASH2_TENSOR_RULES
 from dspark_convert.contract.qwen3 import (ConfigErrors, Qwen3Config, check_heads_divide,
@@ -393,16 +393,9 @@ class _Contract(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class DFlash2Geometry(_Contract):
-    hidden_size: int
-    intermediate_size: int
-    num_draft_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
+# The draft decoder's geometry is a DSpark drafter's: the same Qwen3 layers (one model, so
+# that the writer, the validator and inspect read one set of fields).
+DFlash2Geometry = Geometry
 
 
 class DFlash2Taps(_Contract):
