@@ -81,7 +81,7 @@ dspark-mlx: $(STAMP)
 speculators: $(STAMP)
 	$(BIN)/python tools/speculators.py install
 
-# The inner loop (measured: 2,714 tests in 247 s on 2 cores other jobs loaded): the suite
+# The inner loop (measured: 2,816 tests in 4 min 12 s on 2 quiet cores): the suite
 # without the tests marked slow, on every core (pytest-xdist; a module stays in one worker,
 # so its fixtures are built once), one OpenMP/OpenBLAS thread per worker unless you set them
 # (more only spin against each other), compiled modules kept in build/pycache/ (PYCACHE above).
