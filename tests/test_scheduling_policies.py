@@ -67,6 +67,16 @@ def test_misspelt_policy_or_bad_parameter_is_one_line(spec):
     assert err.message.startswith("policy ")
 
 
+def test_a_decimal_comma_is_told_the_decimal_point():
+    with pytest.raises(SchedulingPolicyError) as info:
+        parse_policy("threshold=0,5")
+    assert info.value.message.endswith(": write threshold=0.5")
+    for spec in ("threshold=1,5,0", "threshold=0,", "threshold=a,b", "threshold=1,5"):
+        with pytest.raises(SchedulingPolicyError) as info:
+            parse_policy(spec)
+        assert "write" not in info.value.message, spec
+
+
 def test_a_policy_made_by_hand_is_checked_too():
     for name, parameter in [("dspark2", None), ("threshold", None), ("full", 0.5),
                             ("threshold", 1.5), ("threshold", float("nan")), ("threshold", "0.5")]:

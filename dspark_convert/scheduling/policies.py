@@ -286,6 +286,13 @@ def parse_policy(spec: str) -> Policy:
         except ValueError:
             number = None
     if number is None or not (math.isfinite(number) and 0.0 <= number <= 1.0):
-        raise SchedulingPolicyError(f"policy {shown}: expected {name}=X, X {kind.parameter}",
-                                    field="policy", expected=kind.parameter, found=shown)
+        # A decimal comma ("0,5") is told the decimal point, as the CLI's numbers are, when
+        # the value it meant is one the policy takes.
+        comma = (len(value) <= _MAX_SPEC and value.count(",") == 1
+                 and value.replace(",", "", 1).isdigit() and not value.endswith(",")
+                 and 0.0 <= float(value.replace(",", ".")) <= 1.0)
+        hint = f": write {name}={value.replace(',', '.')}" if comma else ""
+        raise SchedulingPolicyError(f"policy {shown}: expected {name}=X, X {kind.parameter}"
+                                    f"{hint}", field="policy", expected=kind.parameter,
+                                    found=shown)
     return Policy(name, number)
