@@ -162,6 +162,17 @@ def limits_table() -> str:
     return "\n".join(rows)
 
 
+def kind_keys_table(module: str) -> str:
+    """The keys a DFlash2 or assistant export writes, in file order (artifact/llama_cpp_dflash2.py
+    and llama_cpp_assistant.py ``key_doc_rows``, the tables the writer uses)."""
+    import importlib
+
+    rows = ["| key | type | what it holds |", "|---|---|---|"]
+    rows += [f"| `{key}` | {gtype} | {doc} |"
+             for key, gtype, doc in importlib.import_module(module).key_doc_rows()]
+    return "\n".join(rows)
+
+
 def llama_cpp_export_table() -> str:
     """What `dspark export --engine llama.cpp` writes (artifact/llama_cpp.py)."""
     from dspark_convert.artifact import llama_cpp
@@ -304,7 +315,11 @@ SECTIONS = {
     "docs/EXIT_CODES.md": {"exit-codes": exit_code_table,
                            "exit-code-families": exit_code_families_table},
     "docs/BAD_INPUTS.md": {"limits": limits_table},
-    "docs/ENGINES.md": {"llama-cpp-export": llama_cpp_export_table},
+    "docs/ENGINES.md": {"llama-cpp-export": llama_cpp_export_table,
+                        "llama-cpp-dflash2-keys":
+                            lambda: kind_keys_table("dspark_convert.artifact.llama_cpp_dflash2"),
+                        "llama-cpp-assistant-keys":
+                            lambda: kind_keys_table("dspark_convert.artifact.llama_cpp_assistant")},
     "docs/SPECULATORS.md": {"speculators-fields": speculators_fields_table,
                             "speculators-keys": speculators_keys_table},
     "README.md": {"drafter-kinds": drafter_kinds_table},

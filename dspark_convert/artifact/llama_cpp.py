@@ -149,6 +149,10 @@ PROVENANCE: tuple[LlamaKey, ...] = (
     LlamaKey("dspark.export.source_sha256", T.STRING, "artifact:dflash.source.sha256",
              "the artifact's `dflash.source.sha256` (the checkpoint's weights)"),
 )
+# What the export of a DFlash2 drafter or a Gemma 4 assistant records of itself: the engine
+# and the converter (it is written from the runtime's plan, which may be a checkpoint
+# directory: no artifact hash to record).
+KIND_PROVENANCE: tuple[LlamaKey, ...] = PROVENANCE[:2]
 
 # llama_ftype (include/llama.h) of a file whose matrices are of this type.
 FILE_TYPES = {"BF16": 32, "Q8_0": 7, "Q5_0": 8, "Q4_0": 2}

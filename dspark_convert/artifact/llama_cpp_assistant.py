@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from gguf.constants import GGUFValueType
 
+from dspark_convert.artifact.llama_cpp import KIND_PROVENANCE
+
 T = GGUFValueType
 
 ARCH = "gemma4-assistant"
@@ -122,9 +124,6 @@ def rope_freqs(head_dim: int, rotated_pairs: int) -> list[float]:
     return [1.0] * rotated_pairs + [UNROTATED_FREQ] * (head_dim // 2 - rotated_pairs)
 
 
-# Our provenance, written last (commands/export.py).
-PROVENANCE = (("dspark.export.engine", "`llama.cpp 0c1e570`, the engine the file is laid out for"),
-              ("dspark.export.converter", "`dspark-convert <version>`"))
 
 
 def key_doc_rows() -> list[tuple[str, str, str]]:
@@ -133,5 +132,6 @@ def key_doc_rows() -> list[tuple[str, str, str]]:
 
     rows = [(k.key, type_name(k), k.doc) for k in KEYS]
     rows.append(("tokenizer.*", "as in the target GGUF", "every tokenizer key of the target GGUF"))
-    rows += [(key, "STRING", doc) for key, doc in PROVENANCE]
+    # Our provenance, written last (commands/export.py): the DSpark export's first two keys.
+    rows += [(k.key, type_name(k), k.doc) for k in KIND_PROVENANCE]
     return rows

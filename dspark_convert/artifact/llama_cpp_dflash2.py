@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from gguf.constants import GGUFValueType
 
+from dspark_convert.artifact.llama_cpp import KIND_PROVENANCE
+
 T = GGUFValueType
 
 ARCH = "dflash"
@@ -124,9 +126,6 @@ def tensor_names(num_layers: int) -> list[tuple[str, str, str]]:
     return rows
 
 
-# Our provenance, written last (commands/export.py).
-PROVENANCE = (("dspark.export.engine", "`llama.cpp 0c1e570`, the engine the file is laid out for"),
-              ("dspark.export.converter", "`dspark-convert <version>`"))
 
 
 def key_doc_rows() -> list[tuple[str, str, str]]:
@@ -136,6 +135,7 @@ def key_doc_rows() -> list[tuple[str, str, str]]:
 
     rows = [(k.key, type_name(k), k.doc) for k in KEYS]
     rows.append(("tokenizer.*", "as in the target GGUF", "every tokenizer key of the target GGUF"))
-    rows += [(key, "STRING", doc) for key, doc in PROVENANCE]
+    # Our provenance, written last (commands/export.py): the DSpark export's first two keys.
+    rows += [(k.key, type_name(k), k.doc) for k in KIND_PROVENANCE]
     rows.append((MASK_KEY, "UINT32", "mask_token_id"))
     return rows

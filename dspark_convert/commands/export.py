@@ -371,6 +371,14 @@ def _value(source: str, kv: dict, contract: FeatureContract, target: _Target,
     }[kind]()
 
 
+def _kind_provenance() -> list[KeyValue]:
+    """The provenance a DFlash2 or assistant export writes (artifact/llama_cpp.py
+    KIND_PROVENANCE), valued by the DSpark export's own reader: both are constants (the
+    engine's commit, the converter's version), so no artifact, contract or target is read."""
+    return [(k.key, _value(k.source, {}, None, None, ""), k.type, k.sub_type)
+            for k in L.KIND_PROVENANCE]
+
+
 def metadata(kv: dict, contract: FeatureContract, target: _Target, artifact_sha: str
              ) -> list[KeyValue]:
     """(key, value, type, sub_type) of every key, in file order (artifact/llama_cpp.py)."""
@@ -838,10 +846,7 @@ def export_dflash2_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
             continue
         entries.append((k.key, value(k.source), k.type, k.sub_type))
     entries += [*tokenizer, (D.MASK_KEY, cfg.mask_token_id, GGUFValueType.UINT32, None),
-                ("dspark.export.engine", f"{L.ENGINE} {L.LLAMA_CPP_COMMIT}",
-                 GGUFValueType.STRING, None),
-                ("dspark.export.converter", f"{CONVERTER_NAME} {__version__}",
-                 GGUFValueType.STRING, None)]
+                *_kind_provenance()]
     size, sha = _write_drafter(out, D.ARCH, entries, tensors, force=force)
     return DrafterExportResult(output=out.absolute(), engine=L.ENGINE, kind="dflash2",
                                spec_type="draft-dflash", n_max=cfg.block_size - 1, size=size,
@@ -947,11 +952,7 @@ def export_assistant_llama_cpp(plan_or_dir, target_gguf: str | os.PathLike,
         return values[source]
 
     entries: list[KeyValue] = [(k.key, value(k.source), k.type, k.sub_type) for k in S.KEYS]
-    entries += [*tokenizer,
-                ("dspark.export.engine", f"{L.ENGINE} {L.LLAMA_CPP_COMMIT}",
-                 GGUFValueType.STRING, None),
-                ("dspark.export.converter", f"{CONVERTER_NAME} {__version__}",
-                 GGUFValueType.STRING, None)]
+    entries += [*tokenizer, *_kind_provenance()]
     size, sha = _write_drafter(out, S.ARCH, entries, tensors, force=force)
     return DrafterExportResult(output=out.absolute(), engine=L.ENGINE, kind="gemma4-assistant",
                                spec_type="draft-mtp", n_max=spec.num_assistant_tokens,
