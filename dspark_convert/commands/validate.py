@@ -628,6 +628,18 @@ def _check_hub_record(manifest: Manifest) -> None:
                             "source.hub.files records")
 
 
+def _target_tensor_roles(manifest: Manifest, shape: list[int], why: str) -> dict:
+    """The target record's tensors by role: exactly an embedding and a head, each of
+    ``shape`` (``why`` says where that shape comes from)."""
+    roles = {t.role: t for t in manifest.target.tensors}
+    if set(roles) != {"embedding", "head"}:
+        raise _mismatch("target.tensors", sorted(roles), ["embedding", "head"], "a target records")
+    for role, t in roles.items():
+        if t.shape != shape:
+            raise _mismatch(f"target.tensors[{role}].shape", t.shape, shape, why)
+    return roles
+
+
 def _check_kind_target_geometry(manifest: Manifest) -> None:
     """A DFlash2 or assistant artifact's target record against its contract: the hidden
     size (an assistant's backbone_hidden_size) and vocabulary the pairing checked equal, the
@@ -640,13 +652,8 @@ def _check_kind_target_geometry(manifest: Manifest) -> None:
         if got != want:
             raise _mismatch(f"target.config.{field}", got, want,
                             "the pairing checked it equal to the contract's")
-    roles = {t.role: t for t in manifest.target.tensors}
-    if set(roles) != {"embedding", "head"}:
-        raise _mismatch("target.tensors", sorted(roles), ["embedding", "head"], "a target records")
-    for role, t in roles.items():
-        if t.shape != [g.vocab_size, hidden]:
-            raise _mismatch(f"target.tensors[{role}].shape", t.shape, [g.vocab_size, hidden],
-                            "the contract's [vocab_size, the target's hidden size] is")
+    _target_tensor_roles(manifest, [g.vocab_size, hidden],
+                         "the contract's [vocab_size, the target's hidden size] is")
 
 
 def _check_target_geometry(manifest: Manifest) -> None:
@@ -669,13 +676,8 @@ def _check_target_geometry(manifest: Manifest) -> None:
         if got != want:
             raise _mismatch(f"target.config.{field}", got, want,
                             "the pairing checked it equal to the contract's")
-    roles = {t.role: t for t in manifest.target.tensors}
-    if set(roles) != {"embedding", "head"}:
-        raise _mismatch("target.tensors", sorted(roles), ["embedding", "head"], "a target records")
-    for role, t in roles.items():
-        if t.shape != [g.vocab_size, g.hidden_size]:
-            raise _mismatch(f"target.tensors[{role}].shape", t.shape, [g.vocab_size, g.hidden_size],
-                            "the contract's [vocab_size, hidden_size] is")
+    roles = _target_tensor_roles(manifest, [g.vocab_size, g.hidden_size],
+                                 "the contract's [vocab_size, hidden_size] is")
     if cfg.tie_word_embeddings and roles["head"] != roles["embedding"].model_copy(update={"role": "head"}):
         raise _mismatch("target.tensors[head]", roles["head"].name, roles["embedding"].name,
                         "a tied head is the embedding:")
