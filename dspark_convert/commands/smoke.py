@@ -304,10 +304,10 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     target_plan, drafter_plan = binding.target_plan, binding.drafter_plan
     # The drafter's kind (commands/evaluate_kinds.py): DSpark and DFlash run in
     # runtime/speculative.py's loop, DFlash2 and the Gemma 4 assistant in their own.
-    from dspark_convert.commands.evaluate_kinds import KINDS, kind_of_plan
+    from dspark_convert.commands.evaluate_kinds import DFLASH, DSPARK, KINDS, kind_of_plan
 
     kind = KINDS[kind_of_plan(drafter_plan)]
-    own_loop = kind.name not in SPECULATIVE_KINDS
+    own_loop = kind.name not in (DSPARK, DFLASH)     # runtime/speculative.py's loop
     if own_loop:
         _check_own_loop(kind, artifact, temperature=temperature,
                         confidence_threshold=confidence_threshold, reference=reference,
@@ -479,10 +479,6 @@ def run_smoke(artifact: str | os.PathLike, *, target: str | os.PathLike,
     if reports:
         _write_reports(reports)
     return result
-
-
-# The kinds runtime/speculative.py's loop runs (the rest have a loop of their own).
-SPECULATIVE_KINDS = ("dspark", "dflash")
 
 
 def _check_own_loop(kind, artifact: Path, *, temperature: float, confidence_threshold: float,
